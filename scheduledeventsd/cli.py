@@ -1,0 +1,211 @@
+"""Command line: parse arguments, call the module that does the work, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import __version__, config, log, report, simulator
+from .daemon import Daemon, run_daemon
+from .identity import resolve
+from .imds import ImdsClient, ImdsError
+
+EXIT_CONFIG = 2
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=config.DEFAULT_PATH, help="default: %(default)s")
+
+
+def _add_logging(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-target", choices=("auto", "console", "journal"), default="auto",
+                   help="auto: journald when started by systemd, else the console")
+    p.add_argument("--log-format", choices=("console", "json"), default="console")
+    p.add_argument("--log-level", choices=log.LEVELS, default="info")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="scheduledeventsd",
+        description="Run hooks for Azure Scheduled Events affecting this VM, then approve them.",
+    )
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
+    _add_config(p)
+    _add_logging(p)
+
+    p = sub.add_parser("check-config", help="validate the configuration and summarise it")
+    _add_config(p)
+
+    p = sub.add_parser("events", help="query IMDS once and show the scheduled events")
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
+    p.add_argument("--scenario", type=Path, help="scenario YAML to play")
+    p.add_argument("--vm-name", help="VM name to answer (overrides the scenario's)")
+    p.add_argument("--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s")
+
+    p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
+    p.add_argument("--scenario", type=Path, default=simulator.bundled_scenario("demo"))
+    p.add_argument("--hooks-dir", type=Path, default=Path("/etc/scheduledeventsd/hooks"),
+                   help="directory with drain, checkpoint and shutdown hooks (default: %(default)s)")
+    _add_logging(p)
+    return top
+
+
+def _load_config(path: Path) -> Optional[config.Config]:
+    try:
+        return config.load(path)
+    except config.ConfigError as e:
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"{path}: {len(e.problems)} problem(s); nothing was started", file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    warning = log.configure(args.log_target, args.log_format, args.log_level)
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    if warning:
+        log.get().warning("journal_unavailable", reason=warning)
+    return run_daemon(cfg)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    md = cfg.metadata
+    print(f"{args.config}: OK")
+    print(f"  IMDS:      {md.url}?api-version={md.api_version} every {md.poll_interval:g}s "
+          f"(timeout {md.timeout:g}s, first call {md.first_call_timeout:g}s)")
+    print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")
+    print(f"  approve:   {cfg.approve}")
+    print(f"  state:     {cfg.state_dir}")
+    for event_type, names in cfg.events.items():
+        print(f"  {event_type + ':':<10} {' -> '.join(names) if names else '(no hooks; approve at once)'}")
+    for hook in cfg.hooks.values():
+        for cmd in hook.commands:
+            print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    md = cfg.metadata
+    client = ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
+    try:
+        identity = resolve(cfg.vm_name, client)
+        doc = client.fetch_document()
+    except ImdsError as e:
+        print(f"error: {md.url}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if identity.source == "hostname":
+        print(f"warning: IMDS did not give the VM name ({identity.problem}); using the hostname",
+              file=sys.stderr)
+    if args.json:
+        print(report.as_json(doc, identity.name))
+    else:
+        print(report.table(doc, identity.name, dt.datetime.now(dt.timezone.utc)))
+    return 0
+
+
+def _serve(sim: simulator.Simulator, listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return sim.start(host.strip("[]") or "127.0.0.1", int(port))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        scenario = simulator.load_scenario(args.scenario) if args.scenario else simulator.Scenario()
+    except simulator.ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.vm_name:
+        scenario.vm_name = args.vm_name
+    sim = simulator.Simulator(scenario, rate_limit=not args.no_rate_limit)
+    try:
+        host, port = _serve(sim, args.listen)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        return 1
+    print(f"IMDS simulator for VM {scenario.vm_name} on http://{host}:{port}"
+          f"{simulator.SCHEDULED_EVENTS_PATH}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sim.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    log.configure(args.log_target, args.log_format, args.log_level)
+    try:
+        scenario = simulator.load_scenario(args.scenario)
+    except simulator.ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    sim = simulator.Simulator(scenario)
+    sim.start()
+    hooks_dir = args.hooks_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="scheduledeventsd-demo-") as state_dir:
+        raw = {
+            "metadata": {"url": sim.url, "first_call_timeout": 10},
+            "state_dir": state_dir,
+            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in ("drain", "checkpoint", "shutdown")},
+        }
+        try:
+            cfg = config.parse(raw, "demo configuration")
+        except config.ConfigError as e:
+            for problem in e.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"demo: simulator at {sim.url} for VM {scenario.vm_name}; playing {args.scenario.name} "
+              f"for {scenario.duration or 20:g}s with hooks from {hooks_dir}", file=sys.stderr, flush=True)
+        daemon = Daemon(cfg)
+        daemon.install_signal_handlers()
+        timer = threading.Timer(scenario.duration or 20.0, daemon.request_stop)
+        timer.daemon = True
+        timer.start()
+        status = daemon.run()
+        timer.cancel()
+    sim.stop()
+    print("demo: approvals the simulator received: "
+          + (", ".join(a.event_id for a in sim.approvals) or "none"), file=sys.stderr)
+    return status
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "check-config": cmd_check_config,
+    "events": cmd_events,
+    "simulate": cmd_simulate,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130

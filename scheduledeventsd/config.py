@@ -1,0 +1,373 @@
+"""Load the YAML configuration into frozen objects, reporting every problem with its key path.
+
+The daemon runs as root and executes what this file names, so everything is checked here,
+once: a config that loads is one the core can trust without further checks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import stat
+import types
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from .model import EVENT_TYPES
+
+DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
+APPROVE_POLICIES = ("sole", "always", "never")
+_HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_ENV_PREFIX = "SCHEDULED_EVENT_"
+
+
+class ConfigError(Exception):
+    """All problems found in one file, each already prefixed with file and key path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Metadata:
+    url: str = "http://169.254.169.254/metadata/scheduledevents"
+    api_version: str = "2020-07-01"
+    poll_interval: float = 1.0
+    timeout: float = 5.0
+    first_call_timeout: float = 150.0
+
+
+@dataclass(frozen=True)
+class HookCommand:
+    argv: tuple[str, ...]
+    timeout: float = 300.0
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    commands: tuple[HookCommand, ...]
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return types.MappingProxyType(dict(mapping))
+
+
+_DEFAULT_HOOK_DIR = "/etc/scheduledeventsd/hooks"
+DEFAULT_HOOKS: Mapping[str, Hook] = _frozen(
+    {
+        name: Hook(name, (HookCommand((f"{_DEFAULT_HOOK_DIR}/{name}",)),))
+        for name in ("drain", "checkpoint", "shutdown")
+    }
+)
+DEFAULT_EVENTS: Mapping[str, tuple[str, ...]] = _frozen(
+    {
+        "Freeze": ("checkpoint",),
+        "Reboot": ("drain", "checkpoint"),
+        "Redeploy": ("drain", "checkpoint"),
+        "Preempt": ("shutdown",),
+        "Terminate": ("drain", "shutdown"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Optional[Path] = None
+    metadata: Metadata = field(default_factory=Metadata)
+    vm_name: Optional[str] = None  # None: learn it from IMDS
+    state_dir: Path = Path("/var/lib/scheduledeventsd")
+    approve: str = "sole"
+    hooks: Mapping[str, Hook] = field(default_factory=lambda: DEFAULT_HOOKS)
+    events: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: DEFAULT_EVENTS)
+    environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+    shutdown_grace: float = 120.0
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; in a root daemon's config that hides mistakes."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:  # noqa: ANN401
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+class _Checker:
+    """Collects problems so the user sees all of them in one run."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[str] = []
+
+    def fail(self, where: str, problem: str) -> None:
+        self.problems.append(f"{self.source}: {where}: {problem}")
+
+    def mapping(self, value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:  # noqa: ANN401
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(where, f"must be a mapping, got {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.fail(_join(where, str(key)), f"unknown key (expected one of: {', '.join(allowed)})")
+        return {k: v for k, v in value.items() if k in allowed}
+
+    def number(
+        self,
+        value: Any,  # noqa: ANN401
+        where: str,
+        default: float,
+        low: float,
+        high: float,
+    ) -> float:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(where, f"must be a number of seconds, got {_kind(value)}")
+            return default
+        if not low <= value <= high:
+            self.fail(where, f"must be between {low:g} and {high:g}, got {value:g}")
+            return default
+        return float(value)
+
+    def string(self, value: Any, where: str, default: str) -> str:  # noqa: ANN401
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value.strip():
+            self.fail(where, f"must be a non-empty string, got {_kind(value)}")
+            return default
+        return value.strip()
+
+
+def _kind(value: Any) -> str:  # noqa: ANN401
+    if value is None:
+        return "nothing"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
+    fields = c.mapping(
+        raw, "metadata", ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
+    )
+    d = Metadata()
+    url = c.string(fields.get("url"), "metadata.url", d.url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        c.fail("metadata.url", f"must be an http:// URL with a host, got {url!r}")
+    elif parts.query or parts.fragment or parts.username or parts.password:
+        c.fail("metadata.url", "must not carry a query, fragment or credentials (api_version is separate)")
+    api_version = fields.get("api_version")
+    if isinstance(api_version, dt.date):
+        api_version = api_version.isoformat()  # an unquoted 2020-07-01 is a YAML date
+    timeout = c.number(fields.get("timeout"), "metadata.timeout", d.timeout, 0.1, 60)
+    return Metadata(
+        url=url.rstrip("/"),
+        api_version=c.string(api_version, "metadata.api_version", d.api_version),
+        poll_interval=c.number(
+            # IMDS allows 5 requests/s per VM; stay clear of it with room for approvals.
+            fields.get("poll_interval"), "metadata.poll_interval", d.poll_interval, 0.25, 60
+        ),
+        timeout=timeout,
+        first_call_timeout=c.number(
+            fields.get("first_call_timeout"),
+            "metadata.first_call_timeout",
+            max(d.first_call_timeout, timeout),
+            timeout,
+            900,
+        ),
+    )
+
+
+def _check_executable(c: _Checker, where: str, path: str) -> None:
+    if not os.path.isabs(path):
+        c.fail(where, f"must be an absolute path (no PATH lookup, no shell), got {path!r}")
+        return
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        c.fail(where, f"{path}: {e.strerror.lower() if e.strerror else e}")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        c.fail(where, f"{path}: not a regular file")
+    elif not os.access(path, os.X_OK):
+        c.fail(where, f"{path}: not executable")
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        c.fail(where, f"{path}: writable by group or others; the daemon runs it as root")
+    elif st.st_uid not in (0, os.geteuid()):
+        c.fail(where, f"{path}: owned by uid {st.st_uid}, not root; the daemon runs it as root")
+
+
+def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
+    if raw is None:
+        return DEFAULT_HOOKS
+    if not isinstance(raw, dict):
+        c.fail("hooks", f"must be a mapping of hook name to commands, got {_kind(raw)}")
+        return {}
+    hooks: dict[str, Hook] = {}
+    for name, commands in raw.items():
+        where = f"hooks.{name}"
+        if not isinstance(name, str) or not _HOOK_NAME.match(name):
+            c.fail(where, "hook names are letters, digits, '_', '.', '-' (at most 64)")
+            continue
+        if not isinstance(commands, list) or not commands:
+            c.fail(where, f"must be a non-empty list of commands, got {_kind(commands)}")
+            continue
+        parsed: list[HookCommand] = []
+        for i, entry in enumerate(commands):
+            cmd = _check_command(c, f"{where}[{i}]", entry)
+            if cmd is not None:
+                parsed.append(cmd)
+        hooks[name] = Hook(name, tuple(parsed))
+    return hooks
+
+
+def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]:  # noqa: ANN401
+    fields = c.mapping(entry, where, ("command", "timeout"))
+    if not isinstance(entry, dict):
+        return None
+    argv = fields.get("command")
+    if isinstance(argv, str):
+        c.fail(f"{where}.command", "must be a list (argv; no shell runs it), e.g. [/path/to/hook, --flag]")
+        return None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        c.fail(f"{where}.command", f"must be a non-empty list of strings, got {_kind(argv)}")
+        return None
+    if any("\x00" in a for a in argv):
+        c.fail(f"{where}.command", "contains a NUL character")
+        return None
+    _check_executable(c, f"{where}.command[0]", argv[0])
+    timeout = c.number(fields.get("timeout"), f"{where}.timeout", 300.0, 0.1, 86400)
+    return HookCommand(tuple(argv), timeout)
+
+
+def _check_events(c: _Checker, raw: Any, hooks: Mapping[str, Hook]) -> Mapping[str, tuple[str, ...]]:  # noqa: ANN401
+    if raw is None:
+        raw = {k: list(v) for k, v in DEFAULT_EVENTS.items()}
+    if not isinstance(raw, dict):
+        c.fail("events", f"must be a mapping of event type to hook names, got {_kind(raw)}")
+        return {}
+    events: dict[str, tuple[str, ...]] = {}
+    for event_type, names in raw.items():
+        where = f"events.{event_type}"
+        if event_type not in EVENT_TYPES:
+            c.fail(where, f"unknown event type (expected one of: {', '.join(EVENT_TYPES)})")
+            continue
+        if names is None:
+            names = []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            c.fail(where, f"must be a list of hook names, got {_kind(names)}")
+            continue
+        for i, name in enumerate(names):
+            if name not in hooks:
+                defined = ", ".join(sorted(hooks)) or "none"
+                c.fail(f"{where}[{i}]", f"hook {name!r} is not defined under hooks (defined: {defined})")
+        events[event_type] = tuple(names)
+    return events
+
+
+def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN401
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        c.fail("environment", f"must be a mapping of variable to string, got {_kind(raw)}")
+        return {}
+    env: dict[str, str] = {}
+    for key, value in raw.items():
+        where = f"environment.{key}"
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            c.fail(where, "not a valid environment variable name")
+        elif key.startswith(_RESERVED_ENV_PREFIX):
+            c.fail(where, f"{_RESERVED_ENV_PREFIX}* variables are set by the daemon for each event")
+        elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            c.fail(where, f"must be a string, got {_kind(value)}")
+        elif "\x00" in str(value):
+            c.fail(where, "contains a NUL character")
+        else:
+            env[key] = str(value)
+    return env
+
+
+_TOP_KEYS = ("metadata", "vm_name", "state_dir", "approve", "hooks", "events", "environment", "shutdown_grace")
+
+
+def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa: ANN401
+    """Validate an already-loaded YAML value; raise ConfigError listing every problem."""
+    c = _Checker(source)
+    top = c.mapping(raw, "", _TOP_KEYS) if raw is not None else {}
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(c.problems)
+    defaults = Config()
+    vm_name = c.string(top.get("vm_name"), "vm_name", "auto")
+    if any(ch.isspace() for ch in vm_name):
+        c.fail("vm_name", f"must not contain white space, got {vm_name!r}")
+    state_dir = c.string(top.get("state_dir"), "state_dir", str(defaults.state_dir))
+    if not os.path.isabs(state_dir):
+        c.fail("state_dir", f"must be an absolute path, got {state_dir!r}")
+    approve = c.string(top.get("approve"), "approve", defaults.approve)
+    if approve not in APPROVE_POLICIES:
+        c.fail("approve", f"must be one of {', '.join(APPROVE_POLICIES)}, got {approve!r}")
+    metadata = _check_metadata(c, top.get("metadata"))
+    hooks = _check_hooks(c, top.get("hooks"))
+    events = _check_events(c, top.get("events"), hooks)
+    environment = _check_environment(c, top.get("environment"))
+    grace = c.number(top.get("shutdown_grace"), "shutdown_grace", defaults.shutdown_grace, 0, 3600)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return Config(
+        path=path,
+        metadata=metadata,
+        vm_name=None if vm_name == "auto" else vm_name,
+        state_dir=Path(state_dir),
+        approve=approve,
+        hooks=_frozen(hooks),
+        events=_frozen(events),
+        environment=_frozen(environment),
+        shutdown_grace=grace,
+    )
+
+
+def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Config:
+    """Read and validate a config file; a missing file is an error, never silent defaults."""
+    source = str(path)
+    try:
+        text = reader(path)
+    except OSError as e:
+        raise ConfigError([f"{source}: cannot read: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{source}: not UTF-8 text: {e.reason}"]) from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError([f"{source}: {where}: {problem}"]) from None
+    return parse(raw, source, path)

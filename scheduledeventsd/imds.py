@@ -1,0 +1,153 @@
+"""HTTP to the Instance Metadata Service: fetch the document, approve events, learn the VM name.
+
+Knows HTTP and nothing of hooks. One kept-alive connection; never a proxy (IMDS must not be
+proxied, whatever the environment says), never a redirect, a cap on response size, and every
+failure raised as one ImdsError whose `kind` is stable enough to log only on change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections.abc import Iterable
+from typing import Optional
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from . import __version__
+from .model import Document, DocumentError, parse_document
+
+NAME_API_VERSION = "2021-02-01"
+MAX_BODY = 1 << 20  # a real document is a few KiB; anything near this is not IMDS
+
+
+class ImdsError(Exception):
+    """A failed exchange. `kind` names the failure class (for log-on-change), `status` the code."""
+
+    def __init__(self, kind: str, detail: str, status: Optional[int] = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+
+
+class ImdsClient:
+    def __init__(
+        self,
+        url: str,
+        api_version: str,
+        timeout: float,
+        first_call_timeout: float,
+    ) -> None:
+        self.url = url
+        self.api_version = api_version
+        self.timeout = timeout
+        self.first_call_timeout = first_call_timeout
+        self._answered = False  # IMDS takes up to 2 min to answer until it first has
+        self._session = requests.Session()
+        self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
+        self._session.proxies = {}
+        self._session.max_redirects = 0
+        self._session.headers.clear()
+        self._session.headers.update(
+            {"Metadata": "true", "User-Agent": f"scheduledeventsd/{__version__}"}
+        )
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+
+    def close(self) -> None:
+        self._session.close()
+
+    def fetch_document(self) -> Document:
+        body = self._exchange("GET", self.url, {"api-version": self.api_version})
+        try:
+            return parse_document(body)
+        except DocumentError as e:
+            raise ImdsError("bad_document", str(e)) from None
+
+    def approve(self, event_ids: Iterable[str]) -> None:
+        payload = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
+        self._exchange("POST", self.url, {"api-version": self.api_version}, payload)
+
+    def fetch_vm_name(self) -> str:
+        """The name as Resources spells it (`<scaleset>_<id>` on scale sets), not the hostname."""
+        parts = urllib.parse.urlsplit(self.url)
+        name_url = urllib.parse.urlunsplit(
+            (parts.scheme, parts.netloc, "/metadata/instance/compute/name", "", "")
+        )
+        body = self._exchange("GET", name_url, {"api-version": NAME_API_VERSION, "format": "text"})
+        name = body.decode("utf-8", "replace").strip()
+        if not name or any(ch.isspace() or not ch.isprintable() for ch in name):
+            raise ImdsError("bad_name", f"unusable VM name {name[:80]!r}")
+        return name
+
+    def _exchange(
+        self,
+        method: str,
+        url: str,
+        params: dict[str, str],
+        payload: Optional[object] = None,
+    ) -> bytes:
+        read_timeout = self.timeout if self._answered else self.first_call_timeout
+        deadline = time.monotonic() + read_timeout
+        try:
+            response = self._session.request(
+                method,
+                url,
+                params=params,
+                data=None if payload is None else json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json"} if payload is not None else None,
+                timeout=(self.timeout, read_timeout),
+                allow_redirects=False,
+                stream=True,
+            )
+        except requests.Timeout as e:
+            raise ImdsError("timeout", _root(e)) from None
+        except requests.ConnectionError as e:
+            raise ImdsError("connection", _root(e)) from None
+        except requests.RequestException as e:
+            raise ImdsError("request", _root(e)) from None
+        with response:
+            try:
+                body = _read_capped(response, deadline)
+            except requests.RequestException as e:
+                raise ImdsError("connection", f"while reading the body: {_root(e)}") from None
+        self._answered = True
+        if response.is_redirect or 300 <= response.status_code < 400:
+            location = response.headers.get("Location", "")[:200]
+            raise ImdsError(
+                "redirect", f"HTTP {response.status_code} to {location!r} (not followed)",
+                response.status_code,
+            )
+        if response.status_code != 200:
+            snippet = body[:200].decode("utf-8", "replace").strip()
+            raise ImdsError(
+                f"http_{response.status_code}", f"HTTP {response.status_code}: {snippet}",
+                response.status_code,
+            )
+        return body
+
+
+def _read_capped(response: requests.Response, deadline: float) -> bytes:
+    """A trickling or huge response must not hold the poll loop hostage."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(65536):
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ImdsError("too_large", f"response larger than {MAX_BODY} bytes", response.status_code)
+        if time.monotonic() > deadline:
+            raise ImdsError("timeout", "response body took longer than the timeout")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _root(error: BaseException) -> str:
+    """requests nests the useful reason several exceptions deep; show the innermost."""
+    while error.__context__ is not None and not str(error):
+        error = error.__context__
+    text = str(error)
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,172 @@
+"""The Scheduled Events document as typed, frozen data, parsed tolerantly once at the edge.
+
+IMDS has shipped several api-versions with different fields, and re-serialising tools reorder
+keys and rewrite dates, so parsing accepts every shape seen in the field and skips (with a
+reason) only what cannot be acted on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+SCHEDULED = "Scheduled"
+STARTED = "Started"
+
+
+class DocumentError(ValueError):
+    """The response is not a Scheduled Events document at all."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One scheduled event, with every optional field normalised."""
+
+    event_id: str
+    event_type: str
+    status: str
+    resource_type: str
+    resources: tuple[str, ...]
+    not_before: Optional[dt.datetime]
+    description: str = ""
+    source: str = ""
+    duration_seconds: Optional[int] = None
+
+    def names(self, vm_name: str) -> bool:
+        """Azure's resource names are case-insensitive; an event may name many VMs."""
+        wanted = vm_name.casefold()
+        return any(r.casefold() == wanted for r in self.resources)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as IMDS spells it, with NotBefore in ISO 8601 UTC (hooks get this)."""
+        return {
+            "EventId": self.event_id,
+            "EventType": self.event_type,
+            "EventStatus": self.status,
+            "ResourceType": self.resource_type,
+            "Resources": list(self.resources),
+            "NotBefore": iso_utc(self.not_before),
+            "Description": self.description,
+            "EventSource": self.source,
+            "DurationInSeconds": self.duration_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Document:
+    """A whole response; `skipped` says why any event in it could not be used."""
+
+    incarnation: int
+    events: tuple[Event, ...]
+    skipped: tuple[str, ...] = ()
+
+
+def iso_utc(when: Optional[dt.datetime]) -> str:
+    return "" if when is None else when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_not_before(text: str) -> Optional[dt.datetime]:
+    """RFC 1123 as IMDS sends it (weekday ignored: the docs' examples get it wrong), or ISO 8601.
+
+    Empty means "no time" (IMDS clears NotBefore once an event has Started).
+    """
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        parsed = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        iso = text[:-1] + "+00:00" if text[-1:] in "zZ" else text
+        try:
+            parsed = dt.datetime.fromisoformat(iso)
+        except ValueError:
+            raise ValueError(f"NotBefore is neither RFC 1123 nor ISO 8601: {text!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed
+
+
+def _clean(value: str) -> str:
+    """NUL cannot travel in environment variables or journal fields; it is never meaningful."""
+    return value.replace("\x00", "\ufffd")
+
+
+def _lower_keys(raw: dict[Any, Any]) -> dict[str, Any]:
+    return {k.casefold(): v for k, v in raw.items() if isinstance(k, str)}
+
+
+def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
+    value = fields.get(key.casefold())
+    if value is None:
+        if required:
+            raise ValueError(f"{key} is missing")
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{key} is not a string: {value!r}")
+    if required and not value.strip():
+        raise ValueError(f"{key} is empty")
+    return _clean(value)
+
+
+def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
+    """Raise ValueError naming the first problem that makes the event unusable."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"event is not an object: {raw!r}")
+    fields = _lower_keys(raw)
+    resources_raw = fields.get("resources", [])
+    if not isinstance(resources_raw, list) or not all(isinstance(r, str) for r in resources_raw):
+        raise ValueError(f"Resources is not a list of strings: {resources_raw!r}")
+    duration = fields.get("durationinseconds")
+    if isinstance(duration, bool) or not isinstance(duration, (int, type(None))):
+        duration = None
+    return Event(
+        event_id=_text(fields, "EventId", required=True).strip(),
+        event_type=_text(fields, "EventType", required=True).strip(),
+        status=_text(fields, "EventStatus", required=True).strip(),
+        resource_type=_text(fields, "ResourceType", required=False),
+        resources=tuple(_clean(r).strip() for r in resources_raw if r.strip()),
+        not_before=parse_not_before(_text(fields, "NotBefore", required=False)),
+        description=_text(fields, "Description", required=False),
+        source=_text(fields, "EventSource", required=False),
+        duration_seconds=duration,
+    )
+
+
+def parse_document(body: bytes) -> Document:
+    """Raise DocumentError only if there is no usable incarnation or event list."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DocumentError(f"not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise DocumentError("not a JSON object")
+    fields = _lower_keys(raw)
+    incarnation = fields.get("documentincarnation")
+    if isinstance(incarnation, str) and incarnation.strip().isdigit():
+        incarnation = int(incarnation)
+    if isinstance(incarnation, bool) or not isinstance(incarnation, int):
+        raise DocumentError(f"DocumentIncarnation is missing or not an integer: {incarnation!r}")
+    raw_events = fields.get("events", [])
+    if raw_events is None:
+        raw_events = []
+    if not isinstance(raw_events, list):
+        raise DocumentError(f"Events is not a list: {raw_events!r}")
+    events: list[Event] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    for index, raw_event in enumerate(raw_events):
+        try:
+            event = parse_event(raw_event)
+        except ValueError as e:
+            skipped.append(f"Events[{index}]: {e}")
+            continue
+        if event.event_id in seen:
+            skipped.append(f"Events[{index}]: duplicate EventId {event.event_id}")
+            continue
+        seen.add(event.event_id)
+        events.append(event)
+    return Document(incarnation=incarnation, events=tuple(events), skipped=tuple(skipped))

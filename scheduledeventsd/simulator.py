@@ -1,0 +1,531 @@
+"""A real HTTP server that behaves like IMDS Scheduled Events, for demos, tests and benchmarks.
+
+It enforces what IMDS enforces (Metadata header, api-version, no X-Forwarded-For, 5 requests/s),
+answers with IMDS' error bodies, moves approved events to Started and then out of the document,
+plays scenario files on a timeline, and injects faults. `/_simulator/...` is its control API.
+"""
+
+from __future__ import annotations
+
+import collections
+import email.utils
+import json
+import threading
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
+NAME_PATH = "/metadata/instance/compute/name"
+CONTROL_PREFIX = "/_simulator/"
+API_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
+NAME_API_VERSIONS = ("2017-08-01", "2019-06-01", "2020-09-01", "2021-02-01", "2021-12-13")
+NEWEST = ["2020-07-01", "2019-08-01", "2019-04-01"]
+RATE_LIMIT = 5  # requests per second per VM, as IMDS enforces
+FAULT_KINDS = ("status", "delay", "garbage", "drop", "redirect")
+
+
+@dataclass
+class Fault:
+    """Applied to the next `count` matching requests (0: until cleared)."""
+
+    kind: str
+    status: int = 500
+    delay: float = 0.0
+    location: str = ""
+    count: int = 1
+    method: str = "GET"  # GET, POST or ANY
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
+        if self.method not in ("GET", "POST", "ANY"):
+            raise ValueError(f"fault method must be GET, POST or ANY, got {self.method!r}")
+
+
+@dataclass(frozen=True)
+class Approval:
+    event_id: str
+    at: float  # time.time() when the POST arrived
+    monotonic: float
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    client: tuple[str, int]
+    at: float
+
+
+@dataclass
+class _Event:
+    fields: dict[str, Any]
+    approved_at: Optional[float] = None
+    started_at: Optional[float] = None
+
+
+@dataclass
+class Step:
+    at: float
+    action: str  # add | update | remove | fault
+    value: Any
+
+
+@dataclass
+class Scenario:
+    vm_name: str = "sim-vm"
+    incarnation: int = 1
+    start_after_approval: float = 1.0
+    started_for: Optional[float] = 3.0
+    duration: Optional[float] = None
+    steps: list[Step] = field(default_factory=list)
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+def rfc1123(when: float) -> str:
+    return email.utils.formatdate(when, usegmt=True)
+
+
+class Simulator:
+    """Thread-safe state plus the HTTP server around it; time is read lazily on each request."""
+
+    def __init__(self, scenario: Optional[Scenario] = None, *, rate_limit: bool = True) -> None:
+        self.scenario = scenario or Scenario()
+        self.vm_name = self.scenario.vm_name
+        self.rate_limit = rate_limit
+        self._lock = threading.RLock()
+        self._incarnation = self.scenario.incarnation
+        self._events: dict[str, _Event] = {}
+        self._faults: list[Fault] = []
+        self._steps = sorted(self.scenario.steps, key=lambda s: s.at)
+        self._origin = time.monotonic()
+        self._recent: collections.deque[float] = collections.deque()
+        self.approvals: list[Approval] = []
+        self.requests: list[Request] = []
+        self.changes: list[tuple[float, int]] = []  # (monotonic, incarnation)
+        self._server: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- state --------------------------------------------------------------------------------
+
+    @property
+    def incarnation(self) -> int:
+        with self._lock:
+            self._advance()
+            return self._incarnation
+
+    def _changed(self) -> None:
+        self._incarnation += 1
+        self.changes.append((time.monotonic(), self._incarnation))
+
+    def add_event(
+        self,
+        event_type: str = "Reboot",
+        resources: Optional[list[str]] = None,
+        *,
+        event_id: Optional[str] = None,
+        status: str = "Scheduled",
+        not_before_in: Optional[float] = 900.0,
+        description: str = "Host server is undergoing maintenance.",
+        source: str = "Platform",
+        duration: int = -1,
+        raw: Optional[dict[str, Any]] = None,
+    ) -> str:
+        """Add an event (or, with `raw`, exactly the given JSON object); returns its EventId."""
+        if raw is not None:
+            fields = dict(raw)
+            event_id = str(fields.get("EventId", event_id or uuid.uuid4()))
+        else:
+            event_id = event_id or str(uuid.uuid4()).upper()
+            not_before = "" if status == "Started" or not_before_in is None else rfc1123(time.time() + not_before_in)
+            fields = {
+                "EventId": event_id,
+                "EventStatus": status,
+                "EventType": event_type,
+                "ResourceType": "VirtualMachine",
+                "Resources": [self.vm_name] if resources is None else list(resources),
+                "NotBefore": not_before,
+                "Description": description,
+                "EventSource": source,
+                "DurationInSeconds": duration,
+            }
+        with self._lock:
+            self._advance()
+            started = time.monotonic() if fields.get("EventStatus") == "Started" else None
+            self._events[event_id] = _Event(fields, started_at=started)
+            self._changed()
+        return event_id
+
+    def update_event(self, event_id: str, **fields: Any) -> None:  # noqa: ANN401
+        with self._lock:
+            self._advance()
+            event = self._events[event_id]
+            event.fields.update(fields)
+            if fields.get("EventStatus") == "Started" and event.started_at is None:
+                event.started_at = time.monotonic()
+                event.fields["NotBefore"] = ""
+            self._changed()
+
+    def remove_event(self, event_id: str) -> None:
+        with self._lock:
+            self._advance()
+            if self._events.pop(event_id, None) is not None:
+                self._changed()
+
+    def add_fault(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def approved(self, event_id: str) -> bool:
+        with self._lock:
+            return any(a.event_id == event_id for a in self.approvals)
+
+    def event_ids(self) -> list[str]:
+        with self._lock:
+            self._advance()
+            return list(self._events)
+
+    def _advance(self) -> None:
+        """Apply due scenario steps and the platform's own transitions."""
+        now = time.monotonic()
+        while self._steps and self._origin + self._steps[0].at <= now:
+            self._apply_step(self._steps.pop(0))
+        sc = self.scenario
+        for event_id, event in list(self._events.items()):
+            f = event.fields
+            if f.get("EventStatus") == "Scheduled":
+                due_by_approval = event.approved_at is not None and event.approved_at + sc.start_after_approval <= now
+                not_before = _parse_rfc1123(f.get("NotBefore"))
+                if due_by_approval or (not_before is not None and not_before <= time.time()):
+                    f["EventStatus"] = "Started"
+                    f["NotBefore"] = ""
+                    event.started_at = now
+                    self._changed()
+            elif (
+                f.get("EventStatus") == "Started"
+                and sc.started_for is not None
+                and event.started_at is not None
+                and event.started_at + sc.started_for <= now
+            ):
+                del self._events[event_id]
+                self._changed()
+
+    def _apply_step(self, step: Step) -> None:
+        if step.action == "add":
+            spec = dict(step.value)
+            self.add_event(
+                spec.pop("EventType", "Reboot"),
+                spec.pop("Resources", None),
+                event_id=spec.pop("EventId", None),
+                status=spec.pop("EventStatus", "Scheduled"),
+                not_before_in=spec.pop("not_before_in", 900.0),
+                description=spec.pop("Description", "Host server is undergoing maintenance."),
+                source=spec.pop("EventSource", "Platform"),
+                duration=spec.pop("DurationInSeconds", -1),
+            )
+        elif step.action == "update":
+            spec = dict(step.value)
+            self.update_event(spec.pop("EventId"), **spec)
+        elif step.action == "remove":
+            self.remove_event(str(step.value))
+        elif step.action == "fault":
+            self.add_fault(Fault(**step.value))
+
+    def document(self, api_version: str = API_VERSIONS[-1]) -> dict[str, Any]:
+        """The document as IMDS would render it for this api-version (older ones lack fields)."""
+        with self._lock:
+            self._advance()
+            events = []
+            for event in self._events.values():
+                f = dict(event.fields)
+                if api_version < "2017-11-01" and f.get("EventType") == "Preempt":
+                    continue
+                if api_version < "2019-01-01" and f.get("EventType") == "Terminate":
+                    continue
+                for key, since in (("Description", "2019-04-01"), ("EventSource", "2019-08-01"), ("DurationInSeconds", "2020-07-01")):
+                    if api_version < since:
+                        f.pop(key, None)
+                events.append(f)
+            return {"DocumentIncarnation": self._incarnation, "Events": events}
+
+    def _take_fault(self, method: str) -> Optional[Fault]:
+        with self._lock:
+            for fault in self._faults:
+                if fault.method in (method, "ANY"):
+                    if fault.count > 0:
+                        fault.count -= 1
+                        if fault.count == 0:
+                            self._faults.remove(fault)
+                    return fault
+        return None
+
+    def _over_rate(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            while self._recent and self._recent[0] <= now - 1.0:
+                self._recent.popleft()
+            self._recent.append(now)
+            return self.rate_limit and len(self._recent) > RATE_LIMIT
+
+    def _approve(self, event_ids: list[str]) -> None:
+        with self._lock:
+            self._advance()
+            now_wall, now = time.time(), time.monotonic()
+            for event_id in event_ids:
+                self.approvals.append(Approval(event_id, now_wall, now))
+                event = self._events.get(event_id)
+                if event is not None and event.approved_at is None:
+                    event.approved_at = now
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            doc = self.document()
+            return {
+                "incarnation": doc["DocumentIncarnation"],
+                "events": doc["Events"],
+                "approvals": [{"EventId": a.event_id, "at": a.at} for a in self.approvals],
+                "requests": len(self.requests),
+            }
+
+    # ---- serving ------------------------------------------------------------------------------
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+        """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
+        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="simulator", daemon=True)
+        self._thread.start()
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"  # noqa: S101 - programming error
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}{SCHEDULED_EVENTS_PATH}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Simulator:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def _parse_rfc1123(text: Any) -> Optional[float]:  # noqa: ANN401
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as IMDS does
+        server_version = "Microsoft-IIS/10.0"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
+            """Quiet: the daemon's log is what matters."""
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def do_DELETE(self) -> None:
+            self._handle("DELETE")
+
+        def _reply(self, status: int, body: Any, content_type: str = "application/json; charset=utf-8") -> None:  # noqa: ANN401
+            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body, separators=(",", ":")).encode())
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> bytes:
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(min(length, 1 << 20)) if length > 0 else b""
+
+        def _handle(self, method: str) -> None:
+            parts = urllib.parse.urlsplit(self.path)
+            body = self._body() if method in ("POST", "DELETE") else b""
+            if parts.path.startswith(CONTROL_PREFIX):
+                self._control(method, parts.path[len(CONTROL_PREFIX):], body)
+                return
+            sim.requests.append(
+                Request(method, parts.path, parts.query, dict(self.headers.items()), self.client_address[:2], time.monotonic())
+            )
+            if sim._over_rate():  # noqa: SLF001
+                self._reply(429, {"error": "Too many requests"})
+                return
+            if "x-forwarded-for" in {k.lower() for k in self.headers}:
+                self._reply(400, {"error": "Bad request. X-Forwarded-For header is not allowed"})
+                return
+            if self.headers.get("Metadata", "").lower() != "true":
+                self._reply(400, {"error": "Bad request. Required metadata header not specified"})
+                return
+            query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+            if any(len(v) > 1 for v in query.values()):
+                self._reply(400, {"error": "Bad request. Query parameters should not be duplicated"})
+                return
+            versions = API_VERSIONS if parts.path == SCHEDULED_EVENTS_PATH else NAME_API_VERSIONS
+            api_version = query.get("api-version", [""])[0]
+            if not api_version:
+                self._reply(400, {"error": "Bad request. api-version was not specified in the request. For more information refer to aka.ms/azureimds", "newest-versions": NEWEST})
+                return
+            if parts.path not in (SCHEDULED_EVENTS_PATH, NAME_PATH) or (method == "DELETE"):
+                self._reply(404, {"error": "Not found"})
+                return
+            if api_version not in versions:
+                self._reply(400, {"error": "Bad request. api-version is invalid or was not specified in the request. For more information refer to aka.ms/azureimds", "newest-versions": NEWEST})
+                return
+            fault = sim._take_fault(method)  # noqa: SLF001
+            if fault is not None and self._inject(fault):
+                return
+            if parts.path == NAME_PATH:
+                if method != "GET":
+                    self._reply(405, {"error": "Method not allowed"})
+                elif query.get("format", [""])[0] != "text":
+                    self._reply(400, {"error": "Bad request. Leaf nodes only support text format"})
+                else:
+                    self._reply(200, sim.vm_name, "text/plain; charset=utf-8")
+                return
+            if method == "GET":
+                self._reply(200, sim.document(api_version))
+                return
+            ids = _start_requests(body)
+            if ids is None:
+                self._reply(400, {"error": "Bad request. Invalid StartRequests body"})
+                return
+            sim._approve(ids)  # noqa: SLF001
+            self._reply(200, b"")
+
+        def _inject(self, fault: Fault) -> bool:
+            """True if the fault answered (or dropped) the request itself."""
+            if fault.kind == "delay":
+                time.sleep(fault.delay)
+                return False
+            if fault.kind == "status":
+                self._reply(fault.status, {"error": "simulated failure"})
+            elif fault.kind == "garbage":
+                self._reply(200, b"<html><body>Service Unavailable</body></html>", "text/html")
+            elif fault.kind == "redirect":
+                self.send_response(fault.status if 300 <= fault.status < 400 else 307)
+                self.send_header("Location", fault.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif fault.kind == "drop":
+                self.close_connection = True
+                self.connection.shutdown(2)
+            return True
+
+        def _control(self, method: str, path: str, body: bytes) -> None:
+            try:
+                spec = json.loads(body) if body else {}
+                if method == "GET" and path == "state":
+                    self._reply(200, sim.state())
+                elif method == "POST" and path == "events":
+                    event_id = sim.add_event(
+                        spec.get("EventType", "Reboot"),
+                        spec.get("Resources"),
+                        event_id=spec.get("EventId"),
+                        status=spec.get("EventStatus", "Scheduled"),
+                        not_before_in=spec.get("not_before_in", 900.0),
+                    )
+                    self._reply(201, {"EventId": event_id, "incarnation": sim.incarnation})
+                elif method == "DELETE" and path.startswith("events/"):
+                    sim.remove_event(path[len("events/"):])
+                    self._reply(200, {"incarnation": sim.incarnation})
+                elif method == "POST" and path == "faults":
+                    sim.add_fault(Fault(**spec))
+                    self._reply(201, {})
+                elif method == "DELETE" and path == "faults":
+                    sim.clear_faults()
+                    self._reply(200, {})
+                else:
+                    self._reply(404, {"error": f"no control endpoint {method} {path}"})
+            except (ValueError, TypeError, KeyError) as e:
+                self._reply(400, {"error": str(e)})
+
+    return Handler
+
+
+def _start_requests(body: bytes) -> Optional[list[str]]:
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return None
+    requests = raw.get("StartRequests") if isinstance(raw, dict) else None
+    if not isinstance(requests, list) or not requests:
+        return None
+    ids = [r.get("EventId") for r in requests if isinstance(r, dict)]
+    if len(ids) != len(requests) or not all(isinstance(i, str) and i for i in ids):
+        return None
+    return [str(i) for i in ids]
+
+
+_SCENARIO_KEYS = ("vm_name", "incarnation", "start_after_approval", "started_for", "duration", "steps")
+_STEP_ACTIONS = ("add", "update", "remove", "fault")
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read a scenario file; errors name the file and the step."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ScenarioError(f"{path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: must be a mapping")
+    unknown = set(raw) - set(_SCENARIO_KEYS)
+    if unknown:
+        raise ScenarioError(f"{path}: unknown keys: {', '.join(sorted(map(str, unknown)))}")
+    steps = []
+    for i, entry in enumerate(raw.get("steps") or []):
+        actions = [k for k in _STEP_ACTIONS if isinstance(entry, dict) and k in entry]
+        if not isinstance(entry, dict) or len(actions) != 1 or not isinstance(entry.get("at"), (int, float)):
+            raise ScenarioError(f"{path}: steps[{i}]: needs `at` (seconds) and one of {', '.join(_STEP_ACTIONS)}")
+        steps.append(Step(float(entry["at"]), actions[0], entry[actions[0]]))
+    d = Scenario()
+    return Scenario(
+        vm_name=str(raw.get("vm_name", d.vm_name)),
+        incarnation=int(raw.get("incarnation", d.incarnation)),
+        start_after_approval=float(raw.get("start_after_approval", d.start_after_approval)),
+        # `started_for: null` keeps Started events in the document until a step removes them.
+        started_for=float(raw["started_for"]) if raw.get("started_for") is not None
+        else (None if "started_for" in raw else d.started_for),
+        duration=None if raw.get("duration") is None else float(raw["duration"]),
+        steps=steps,
+    )
+
+
+def bundled_scenario(name: str) -> Path:
+    return Path(__file__).with_name("scenarios") / f"{name}.yaml"

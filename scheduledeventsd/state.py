@@ -1,0 +1,100 @@
+"""What the daemon knows about each event, kept in one JSON file written atomically.
+
+A restart must never re-run the hooks of an event already handled, so every change of phase
+is on disk (temp file, fsync, rename, fsync of the directory) before the daemon moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .engine import Known, Phase, Tracked
+from .model import parse_event
+
+STATE_FILE = "state.json"
+_VERSION = 1
+
+
+class StateError(Exception):
+    """The state file exists but cannot be used; it has been moved aside, not deleted."""
+
+
+class StateStore:
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / STATE_FILE
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Two daemons on one state directory would both run every hook: refuse the second."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateError(f"{self.path.parent} is in use by another scheduledeventsd") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def load(self) -> Known:
+        """An absent file is a first start; an unreadable one is kept for inspection."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            return _decode(json.loads(text))
+        except (ValueError, TypeError, KeyError) as e:
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
+            os.replace(self.path, aside)
+            raise StateError(f"{self.path}: {e}; moved to {aside}, starting with no state") from None
+
+    def save(self, known: Known) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = json.dumps(_encode(known), indent=1, sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
+    return {
+        "version": _VERSION,
+        "events": [{"phase": t.phase.value, "event": t.event.to_json()} for t in known.values()],
+    }
+
+
+def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
+    if not isinstance(raw, dict) or raw.get("version") != _VERSION:
+        raise ValueError(f"not a version {_VERSION} state file")
+    known: dict[str, Tracked] = {}
+    for entry in raw["events"]:
+        event = parse_event(entry["event"])
+        known[event.event_id] = Tracked(event, Phase(entry["phase"]))
+    return known
