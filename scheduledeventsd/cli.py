@@ -24,8 +24,12 @@ def _add_config(p: argparse.ArgumentParser) -> None:
 
 
 def _add_logging(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-target", choices=("auto", "console", "journal"), default="auto",
-                   help="auto: journald when started by systemd, else the console")
+    p.add_argument(
+        "--log-target",
+        choices=("auto", "console", "journal"),
+        default="auto",
+        help="auto: journald when started by systemd, else the console",
+    )
     p.add_argument("--log-format", choices=("console", "json"), default="console")
     p.add_argument("--log-level", choices=log.LEVELS, default="info")
 
@@ -54,12 +58,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
     p.add_argument("--scenario", type=Path, help="scenario YAML to play")
     p.add_argument("--vm-name", help="VM name to answer (overrides the scenario's)")
-    p.add_argument("--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s")
+    p.add_argument(
+        "--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s"
+    )
 
     p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
     p.add_argument("--scenario", type=Path, default=simulator.bundled_scenario("demo"))
-    p.add_argument("--hooks-dir", type=Path, default=Path("/etc/scheduledeventsd/hooks"),
-                   help="directory with drain, checkpoint and shutdown hooks (default: %(default)s)")
+    p.add_argument(
+        "--hooks-dir",
+        type=Path,
+        default=Path("/etc/scheduledeventsd/hooks"),
+        help="directory with drain, checkpoint and shutdown hooks (default: %(default)s)",
+    )
     _add_logging(p)
     return top
 
@@ -90,13 +100,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     md = cfg.metadata
     print(f"{args.config}: OK")
-    print(f"  IMDS:      {md.url}?api-version={md.api_version} every {md.poll_interval:g}s "
-          f"(timeout {md.timeout:g}s, first call {md.first_call_timeout:g}s)")
+    print(
+        f"  IMDS:      {md.url}?api-version={md.api_version} every {md.poll_interval:g}s "
+        f"(timeout {md.timeout:g}s, first call {md.first_call_timeout:g}s)"
+    )
     print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")
     print(f"  approve:   {cfg.approve}")
     print(f"  state:     {cfg.state_dir}")
     for event_type, names in cfg.events.items():
-        print(f"  {event_type + ':':<10} {' -> '.join(names) if names else '(no hooks; approve at once)'}")
+        chain = " -> ".join(names) if names else "(no hooks; approve at once)"
+        print(f"  {event_type + ':':<10} {chain}")
     for hook in cfg.hooks.values():
         for cmd in hook.commands:
             print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
@@ -118,8 +131,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if identity.source == "hostname":
-        print(f"warning: IMDS did not give the VM name ({identity.problem}); using the hostname",
-              file=sys.stderr)
+        print(
+            f"warning: IMDS did not give the VM name ({identity.problem}); using the hostname",
+            file=sys.stderr,
+        )
     if args.json:
         print(report.as_json(doc, identity.name))
     else:
@@ -146,8 +161,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
         return 1
-    print(f"IMDS simulator for VM {scenario.vm_name} on http://{host}:{port}"
-          f"{simulator.SCHEDULED_EVENTS_PATH}", flush=True)
+    print(
+        f"IMDS simulator for VM {scenario.vm_name} on http://{host}:{port}"
+        f"{simulator.SCHEDULED_EVENTS_PATH}",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)
@@ -171,7 +189,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raw = {
             "metadata": {"url": sim.url, "first_call_timeout": 10},
             "state_dir": state_dir,
-            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in ("drain", "checkpoint", "shutdown")},
+            "hooks": {
+                h: [{"command": [str(hooks_dir / h)]}] for h in ("drain", "checkpoint", "shutdown")
+            },
         }
         try:
             cfg = config.parse(raw, "demo configuration")
@@ -179,8 +199,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             for problem in e.problems:
                 print(f"error: {problem}", file=sys.stderr)
             return EXIT_CONFIG
-        print(f"demo: simulator at {sim.url} for VM {scenario.vm_name}; playing {args.scenario.name} "
-              f"for {scenario.duration or 20:g}s with hooks from {hooks_dir}", file=sys.stderr, flush=True)
+        print(
+            f"demo: simulator at {sim.url} for VM {scenario.vm_name}; playing {args.scenario.name} "
+            f"for {scenario.duration or 20:g}s with hooks from {hooks_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
         daemon = Daemon(cfg)
         daemon.install_signal_handlers()
         timer = threading.Timer(scenario.duration or 20.0, daemon.request_stop)
@@ -189,8 +213,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         status = daemon.run()
         timer.cancel()
     sim.stop()
-    print("demo: approvals the simulator received: "
-          + (", ".join(a.event_id for a in sim.approvals) or "none"), file=sys.stderr)
+    print(
+        "demo: approvals the simulator received: "
+        + (", ".join(a.event_id for a in sim.approvals) or "none"),
+        file=sys.stderr,
+    )
     return status
 
 

@@ -99,7 +99,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:  # noqa: ANN401
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -131,7 +131,9 @@ class _Checker:
             return {}
         for key in value:
             if key not in allowed:
-                self.fail(_join(where, str(key)), f"unknown key (expected one of: {', '.join(allowed)})")
+                self.fail(
+                    _join(where, str(key)), f"unknown key (expected one of: {', '.join(allowed)})"
+                )
         return {k: v for k, v in value.items() if k in allowed}
 
     def number(
@@ -183,7 +185,10 @@ def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
     if parts.scheme not in ("http", "https") or not parts.hostname:
         c.fail("metadata.url", f"must be an http:// URL with a host, got {url!r}")
     elif parts.query or parts.fragment or parts.username or parts.password:
-        c.fail("metadata.url", "must not carry a query, fragment or credentials (api_version is separate)")
+        c.fail(
+            "metadata.url",
+            "must not carry a query, fragment or credentials (api_version is separate)",
+        )
     api_version = fields.get("api_version")
     if isinstance(api_version, dt.date):
         api_version = api_version.isoformat()  # an unquoted 2020-07-01 is a YAML date
@@ -193,7 +198,11 @@ def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
         api_version=c.string(api_version, "metadata.api_version", d.api_version),
         poll_interval=c.number(
             # IMDS allows 5 requests/s per VM; stay clear of it with room for approvals.
-            fields.get("poll_interval"), "metadata.poll_interval", d.poll_interval, 0.25, 60
+            fields.get("poll_interval"),
+            "metadata.poll_interval",
+            d.poll_interval,
+            0.25,
+            60,
         ),
         timeout=timeout,
         first_call_timeout=c.number(
@@ -255,7 +264,10 @@ def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]
         return None
     argv = fields.get("command")
     if isinstance(argv, str):
-        c.fail(f"{where}.command", "must be a list (argv; no shell runs it), e.g. [/path/to/hook, --flag]")
+        c.fail(
+            f"{where}.command",
+            "must be a list (argv; no shell runs it), e.g. [/path/to/hook, --flag]",
+        )
         return None
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         c.fail(f"{where}.command", f"must be a non-empty list of strings, got {_kind(argv)}")
@@ -268,27 +280,33 @@ def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]
     return HookCommand(tuple(argv), timeout)
 
 
-def _check_events(c: _Checker, raw: Any, hooks: Mapping[str, Hook]) -> Mapping[str, tuple[str, ...]]:  # noqa: ANN401
+def _check_events(
+    c: _Checker,
+    raw: Any,  # noqa: ANN401 - YAML
+    hooks: Mapping[str, Hook],
+) -> Mapping[str, tuple[str, ...]]:
     if raw is None:
         raw = {k: list(v) for k, v in DEFAULT_EVENTS.items()}
     if not isinstance(raw, dict):
         c.fail("events", f"must be a mapping of event type to hook names, got {_kind(raw)}")
         return {}
     events: dict[str, tuple[str, ...]] = {}
-    for event_type, names in raw.items():
+    for event_type, listed in raw.items():
         where = f"events.{event_type}"
         if event_type not in EVENT_TYPES:
             c.fail(where, f"unknown event type (expected one of: {', '.join(EVENT_TYPES)})")
             continue
-        if names is None:
-            names = []
+        names = [] if listed is None else listed
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             c.fail(where, f"must be a list of hook names, got {_kind(names)}")
             continue
         for i, name in enumerate(names):
             if name not in hooks:
                 defined = ", ".join(sorted(hooks)) or "none"
-                c.fail(f"{where}[{i}]", f"hook {name!r} is not defined under hooks (defined: {defined})")
+                c.fail(
+                    f"{where}[{i}]",
+                    f"hook {name!r} is not defined under hooks (defined: {defined})",
+                )
         events[event_type] = tuple(names)
     return events
 
@@ -315,10 +333,19 @@ def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN
     return env
 
 
-_TOP_KEYS = ("metadata", "vm_name", "state_dir", "approve", "hooks", "events", "environment", "shutdown_grace")
+_TOP_KEYS = (
+    "metadata",
+    "vm_name",
+    "state_dir",
+    "approve",
+    "hooks",
+    "events",
+    "environment",
+    "shutdown_grace",
+)
 
 
-def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa: ANN401
+def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa: ANN401 - YAML
     """Validate an already-loaded YAML value; raise ConfigError listing every problem."""
     c = _Checker(source)
     top = c.mapping(raw, "", _TOP_KEYS) if raw is not None else {}

@@ -248,7 +248,7 @@ class Daemon:
 
     def _backoff(self) -> float:
         interval = self.config.metadata.poll_interval
-        return min(interval * 2 ** min(self._failures - 1, 10), max(BACKOFF_CAP, interval))
+        return min(interval * 2.0 ** min(self._failures - 1, 10), max(BACKOFF_CAP, interval))
 
     # ---- decisions and actions ---------------------------------------------------------------
 
@@ -267,7 +267,9 @@ class Daemon:
                 self._start_hooks(action)
             elif isinstance(action, Approve):
                 self._approve(action.event)
-        for gone in set(self._approval_due) - {e.event_id for e in engine.pending_approvals(self.known)}:
+        for gone in set(self._approval_due) - {
+            e.event_id for e in engine.pending_approvals(self.known)
+        }:
             del self._approval_due[gone]
 
     def _note(self, note: Note) -> None:
@@ -307,10 +309,19 @@ class Daemon:
 
         def work() -> None:
             succeeded = run_hooks(
-                self.runner, hooks, event, incarnation, self.identity.name,
-                self.config.environment, started, finished, output,
+                self.runner,
+                hooks=hooks,
+                event=event,
+                incarnation=incarnation,
+                vm_name=self.identity.name,
+                extra_env=self.config.environment,
+                on_started=started,
+                on_finished=finished,
+                on_output=output,
             )
-            self.inbox.put(HooksDone(event.event_id, succeeded, self.stop_requested.is_set() and not succeeded))
+            self.inbox.put(
+                HooksDone(event.event_id, succeeded, self.stop_requested.is_set() and not succeeded)
+            )
 
         thread = threading.Thread(target=work, name=f"hooks-{event.event_id[:8]}", daemon=True)
         self._workers[event.event_id] = thread
@@ -320,7 +331,9 @@ class Daemon:
         self._workers.pop(done.event_id, None)
         if done.cancelled:
             return  # still RUNNING on disk, so a restart runs them again
-        self._apply(engine.on_hooks_finished(done.event_id, done.succeeded, self.known, self._policy()))
+        self._apply(
+            engine.on_hooks_finished(done.event_id, done.succeeded, self.known, self._policy())
+        )
 
     def _approve(self, event: Event) -> None:
         started = time.monotonic()
@@ -329,15 +342,22 @@ class Daemon:
         except ImdsError as e:
             _, attempts = self._approval_due.get(event.event_id, (0.0, 0))
             attempts += 1
-            delay = min(0.5 * 2 ** min(attempts - 1, 10), APPROVAL_BACKOFF_CAP)
+            delay = min(0.5 * 2.0 ** min(attempts - 1, 10), APPROVAL_BACKOFF_CAP)
             self._approval_due[event.event_id] = (time.monotonic() + delay, attempts)
             self.log.warning(
-                "approval_failed", **event_fields(event), error=e.detail, attempts=attempts,
+                "approval_failed",
+                **event_fields(event),
+                error=e.detail,
+                attempts=attempts,
                 retry_in_s=delay,
             )
             return
         self._approval_due.pop(event.event_id, None)
-        self.log.debug("approval_sent", event_id=event.event_id, duration_s=round(time.monotonic() - started, 3))
+        self.log.debug(
+            "approval_sent",
+            event_id=event.event_id,
+            duration_s=round(time.monotonic() - started, 3),
+        )
         self._apply(engine.on_approved(event.event_id, self.known))
 
     def _retry_approvals(self, now: float) -> None:
@@ -388,7 +408,9 @@ class Daemon:
         return config_mod.load(self.config.path or config_mod.DEFAULT_PATH)
 
     def _reload(self) -> None:
-        self.notifier.send(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+        self.notifier.send(
+            RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        )
         try:
             new = self._reload_config()
         except config_mod.ConfigError as e:
@@ -407,19 +429,27 @@ class Daemon:
             self._save()
         if new.vm_name != old.vm_name or new.metadata != old.metadata:
             self._set_identity(resolve(new.vm_name, self.client))
-        self.log.info("config_reloaded", config=str(new.path) if new.path else None, approve=new.approve)
+        self.log.info(
+            "config_reloaded", config=str(new.path) if new.path else None, approve=new.approve
+        )
         self.notifier.ready(self._status())
 
     def _shutdown(self) -> None:
         """Let running hooks finish within the grace period; what is cut off runs again later."""
         grace = self.config.shutdown_grace
-        self.notifier.stopping(f"stopping; waiting up to {grace:g}s for {len(self._workers)} hook run(s)")
+        self.notifier.stopping(
+            f"stopping; waiting up to {grace:g}s for {len(self._workers)} hook run(s)"
+        )
         self.log.info("daemon_stopping", hooks_running=len(self._workers), grace_s=grace)
         deadline = time.monotonic() + grace
         while self._workers and time.monotonic() < deadline:
             self._wait(min(0.5, max(0.0, deadline - time.monotonic())))
         if self._workers:
-            self.log.warning("hooks_cancelled", events=" ".join(sorted(self._workers)), reason="shutdown grace expired")
+            self.log.warning(
+                "hooks_cancelled",
+                events=" ".join(sorted(self._workers)),
+                reason="shutdown grace expired",
+            )
             self.runner.cancel_all(signal.SIGTERM)
             kill_at = time.monotonic() + KILL_GRACE
             while self._workers and time.monotonic() < kill_at:

@@ -79,7 +79,10 @@ def _approval(event: Event, policy: Policy) -> tuple[Phase, Action]:
         return Phase.DONE, Note("info", "approval_not_needed", event, {"reason": "already started"})
     if policy.approve == "never":
         return Phase.NOT_APPROVED, Note(
-            "info", "approval_skipped", event, {"reason": "approve: never; it proceeds at NotBefore"}
+            "info",
+            "approval_skipped",
+            event,
+            {"reason": "approve: never; it proceeds at NotBefore"},
         )
     others = [r for r in event.resources if r.casefold() != policy.vm_name.casefold()]
     if policy.approve == "sole" and others:
@@ -99,18 +102,30 @@ def _approval(event: Event, policy: Policy) -> tuple[Phase, Action]:
 def _first_sight(event: Event, policy: Policy) -> tuple[Phase, list[Action]]:
     if not event.names(policy.vm_name):
         return Phase.NOT_OURS, [
-            Note("info", "event_ignored", event, {"reason": "not for this VM", "vm_name": policy.vm_name})
+            Note(
+                "info",
+                "event_ignored",
+                event,
+                {"reason": "not for this VM", "vm_name": policy.vm_name},
+            )
         ]
     detected = Note("info", "event_detected", event)
     if event.status == STARTED:
         return Phase.MISSED, [
             detected,
-            Note("warning", "event_missed", event, {"reason": "first seen already Started; no hooks run"}),
+            Note(
+                "warning",
+                "event_missed",
+                event,
+                {"reason": "first seen already Started; no hooks run"},
+            ),
         ]
     if event.status != SCHEDULED:
         return Phase.UNHANDLED, [
             detected,
-            Note("warning", "event_unhandled", event, {"reason": f"unknown status {event.status!r}"}),
+            Note(
+                "warning", "event_unhandled", event, {"reason": f"unknown status {event.status!r}"}
+            ),
         ]
     hooks = policy.events.get(event.event_type)
     if hooks is None:
@@ -143,7 +158,9 @@ def on_document(doc: Document, known: Known, policy: Policy) -> Decision:
         phase = before.phase
         if before.event.status != event.status and phase is not Phase.NOT_OURS:
             actions.append(
-                Note("info", "event_status_changed", event, {"previous_status": before.event.status})
+                Note(
+                    "info", "event_status_changed", event, {"previous_status": before.event.status}
+                )
             )
             if phase is Phase.APPROVING and event.status == STARTED:
                 phase = Phase.DONE
@@ -155,7 +172,12 @@ def on_document(doc: Document, known: Known, policy: Policy) -> Decision:
             actions.append(Note("debug", "event_gone", gone.event))
         elif gone.phase is Phase.RUNNING:
             actions.append(
-                Note("warning", "event_gone_while_hooks_running", gone.event, {"phase": gone.phase.value})
+                Note(
+                    "warning",
+                    "event_gone_while_hooks_running",
+                    gone.event,
+                    {"phase": gone.phase.value},
+                )
             )
         else:
             actions.append(Note("info", "event_completed", gone.event, {"phase": gone.phase.value}))
@@ -204,7 +226,7 @@ def resume(known: Known) -> Decision:
                     "warning",
                     "hooks_interrupted",
                     tracked.event,
-                    {"reason": "the daemon stopped while they ran; they run again if still Scheduled"},
+                    {"reason": "cut off by a stop; they run again if the event is still Scheduled"},
                 )
             )
         else:

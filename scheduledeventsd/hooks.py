@@ -194,6 +194,7 @@ HookFinished = Callable[[str, CommandResult], None]
 
 def run_hooks(
     runner: ProcessRunner,
+    *,
     hooks: tuple[Hook, ...],
     event: Event,
     incarnation: int,
@@ -210,13 +211,13 @@ def run_hooks(
         for command in hook.commands:
             on_started(hook.name, command.argv)
             result = runner.run(
-                command.argv,
-                env,
-                stdin,
-                command.timeout,
-                lambda stream, line, name=hook.name: on_output(name, stream, line),
+                command.argv, env, stdin, command.timeout, _tagged(on_output, hook.name)
             )
             on_finished(hook.name, result)
             if not result.succeeded:
                 return False
     return True
+
+
+def _tagged(on_output: Callable[[str, str, str], None], hook: str) -> OutputSink:
+    return lambda stream, line: on_output(hook, stream, line)

@@ -119,13 +119,15 @@ class ImdsClient:
         if response.is_redirect or 300 <= response.status_code < 400:
             location = response.headers.get("Location", "")[:200]
             raise ImdsError(
-                "redirect", f"HTTP {response.status_code} to {location!r} (not followed)",
+                "redirect",
+                f"HTTP {response.status_code} to {location!r} (not followed)",
                 response.status_code,
             )
         if response.status_code != 200:
             snippet = body[:200].decode("utf-8", "replace").strip()
             raise ImdsError(
-                f"http_{response.status_code}", f"HTTP {response.status_code}: {snippet}",
+                f"http_{response.status_code}",
+                f"HTTP {response.status_code}: {snippet}",
                 response.status_code,
             )
         return body
@@ -138,7 +140,9 @@ def _read_capped(response: requests.Response, deadline: float) -> bytes:
     for chunk in response.iter_content(65536):
         size += len(chunk)
         if size > MAX_BODY:
-            raise ImdsError("too_large", f"response larger than {MAX_BODY} bytes", response.status_code)
+            raise ImdsError(
+                "too_large", f"response larger than {MAX_BODY} bytes", response.status_code
+            )
         if time.monotonic() > deadline:
             raise ImdsError("timeout", "response body took longer than the timeout")
         chunks.append(chunk)

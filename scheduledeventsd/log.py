@@ -20,7 +20,17 @@ LEVELS = ("debug", "info", "warning", "error")
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 _FIELD_SAFE = re.compile(r"[^A-Z0-9_]")
 # Shown first in the human-readable MESSAGE, in this order, when present.
-_MESSAGE_KEYS = ("event_id", "event_type", "event_status", "hook", "exit_status", "duration_s", "line", "reason", "error")
+_MESSAGE_KEYS = (
+    "event_id",
+    "event_type",
+    "event_status",
+    "hook",
+    "exit_status",
+    "duration_s",
+    "line",
+    "reason",
+    "error",
+)
 
 EventDict = MutableMapping[str, Any]
 Sender = Callable[..., None]
@@ -65,10 +75,10 @@ class JournalRenderer:
 
 def _journal_sender() -> Optional[Sender]:
     try:
-        from systemd import journal  # noqa: PLC0415 - optional at run time, e.g. in a dev venv
+        import systemd.journal  # noqa: PLC0415 - optional at run time, e.g. in a dev venv
     except ImportError:
         return None
-    send: Sender = journal.send
+    send: Sender = systemd.journal.send
     return send
 
 

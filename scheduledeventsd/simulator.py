@@ -14,8 +14,8 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
@@ -25,7 +25,15 @@ import yaml
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 NAME_PATH = "/metadata/instance/compute/name"
 CONTROL_PREFIX = "/_simulator/"
-API_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
+API_VERSIONS = (
+    "2017-03-01",
+    "2017-08-01",
+    "2017-11-01",
+    "2019-01-01",
+    "2019-04-01",
+    "2019-08-01",
+    "2020-07-01",
+)
 NAME_API_VERSIONS = ("2017-08-01", "2019-06-01", "2020-09-01", "2021-02-01", "2021-12-13")
 NEWEST = ["2020-07-01", "2019-08-01", "2019-04-01"]
 RATE_LIMIT = 5  # requests per second per VM, as IMDS enforces
@@ -45,7 +53,9 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
-            raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"fault kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}"
+            )
         if self.method not in ("GET", "POST", "ANY"):
             raise ValueError(f"fault method must be GET, POST or ANY, got {self.method!r}")
 
@@ -150,7 +160,11 @@ class Simulator:
             event_id = str(fields.get("EventId", event_id or uuid.uuid4()))
         else:
             event_id = event_id or str(uuid.uuid4()).upper()
-            not_before = "" if status == "Started" or not_before_in is None else rfc1123(time.time() + not_before_in)
+            not_before = (
+                ""
+                if status == "Started" or not_before_in is None
+                else rfc1123(time.time() + not_before_in)
+            )
             fields = {
                 "EventId": event_id,
                 "EventStatus": status,
@@ -211,7 +225,10 @@ class Simulator:
         for event_id, event in list(self._events.items()):
             f = event.fields
             if f.get("EventStatus") == "Scheduled":
-                due_by_approval = event.approved_at is not None and event.approved_at + sc.start_after_approval <= now
+                due_by_approval = (
+                    event.approved_at is not None
+                    and event.approved_at + sc.start_after_approval <= now
+                )
                 not_before = _parse_rfc1123(f.get("NotBefore"))
                 if due_by_approval or (not_before is not None and not_before <= time.time()):
                     f["EventStatus"] = "Started"
@@ -259,7 +276,11 @@ class Simulator:
                     continue
                 if api_version < "2019-01-01" and f.get("EventType") == "Terminate":
                     continue
-                for key, since in (("Description", "2019-04-01"), ("EventSource", "2019-08-01"), ("DurationInSeconds", "2020-07-01")):
+                for key, since in (
+                    ("Description", "2019-04-01"),
+                    ("EventSource", "2019-08-01"),
+                    ("DurationInSeconds", "2020-07-01"),
+                ):
                     if api_version < since:
                         f.pop(key, None)
                 events.append(f)
@@ -310,7 +331,9 @@ class Simulator:
         """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="simulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="simulator", daemon=True
+        )
         self._thread.start()
         bound = self._server.server_address
         return str(bound[0]), int(bound[1])
@@ -351,7 +374,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         server_version = "Microsoft-IIS/10.0"
         sys_version = ""
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: ANN401
             """Quiet: the daemon's log is what matters."""
 
         def do_GET(self) -> None:
@@ -363,8 +386,18 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         def do_DELETE(self) -> None:
             self._handle("DELETE")
 
-        def _reply(self, status: int, body: Any, content_type: str = "application/json; charset=utf-8") -> None:  # noqa: ANN401
-            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body, separators=(",", ":")).encode())
+        def _reply(
+            self,
+            status: int,
+            body: object,
+            content_type: str = "application/json; charset=utf-8",
+        ) -> None:
+            if isinstance(body, bytes):
+                data = body
+            elif isinstance(body, str):
+                data = body.encode()
+            else:
+                data = json.dumps(body, separators=(",", ":")).encode()
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
@@ -379,54 +412,42 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             parts = urllib.parse.urlsplit(self.path)
             body = self._body() if method in ("POST", "DELETE") else b""
             if parts.path.startswith(CONTROL_PREFIX):
-                self._control(method, parts.path[len(CONTROL_PREFIX):], body)
+                self._control(method, parts.path[len(CONTROL_PREFIX) :], body)
                 return
             sim.requests.append(
-                Request(method, parts.path, parts.query, dict(self.headers.items()), self.client_address[:2], time.monotonic())
+                Request(
+                    method,
+                    parts.path,
+                    parts.query,
+                    dict(self.headers.items()),
+                    self.client_address[:2],
+                    time.monotonic(),
+                )
             )
-            if sim._over_rate():  # noqa: SLF001
+            if sim._over_rate():
                 self._reply(429, {"error": "Too many requests"})
                 return
-            if "x-forwarded-for" in {k.lower() for k in self.headers}:
-                self._reply(400, {"error": "Bad request. X-Forwarded-For header is not allowed"})
-                return
-            if self.headers.get("Metadata", "").lower() != "true":
-                self._reply(400, {"error": "Bad request. Required metadata header not specified"})
-                return
             query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-            if any(len(v) > 1 for v in query.values()):
-                self._reply(400, {"error": "Bad request. Query parameters should not be duplicated"})
+            refused = refusal(
+                method, parts.path, query, self.headers.keys(), self.headers.get("Metadata", "")
+            )
+            if refused is not None:
+                self._reply(*refused)
                 return
-            versions = API_VERSIONS if parts.path == SCHEDULED_EVENTS_PATH else NAME_API_VERSIONS
-            api_version = query.get("api-version", [""])[0]
-            if not api_version:
-                self._reply(400, {"error": "Bad request. api-version was not specified in the request. For more information refer to aka.ms/azureimds", "newest-versions": NEWEST})
-                return
-            if parts.path not in (SCHEDULED_EVENTS_PATH, NAME_PATH) or (method == "DELETE"):
-                self._reply(404, {"error": "Not found"})
-                return
-            if api_version not in versions:
-                self._reply(400, {"error": "Bad request. api-version is invalid or was not specified in the request. For more information refer to aka.ms/azureimds", "newest-versions": NEWEST})
-                return
-            fault = sim._take_fault(method)  # noqa: SLF001
+            fault = sim._take_fault(method)
             if fault is not None and self._inject(fault):
                 return
             if parts.path == NAME_PATH:
-                if method != "GET":
-                    self._reply(405, {"error": "Method not allowed"})
-                elif query.get("format", [""])[0] != "text":
-                    self._reply(400, {"error": "Bad request. Leaf nodes only support text format"})
-                else:
-                    self._reply(200, sim.vm_name, "text/plain; charset=utf-8")
+                self._reply(200, sim.vm_name, "text/plain; charset=utf-8")
                 return
             if method == "GET":
-                self._reply(200, sim.document(api_version))
+                self._reply(200, sim.document(query["api-version"][0]))
                 return
             ids = _start_requests(body)
             if ids is None:
                 self._reply(400, {"error": "Bad request. Invalid StartRequests body"})
                 return
-            sim._approve(ids)  # noqa: SLF001
+            sim._approve(ids)
             self._reply(200, b"")
 
         def _inject(self, fault: Fault) -> bool:
@@ -463,7 +484,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                     )
                     self._reply(201, {"EventId": event_id, "incarnation": sim.incarnation})
                 elif method == "DELETE" and path.startswith("events/"):
-                    sim.remove_event(path[len("events/"):])
+                    sim.remove_event(path[len("events/") :])
                     self._reply(200, {"incarnation": sim.incarnation})
                 elif method == "POST" and path == "faults":
                     sim.add_fault(Fault(**spec))
@@ -477,6 +498,45 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._reply(400, {"error": str(e)})
 
     return Handler
+
+
+_BAD_VERSION = (
+    "Bad request. api-version is invalid or was not specified in the request. "
+    "For more information refer to aka.ms/azureimds"
+)
+_NO_VERSION = (
+    "Bad request. api-version was not specified in the request. "
+    "For more information refer to aka.ms/azureimds"
+)
+
+
+def refusal(
+    method: str,
+    path: str,
+    query: dict[str, list[str]],
+    header_names: Iterable[str],
+    metadata_header: str,
+) -> Optional[tuple[int, dict[str, Any]]]:
+    """The status and body IMDS answers a request it will not serve, or None."""
+    if "x-forwarded-for" in {k.lower() for k in header_names}:
+        return 400, {"error": "Bad request. X-Forwarded-For header is not allowed"}
+    if metadata_header.lower() != "true":
+        return 400, {"error": "Bad request. Required metadata header not specified"}
+    if any(len(v) > 1 for v in query.values()):
+        return 400, {"error": "Bad request. Query parameters should not be duplicated"}
+    api_version = query.get("api-version", [""])[0]
+    if not api_version:
+        return 400, {"error": _NO_VERSION, "newest-versions": NEWEST}
+    if path not in (SCHEDULED_EVENTS_PATH, NAME_PATH) or method == "DELETE":
+        return 404, {"error": "Not found"}
+    versions = API_VERSIONS if path == SCHEDULED_EVENTS_PATH else NAME_API_VERSIONS
+    if api_version not in versions:
+        return 400, {"error": _BAD_VERSION, "newest-versions": NEWEST}
+    if path == NAME_PATH and method != "GET":
+        return 405, {"error": "Method not allowed"}
+    if path == NAME_PATH and query.get("format", [""])[0] != "text":
+        return 400, {"error": "Bad request. Leaf nodes only support text format"}
+    return None
 
 
 def _start_requests(body: bytes) -> Optional[list[str]]:
@@ -493,7 +553,14 @@ def _start_requests(body: bytes) -> Optional[list[str]]:
     return [str(i) for i in ids]
 
 
-_SCENARIO_KEYS = ("vm_name", "incarnation", "start_after_approval", "started_for", "duration", "steps")
+_SCENARIO_KEYS = (
+    "vm_name",
+    "incarnation",
+    "start_after_approval",
+    "started_for",
+    "duration",
+    "steps",
+)
 _STEP_ACTIONS = ("add", "update", "remove", "fault")
 
 
@@ -511,8 +578,14 @@ def load_scenario(path: Path) -> Scenario:
     steps = []
     for i, entry in enumerate(raw.get("steps") or []):
         actions = [k for k in _STEP_ACTIONS if isinstance(entry, dict) and k in entry]
-        if not isinstance(entry, dict) or len(actions) != 1 or not isinstance(entry.get("at"), (int, float)):
-            raise ScenarioError(f"{path}: steps[{i}]: needs `at` (seconds) and one of {', '.join(_STEP_ACTIONS)}")
+        if (
+            not isinstance(entry, dict)
+            or len(actions) != 1
+            or not isinstance(entry.get("at"), (int, float))
+        ):
+            raise ScenarioError(
+                f"{path}: steps[{i}]: needs `at` (seconds) and one of {', '.join(_STEP_ACTIONS)}"
+            )
         steps.append(Step(float(entry["at"]), actions[0], entry[actions[0]]))
     d = Scenario()
     return Scenario(
@@ -520,7 +593,8 @@ def load_scenario(path: Path) -> Scenario:
         incarnation=int(raw.get("incarnation", d.incarnation)),
         start_after_approval=float(raw.get("start_after_approval", d.start_after_approval)),
         # `started_for: null` keeps Started events in the document until a step removes them.
-        started_for=float(raw["started_for"]) if raw.get("started_for") is not None
+        started_for=float(raw["started_for"])
+        if raw.get("started_for") is not None
         else (None if "started_for" in raw else d.started_for),
         duration=None if raw.get("duration") is None else float(raw["duration"]),
         steps=steps,

@@ -60,7 +60,9 @@ class StateStore:
             stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
             os.replace(self.path, aside)
-            raise StateError(f"{self.path}: {e}; moved to {aside}, starting with no state") from None
+            raise StateError(
+                f"{self.path}: {e}; moved to {aside}, starting with no state"
+            ) from None
 
     def save(self, known: Known) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
