@@ -49,7 +49,6 @@ class ImdsClient:
         self._session = requests.Session()
         self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
         self._session.proxies = {}
-        self._session.max_redirects = 0
         self._session.headers.clear()
         self._session.headers.update(
             {"Metadata": "true", "User-Agent": f"scheduledeventsd/{__version__}"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import email.utils
 import json
+import sys
 import threading
 import time
 import urllib.parse
@@ -329,7 +330,7 @@ class Simulator:
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
         """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._server = _Server((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="simulator", daemon=True
@@ -357,6 +358,15 @@ class Simulator:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hangs up mid-answer (a timed-out poll) is normal here, not an error."""
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 def _parse_rfc1123(text: Any) -> Optional[float]:  # noqa: ANN401

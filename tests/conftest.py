@@ -1,0 +1,191 @@
+"""Shared fixtures: a real simulator on loopback, real hook scripts, the daemon as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduledeventsd.simulator import Scenario, Simulator
+
+VM = "test-vm"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def sim() -> Iterator[Simulator]:
+    # Tests poll 4 times a second to run fast; IMDS' 5 requests/s limit is tested on its own.
+    simulator = Simulator(
+        Scenario(vm_name=VM, start_after_approval=0.5, started_for=1.0), rate_limit=False
+    )
+    simulator.start()
+    yield simulator
+    simulator.stop()
+
+
+class Hooks:
+    """Writes executable hook scripts into a private directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "hooks"
+        self.dir.mkdir()
+        self.out = root / "out"
+        self.out.mkdir()
+
+    def make(self, name: str, body: str) -> str:
+        path = self.dir / name
+        path.write_text(f"#!/bin/sh\nOUT={self.out}\n{body}\n")
+        path.chmod(0o755)
+        return str(path)
+
+    def recorder(self, name: str, extra: str = "") -> str:
+        """A hook that appends its name to `order` and saves its env and stdin."""
+        return self.make(
+            name,
+            f'echo {name} >> "$OUT/order"\n'
+            f'env > "$OUT/{name}.env"\n'
+            f'cat > "$OUT/{name}.stdin"\n'
+            f"{extra}",
+        )
+
+    def order(self) -> list[str]:
+        path = self.out / "order"
+        return path.read_text().split() if path.exists() else []
+
+
+@pytest.fixture
+def hooks(tmp_path: Path) -> Hooks:
+    return Hooks(tmp_path)
+
+
+class Daemon:
+    """`scheduledeventsd run` as a subprocess, its JSON log lines collected as they come."""
+
+    def __init__(self, config_path: Path, env: dict[str, str]) -> None:
+        self.config_path = config_path
+        self.records: list[dict[str, Any]] = []
+        self.raw_lines: list[str] = []
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduledeventsd", "run", "--config", str(config_path),
+             "--log-format", "json", "--log-target", "console", "--log-level", "debug"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.raw_lines.append(line)
+                try:
+                    self.records.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def logs(self, name: str, **fields: Any) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                r for r in self.records
+                if r.get("event") == name and all(r.get(k) == v for k, v in fields.items())
+            ]
+
+    def wait_log(self, name: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+        found = wait_for(lambda: self.logs(name, **fields), timeout, f"log {name} {fields}")
+        return found[0]
+
+    def signal(self, signo: int) -> None:
+        self.proc.send_signal(signo)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._reader.join(5)
+        return code
+
+    def output(self) -> str:
+        with self._lock:
+            return "\n".join(self.raw_lines)
+
+
+class DaemonFactory:
+    def __init__(self, tmp_path: Path, sim: Simulator) -> None:
+        self.tmp_path = tmp_path
+        self.sim = sim
+        self.state_dir = tmp_path / "state"
+        self.started: list[Daemon] = []
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "metadata": {
+                "url": self.sim.url,
+                "poll_interval": 0.25,
+                "timeout": 2,
+                "first_call_timeout": 5,
+            },
+            "state_dir": str(self.state_dir),
+            "hooks": {},
+            "events": {},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict) and key == "metadata":
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        return cfg
+
+    def write_config(self, cfg: dict[str, Any]) -> Path:
+        path = self.tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def start(self, cfg: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+              ready: bool = True) -> Daemon:
+        path = self.write_config(cfg if cfg is not None else self.config())
+        full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
+        full_env.update(env or {})
+        daemon = Daemon(path, full_env)
+        self.started.append(daemon)
+        if ready:
+            daemon.wait_log("document_changed")
+        return daemon
+
+    def stop_all(self) -> None:
+        for daemon in self.started:
+            daemon.stop()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, sim: Simulator) -> Iterator[DaemonFactory]:
+    factory = DaemonFactory(tmp_path, sim)
+    yield factory
+    factory.stop_all()
