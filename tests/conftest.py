@@ -1,7 +1,8 @@
-"""Shared fixtures: a real simulator on loopback, real hook scripts, the daemon as a real process."""
+"""Shared fixtures: a real simulator on loopback, real hook scripts, the daemon as a process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,8 +87,20 @@ class Daemon:
         self.raw_lines: list[str] = []
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduledeventsd", "run", "--config", str(config_path),
-             "--log-format", "json", "--log-target", "console", "--log-level", "debug"],
+            [
+                sys.executable,
+                "-m",
+                "scheduledeventsd",
+                "run",
+                "--config",
+                str(config_path),
+                "--log-format",
+                "json",
+                "--log-target",
+                "console",
+                "--log-level",
+                "debug",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -102,15 +115,14 @@ class Daemon:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             with self._lock:
                 self.raw_lines.append(line)
-                try:
+                with contextlib.suppress(ValueError):
                     self.records.append(json.loads(line))
-                except ValueError:
-                    pass
 
     def logs(self, name: str, **fields: Any) -> list[dict[str, Any]]:
         with self._lock:
             return [
-                r for r in self.records
+                r
+                for r in self.records
                 if r.get("event") == name and all(r.get(k) == v for k, v in fields.items())
             ]
 
@@ -168,8 +180,12 @@ class DaemonFactory:
         path.write_text(yaml.safe_dump(cfg))
         return path
 
-    def start(self, cfg: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-              ready: bool = True) -> Daemon:
+    def start(
+        self,
+        cfg: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+    ) -> Daemon:
         path = self.write_config(cfg if cfg is not None else self.config())
         full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
         full_env.update(env or {})

@@ -1,4 +1,4 @@
-"""The daemon end to end: a real process, polling the simulator over loopback, running real hooks."""
+"""The daemon end to end: a real process polling the simulator over loopback, real hooks."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def test_hooks_run_in_order_with_event_env_and_stdin_then_event_is_approved(daem
     cfg = daemons.config(
         hooks={
             "drain": [{"command": [hooks.recorder("drain")]}],
-            "checkpoint": [{"command": [hooks.recorder("checkpoint")]},
-                           {"command": [hooks.recorder("checkpoint2")]}],
+            "checkpoint": [
+                {"command": [hooks.recorder("checkpoint")]},
+                {"command": [hooks.recorder("checkpoint2")]},
+            ],
         },
         events={"Reboot": ["drain", "checkpoint"]},
         environment={"EXTRA": "from-config"},
@@ -61,19 +63,26 @@ def test_hooks_run_in_order_with_event_env_and_stdin_then_event_is_approved(daem
 
 def test_hook_output_is_logged_line_by_line_with_hook_and_event(daemons, sim, hooks):
     cmd = hooks.make("talk", 'echo "first line"\necho "to stderr" >&2\necho "last"')
-    daemon = daemons.start(daemons.config(hooks={"talk": [{"command": [cmd]}]},
-                                          events={"Freeze": ["talk"]}))
+    daemon = daemons.start(
+        daemons.config(hooks={"talk": [{"command": [cmd]}]}, events={"Freeze": ["talk"]})
+    )
     event_id = sim.add_event("Freeze", [VM])
     daemon.wait_log("event_approved", event_id=event_id)
-    lines = [(r["stream"], r["line"]) for r in daemon.logs("hook_output", event_id=event_id, hook="talk")]
-    assert sorted(lines) == sorted([("stdout", "first line"), ("stderr", "to stderr"), ("stdout", "last")])
+    lines = [
+        (r["stream"], r["line"]) for r in daemon.logs("hook_output", event_id=event_id, hook="talk")
+    ]
+    assert sorted(lines) == sorted(
+        [("stdout", "first line"), ("stderr", "to stderr"), ("stdout", "last")]
+    )
 
 
 def test_failing_hook_stops_the_chain_and_withholds_approval(daemons, sim, hooks):
     cfg = daemons.config(
-        hooks={"a": [{"command": [hooks.recorder("a")]}],
-               "b": [{"command": [hooks.make("b", 'echo b >> "$OUT/order"; exit 3')]}],
-               "c": [{"command": [hooks.recorder("c")]}]},
+        hooks={
+            "a": [{"command": [hooks.recorder("a")]}],
+            "b": [{"command": [hooks.make("b", 'echo b >> "$OUT/order"; exit 3')]}],
+            "c": [{"command": [hooks.recorder("c")]}],
+        },
         events={"Reboot": ["a", "b", "c"]},
     )
     daemon = daemons.start(cfg)
@@ -91,8 +100,9 @@ def test_hook_timeout_kills_its_whole_process_group_and_counts_as_failure(daemon
         "slow",
         'sleep 300 &\necho $! > "$OUT/grandchild.pid"\nsleep 300',
     )
-    cfg = daemons.config(hooks={"slow": [{"command": [cmd], "timeout": 1}]},
-                         events={"Preempt": ["slow"]})
+    cfg = daemons.config(
+        hooks={"slow": [{"command": [cmd], "timeout": 1}]}, events={"Preempt": ["slow"]}
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Preempt", [VM], not_before_in=30)
     daemon.wait_log("hook_timed_out", event_id=event_id, timeout=15)
@@ -113,8 +123,9 @@ def test_hook_timeout_kills_its_whole_process_group_and_counts_as_failure(daemon
 def test_restart_does_not_rerun_hooks_of_an_event_already_handled(daemons, sim, hooks):
     sim.scenario.started_for = None  # keep the event in the document across the restart
     sim.scenario.start_after_approval = 60
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]},
-                         events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("event_approved", event_id=event_id)
@@ -128,13 +139,18 @@ def test_restart_does_not_rerun_hooks_of_an_event_already_handled(daemons, sim, 
     sim.remove_event(event_id)
     again.wait_log("event_completed", event_id=event_id)
     state = json.loads((daemons.state_dir / "state.json").read_text())
-    wait_for(lambda: not json.loads((daemons.state_dir / "state.json").read_text())["events"],
-             what="the completed event to leave the state file")
+    wait_for(
+        lambda: not json.loads((daemons.state_dir / "state.json").read_text())["events"],
+        what="the completed event to leave the state file",
+    )
     assert state["version"] == 1
 
 
 def test_hooks_cut_off_by_a_crash_run_again_after_restart(daemons, sim, hooks):
-    slow = hooks.make("slow", 'echo slow >> "$OUT/order"\n[ -f "$OUT/second" ] || { touch "$OUT/second"; sleep 300; }')
+    slow = hooks.make(
+        "slow",
+        'echo slow >> "$OUT/order"\n[ -f "$OUT/second" ] || { touch "$OUT/second"; sleep 300; }',
+    )
     cfg = daemons.config(hooks={"slow": [{"command": [slow]}]}, events={"Redeploy": ["slow"]})
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Redeploy", [VM])
@@ -149,9 +165,21 @@ def test_hooks_cut_off_by_a_crash_run_again_after_restart(daemons, sim, hooks):
 
 def test_proxy_variables_are_ignored_and_never_reach_hooks(daemons, sim, hooks):
     proxy = "http://127.0.0.1:9"  # nothing listens there: a proxied request would fail
-    env = {k: proxy for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")}
+    env = {
+        k: proxy
+        for k in (
+            "HTTP_PROXY",
+            "http_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        )
+    }
     env["NO_PROXY"] = ""
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Freeze": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Freeze": ["a"]}
+    )
     daemon = daemons.start(cfg, env=env)
     event_id = sim.add_event("Freeze", [VM])
     wait_for(lambda: sim.approved(event_id), what="approval despite proxy variables")
@@ -172,8 +200,11 @@ def test_requests_carry_metadata_header_and_never_x_forwarded_for_over_one_conne
 def test_shell_metacharacters_in_event_text_stay_data(daemons, sim, hooks, tmp_path):
     marker = tmp_path / "pwned"
     nasty = f'$(touch {marker}) `touch {marker}`; touch {marker} && echo "x" | sh'
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]},
-                         approve="always")
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]},
+        events={"Reboot": ["a"]},
+        approve="always",
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", [VM, f"other;touch {marker}"], description=nasty)
     daemon.wait_log("hook_finished", event_id=event_id)
@@ -184,7 +215,9 @@ def test_shell_metacharacters_in_event_text_stay_data(daemons, sim, hooks, tmp_p
 
 
 def test_event_for_another_vm_is_ignored(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", ["some-other-vm"])
     record = daemon.wait_log("event_ignored", event_id=event_id)
@@ -195,7 +228,9 @@ def test_event_for_another_vm_is_ignored(daemons, sim, hooks):
 
 
 def test_resources_match_the_vm_name_case_insensitively(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemons.start(cfg)
     event_id = sim.add_event("Reboot", [VM.upper()])
     wait_for(lambda: sim.approved(event_id), what="approval")
@@ -210,10 +245,12 @@ def test_resources_match_the_vm_name_case_insensitively(daemons, sim, hooks):
         ("never", [VM], False),
     ],
 )
-def test_approval_policy_decides_whether_a_prepared_event_is_approved(daemons, sim, hooks, policy,
-                                                                      resources, approved):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]},
-                         approve=policy)
+def test_approval_policy_decides_whether_a_prepared_event_is_approved(
+    daemons, sim, hooks, policy, resources, approved
+):
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}, approve=policy
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", resources)
     if approved:
@@ -228,7 +265,9 @@ def test_approval_policy_decides_whether_a_prepared_event_is_approved(daemons, s
 
 
 def test_event_first_seen_started_is_logged_missed_and_never_approved(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", [VM], status="Started")
     assert daemon.wait_log("event_missed", event_id=event_id)["level"] == "warning"
@@ -249,7 +288,9 @@ def test_unconfigured_type_is_left_alone_and_empty_hook_list_approves_at_once(da
 
 
 def test_malformed_events_are_skipped_and_the_rest_handled(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     sim.add_event(raw={"EventId": "BROKEN-1", "EventType": 42, "Resources": VM})
     good = sim.add_event("Reboot", [VM])
@@ -270,7 +311,9 @@ def test_malformed_events_are_skipped_and_the_rest_handled(daemons, sim, hooks):
     ],
 )
 def test_imds_faults_are_logged_once_and_the_daemon_recovers(daemons, sim, hooks, fault, kind):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     sim.add_fault(fault)
     daemon.wait_log("poll_failed", kind=kind)
@@ -307,7 +350,9 @@ def test_first_call_gets_the_long_timeout_and_later_calls_the_short_one(daemons,
 
 
 def test_failed_approval_is_retried_until_accepted(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
     sim.add_fault(Fault("status", status=500, count=2, method="POST"))
     event_id = sim.add_event("Reboot", [VM])
@@ -318,8 +363,9 @@ def test_failed_approval_is_retried_until_accepted(daemons, sim, hooks):
 
 def test_sigterm_lets_running_hooks_finish_then_exits_zero(daemons, sim, hooks):
     cmd = hooks.make("slow", 'sleep 1.5\necho done >> "$OUT/order"')
-    daemon = daemons.start(daemons.config(hooks={"slow": [{"command": [cmd]}]},
-                                          events={"Reboot": ["slow"]}))
+    daemon = daemons.start(
+        daemons.config(hooks={"slow": [{"command": [cmd]}]}, events={"Reboot": ["slow"]})
+    )
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("hook_started", event_id=event_id)
     daemon.signal(signal.SIGTERM)
@@ -327,13 +373,16 @@ def test_sigterm_lets_running_hooks_finish_then_exits_zero(daemons, sim, hooks):
     assert hooks.order() == ["done"]
     assert daemon.logs("hook_finished", event_id=event_id)
     assert daemon.logs("daemon_stopped")
-    assert sim.approved(event_id), "a hook that finished during the grace period still gets approved"
+    assert sim.approved(event_id), (
+        "a hook that finished during the grace period still gets approved"
+    )
 
 
 def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_to_run_again(daemons, sim, hooks):
     cmd = hooks.make("slow", 'echo run >> "$OUT/order"\nsleep 300')
-    cfg = daemons.config(hooks={"slow": [{"command": [cmd]}]}, events={"Reboot": ["slow"]},
-                         shutdown_grace=0.5)
+    cfg = daemons.config(
+        hooks={"slow": [{"command": [cmd]}]}, events={"Reboot": ["slow"]}, shutdown_grace=0.5
+    )
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("hook_started", event_id=event_id)
@@ -347,7 +396,9 @@ def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_to_run_again(daemons,
 
 
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_invalid(daemons, sim, hooks):
-    cfg = daemons.config(hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]})
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
     daemon = daemons.start(cfg)
 
     broken = dict(cfg, approve="sometimes")

@@ -5,8 +5,17 @@ from __future__ import annotations
 import datetime as dt
 
 from scheduledeventsd.engine import (
-    Approve, Note, Phase, Policy, RunHooks, Tracked, on_approved, on_document, on_hooks_finished,
-    pending_approvals, resume,
+    Approve,
+    Note,
+    Phase,
+    Policy,
+    RunHooks,
+    Tracked,
+    on_approved,
+    on_document,
+    on_hooks_finished,
+    pending_approvals,
+    resume,
 )
 from scheduledeventsd.model import Document, Event
 
@@ -15,8 +24,14 @@ POLICY = Policy(VM, "sole", {"Reboot": ("drain", "checkpoint"), "Freeze": ()})
 
 
 def event(event_id="E1", event_type="Reboot", status="Scheduled", resources=(VM,)):
-    return Event(event_id, event_type, status, "VirtualMachine", tuple(resources),
-                 dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
+    return Event(
+        event_id,
+        event_type,
+        status,
+        "VirtualMachine",
+        tuple(resources),
+        dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc),
+    )
 
 
 def doc(*events, incarnation=2):
@@ -113,9 +128,11 @@ def test_approval_accepted_moves_to_approved_and_logs_it():
 
 
 def test_events_that_leave_the_document_are_completed_and_forgotten():
-    known = {"E1": Tracked(event(), Phase.APPROVED),
-             "E2": Tracked(event("E2", resources=("x",)), Phase.NOT_OURS),
-             "E3": Tracked(event("E3"), Phase.RUNNING)}
+    known = {
+        "E1": Tracked(event(), Phase.APPROVED),
+        "E2": Tracked(event("E2", resources=("x",)), Phase.NOT_OURS),
+        "E3": Tracked(event("E3"), Phase.RUNNING),
+    }
     d = on_document(doc(), known, POLICY)
     assert d.known == {}
     assert names(d.actions) == ["event_completed", "event_gone", "event_gone_while_hooks_running"]

@@ -75,17 +75,39 @@ def test_old_api_versions_without_newer_fields_still_parse():
 
 def test_a_bad_event_is_skipped_with_its_reason_and_the_rest_kept():
     doc = parse_document(
-        json.dumps({
-            "DocumentIncarnation": 3,
-            "Events": [
-                {"EventId": "", "EventType": "Reboot", "EventStatus": "Scheduled"},
-                {"EventId": "B", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": "vm1"},
-                {"EventId": "C", "EventType": "Reboot", "EventStatus": "Scheduled", "NotBefore": "soon"},
-                "not an object",
-                {"EventId": "D", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["vm1"]},
-                {"EventId": "D", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": ["vm1"]},
-            ],
-        }).encode()
+        json.dumps(
+            {
+                "DocumentIncarnation": 3,
+                "Events": [
+                    {"EventId": "", "EventType": "Reboot", "EventStatus": "Scheduled"},
+                    {
+                        "EventId": "B",
+                        "EventType": "Reboot",
+                        "EventStatus": "Scheduled",
+                        "Resources": "vm1",
+                    },
+                    {
+                        "EventId": "C",
+                        "EventType": "Reboot",
+                        "EventStatus": "Scheduled",
+                        "NotBefore": "soon",
+                    },
+                    "not an object",
+                    {
+                        "EventId": "D",
+                        "EventType": "Reboot",
+                        "EventStatus": "Scheduled",
+                        "Resources": ["vm1"],
+                    },
+                    {
+                        "EventId": "D",
+                        "EventType": "Freeze",
+                        "EventStatus": "Scheduled",
+                        "Resources": ["vm1"],
+                    },
+                ],
+            }
+        ).encode()
     )
     assert [e.event_id for e in doc.events] == ["D"]
     assert len(doc.skipped) == 5
@@ -97,8 +119,14 @@ def test_a_bad_event_is_skipped_with_its_reason_and_the_rest_kept():
 
 @pytest.mark.parametrize(
     "body",
-    [b"<html>", b"[]", b'{"Events":[]}', b'{"DocumentIncarnation":true,"Events":[]}',
-     b'{"DocumentIncarnation":1,"Events":{}}', b"\xff\xfe"],
+    [
+        b"<html>",
+        b"[]",
+        b'{"Events":[]}',
+        b'{"DocumentIncarnation":true,"Events":[]}',
+        b'{"DocumentIncarnation":1,"Events":{}}',
+        b"\xff\xfe",
+    ],
 )
 def test_a_response_that_is_no_document_raises_document_error(body):
     with pytest.raises(DocumentError):
@@ -119,5 +147,7 @@ def test_nul_in_event_text_is_replaced_so_it_can_travel_in_the_environment():
 
 def test_to_json_round_trips_through_the_parser():
     event = parse_document(REAL).events[0]
-    again = parse_document(json.dumps({"DocumentIncarnation": 1, "Events": [event.to_json()]}).encode())
+    again = parse_document(
+        json.dumps({"DocumentIncarnation": 1, "Events": [event.to_json()]}).encode()
+    )
     assert again.events[0] == event

@@ -1,0 +1,72 @@
+"""The command line as a user runs it: events table, version, the README's demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import VM
+
+ROOT = Path(__file__).parents[1]
+
+
+def cli(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "scheduledeventsd", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+def test_version_is_printed():
+    result = cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("scheduledeventsd ")
+
+
+def test_events_shows_which_events_affect_this_vm(sim, daemons):
+    ours = sim.add_event("Reboot", [VM], not_before_in=3600)
+    theirs = sim.add_event("Freeze", ["other"])
+    path = daemons.write_config(daemons.config())
+    table = cli("events", "--config", str(path))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert f"this VM is {VM}" in lines[0]
+    row = next(line for line in lines if ours in line)
+    assert row.startswith("yes")
+    assert "Reboot" in row
+    assert "59m" in row or "1h00m" in row
+    assert next(line for line in lines if theirs in line).startswith("no")
+
+    as_json = json.loads(cli("events", "--config", str(path), "--json").stdout)
+    assert {e["EventId"]: e["ForThisVM"] for e in as_json["Events"]} == {ours: True, theirs: False}
+
+
+def test_events_reports_an_unreachable_imds_without_a_traceback(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "metadata:\n  url: http://127.0.0.1:9/metadata/scheduledevents\n  timeout: 1\n"
+        "  first_call_timeout: 1\nvm_name: x\nhooks: {}\nevents: {}\n"
+    )
+    result = cli("events", "--config", str(path))
+    assert result.returncode == 1
+    assert "connection" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_readme_demo_handles_two_events_and_ignores_the_other_vms():
+    result = cli(
+        "demo", "--hooks-dir", "etc/scheduledeventsd/hooks", "--log-format", "json", timeout=90
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    approved = {r["event_type"] for r in records if r["event"] == "event_approved"}
+    ignored = {r["event_type"] for r in records if r["event"] == "event_ignored"}
+    assert approved == {"Reboot", "Freeze"}
+    assert ignored == {"Redeploy"}
+    assert "approvals the simulator received: 6F2B0F41" in result.stderr

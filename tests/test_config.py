@@ -1,0 +1,211 @@
+"""Config: defaults, and every error named by file and key path, all at once, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scheduledeventsd import config
+from scheduledeventsd.config import ConfigError
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> str:
+    path = tmp_path / "hook"
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def load(tmp_path: Path, text: str) -> config.Config:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return config.load(path)
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    return info.value.problems
+
+
+def test_an_empty_file_gives_the_documented_defaults(tmp_path):
+    cfg = config.parse(None, "x")
+    assert cfg.metadata.url == "http://169.254.169.254/metadata/scheduledevents"
+    assert cfg.metadata.api_version == "2020-07-01"
+    assert (cfg.metadata.poll_interval, cfg.metadata.timeout, cfg.metadata.first_call_timeout) == (
+        1,
+        5,
+        150,
+    )
+    assert cfg.vm_name is None
+    assert cfg.approve == "sole"
+    assert cfg.state_dir == Path("/var/lib/scheduledeventsd")
+    assert cfg.events["Reboot"] == ("drain", "checkpoint")
+    assert cfg.hooks["drain"].commands[0].argv == ("/etc/scheduledeventsd/hooks/drain",)
+
+
+def test_the_shipped_config_states_exactly_the_defaults(tmp_path):
+    raw = yaml.safe_load((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
+    shipped = config.parse({k: v for k, v in raw.items() if k != "hooks"}, "shipped")
+    assert shipped == config.parse(None, "defaults")
+    commands = {name: [c["command"] for c in cmds] for name, cmds in raw["hooks"].items()}
+    assert commands == {n: [list(h.commands[0].argv)] for n, h in config.DEFAULT_HOOKS.items()}
+
+
+def test_a_given_events_mapping_replaces_the_default_wholly(tmp_path, hook):
+    cfg = load(tmp_path, f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Preempt: [h]\n")
+    assert dict(cfg.events) == {"Preempt": ("h",)}
+
+
+def test_every_problem_is_reported_at_once_with_file_and_key_path(tmp_path, hook):
+    found = problems(
+        tmp_path,
+        f"""
+metadata:
+  url: ftp://example
+  poll_interval: 0.01
+  timeout: "fast"
+  retries: 3
+approve: sometimes
+state_dir: relative/dir
+hooks:
+  drain:
+    - command: "{hook} --all"
+  ok:
+    - command: [relative/hook]
+      timeout: -1
+events:
+  Reboot: [drain, missing]
+  Rebooot: [ok]
+environment:
+  SCHEDULED_EVENT_ID: x
+extra: 1
+""",
+    )
+    path = str(tmp_path / "config.yaml")
+    assert all(p.startswith(f"{path}: ") for p in found)
+    text = "\n".join(found)
+    for expected in (
+        "metadata.url: must be an http:// URL",
+        "metadata.poll_interval: must be between 0.25 and 60",
+        "metadata.timeout: must be a number of seconds, got a string",
+        "metadata.retries: unknown key",
+        "approve: must be one of sole, always, never",
+        "state_dir: must be an absolute path",
+        "hooks.drain[0].command: must be a list (argv; no shell runs it)",
+        "hooks.ok[0].command[0]: must be an absolute path",
+        "hooks.ok[0].timeout: must be between",
+        "events.Reboot[1]: hook 'missing' is not defined",
+        "events.Rebooot: unknown event type",
+        "environment.SCHEDULED_EVENT_ID: SCHEDULED_EVENT_* variables are set by the daemon",
+        "extra: unknown key",
+    ):
+        assert expected in text, f"missing: {expected}\n{text}"
+    assert len(found) == 13
+
+
+def test_hook_commands_must_be_safe_executables(tmp_path, hook):
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    writable = tmp_path / "writable"
+    writable.write_text("#!/bin/sh\n")
+    writable.chmod(0o777)
+    found = "\n".join(
+        problems(
+            tmp_path,
+            f"hooks:\n  a:\n    - command: [{tmp_path}/nope]\n  b:\n    - command: [{plain}]\n"
+            f"  c:\n    - command: [{writable}]\n  d:\n    - command: [{tmp_path}]\nevents: {{}}\n",
+        )
+    )
+    assert "hooks.a[0].command[0]" in found
+    assert "no such file" in found
+    assert "hooks.b[0].command[0]" in found
+    assert "not executable" in found
+    assert "hooks.c[0].command[0]" in found
+    assert "writable by group or others" in found
+    assert "hooks.d[0].command[0]" in found
+    assert "not a regular file" in found
+
+
+def test_duplicate_keys_and_yaml_syntax_errors_name_the_line(tmp_path):
+    (dup,) = problems(tmp_path, "approve: sole\napprove: always\n")
+    assert "line 2" in dup
+    assert "duplicate key 'approve'" in dup
+    (syntax,) = problems(tmp_path, "metadata:\n  url: [unclosed\n")
+    assert "line" in syntax
+
+
+def test_an_unquoted_api_version_date_is_read_as_the_string_meant(tmp_path):
+    cfg = load(tmp_path, "metadata:\n  api_version: 2019-08-01\nhooks: {}\nevents: {}\n")
+    assert cfg.metadata.api_version == "2019-08-01"
+
+
+def test_a_missing_file_is_an_error_not_silent_defaults(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(tmp_path / "absent.yaml")
+
+
+def test_check_config_exits_2_with_every_problem_and_no_traceback(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("approve: maybe\nmetadata:\n  timeout: 0\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "scheduledeventsd", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert f"{path}: approve:" in result.stderr
+    assert f"{path}: metadata.timeout:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_with_a_bad_config_exits_2_before_doing_anything(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("vm_name: [a]\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scheduledeventsd",
+            "run",
+            "--config",
+            str(path),
+            "--log-target",
+            "console",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "vm_name: must be a non-empty string" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_config_summarises_a_valid_config(tmp_path, hook):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"hooks:\n  h:\n    - command: [{hook}, --flag]\nevents:\n  Reboot: [h]\n  Freeze: []\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "scheduledeventsd", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    assert "OK" in result.stdout
+    assert "Reboot:    h" in result.stdout
+    assert "approve at once" in result.stdout
+    assert f"{hook} --flag" in result.stdout

@@ -1,0 +1,66 @@
+"""State on disk: atomic, survives restarts, corrupt files kept aside, one daemon per dir."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from scheduledeventsd.engine import Phase, Tracked
+from scheduledeventsd.model import Event
+from scheduledeventsd.state import StateError, StateStore
+
+EVENT = Event(
+    "E1",
+    "Reboot",
+    "Scheduled",
+    "VirtualMachine",
+    ("vm",),
+    dt.datetime(2030, 1, 1, 12, tzinfo=dt.timezone.utc),
+    "desc",
+    "Platform",
+    30,
+)
+
+
+def test_saved_state_loads_back_equal(tmp_path):
+    store = StateStore(tmp_path / "state")
+    known = {"E1": Tracked(EVENT, Phase.APPROVED)}
+    store.save(known)
+    assert StateStore(tmp_path / "state").load() == known
+
+
+def test_no_file_is_an_empty_first_start(tmp_path):
+    assert StateStore(tmp_path).load() == {}
+
+
+def test_saving_leaves_no_temporary_files_and_replaces_atomically(tmp_path):
+    store = StateStore(tmp_path)
+    store.save({"E1": Tracked(EVENT, Phase.RUNNING)})
+    inode = os.stat(store.path).st_ino
+    store.save({})
+    assert os.stat(store.path).st_ino != inode, "written to a new file, then renamed over"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+    assert json.loads(store.path.read_text())["events"] == []
+
+
+def test_a_corrupt_file_is_moved_aside_not_deleted(tmp_path):
+    store = StateStore(tmp_path)
+    store.path.write_text("{not json")
+    with pytest.raises(StateError, match="moved to"):
+        store.load()
+    (aside,) = tmp_path.glob("state.json.corrupt-*")
+    assert aside.read_text() == "{not json"
+    assert store.load() == {}
+
+
+def test_a_second_lock_on_the_same_directory_is_refused(tmp_path):
+    first, second = StateStore(tmp_path), StateStore(tmp_path)
+    first.lock()
+    with pytest.raises(StateError, match="in use"):
+        second.lock()
+    first.unlock()
+    second.lock()
+    second.unlock()
