@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate the configuration and summarise it")
     _add_config(p)
+    p.add_argument("--quiet", action="store_true", help="print only problems")
 
     p = sub.add_parser("events", help="query IMDS once and show the scheduled events")
     _add_config(p)
@@ -98,6 +99,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
         return EXIT_CONFIG
+    if args.quiet:
+        return 0
     md = cfg.metadata
     print(f"{args.config}: OK")
     print(

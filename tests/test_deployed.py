@@ -1,0 +1,345 @@
+"""The .deb as deployed: installed with apt into a Debian bookworm root, run by real systemd.
+
+systemd boots as PID 1 of private PID/mount/network namespaces on a debootstrapped root (cached
+between runs); the project's simulator answers on the real 169.254.169.254:80 inside the same
+network namespace, so the shipped config runs unchanged. The tests are steps on one machine,
+in file order: install, event, journal, reload, watchdog, verify, purge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import wait_for
+
+ROOT = Path(__file__).parents[1]
+VM = "deployed-vm_3"
+INCLUDE = "systemd,systemd-sysv,dbus,iproute2,procps,man-db,python3-requests,python3-yaml,python3-systemd,python3-structlog"
+CACHE = Path(os.environ.get("SCHEDULEDEVENTSD_CI_CACHE", "/var/cache/scheduledeventsd-ci"))
+IMDS = "http://169.254.169.254"
+
+
+def _run(
+    *argv: str, check: bool = True, timeout: float = 300, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def _mirror() -> str:
+    text = Path("/etc/apt/sources.list.d/debian.sources").read_text()
+    match = re.search(r"^URIs:\s*(\S+)", text, re.MULTILINE)
+    return match.group(1) if match else "http://deb.debian.org/debian"
+
+
+def _root_tarball() -> Path:
+    """debootstrap once per package set (~75 s), then reuse the tarball (~3 s to unpack)."""
+    key = hashlib.sha256(INCLUDE.encode()).hexdigest()[:12]
+    tarball = CACHE / f"bookworm-{key}.tar"
+    if tarball.exists():
+        return tarball
+    _run(str(ROOT / "scripts/apt-need"), "debootstrap")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    staging = CACHE / f"root-{key}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    _run(
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={INCLUDE}",
+        "bookworm",
+        str(staging),
+        _mirror(),
+        timeout=900,
+    )
+    # No serial console in a namespace: do not let its getty hold boot in "starting".
+    _run("systemctl", f"--root={staging}", "mask", "serial-getty@ttyS0.service")
+    _run("tar", "-C", str(staging), "-cf", f"{tarball}.tmp", ".")
+    os.replace(f"{tarball}.tmp", tarball)
+    shutil.rmtree(staging, ignore_errors=True)
+    return tarball
+
+
+class Machine:
+    """A booted systemd in its own namespaces; `sh` runs a command inside it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        script = (
+            f"mount --bind {root} {root}; mount -t proc proc {root}/proc; "
+            f"mount -t sysfs sys {root}/sys; mount -t tmpfs tmpfs {root}/run; "
+            f"mount -t tmpfs tmpfs {root}/tmp; "
+            f"exec chroot {root} /lib/systemd/systemd --system --log-target=console"
+        )
+        self.console = open(root.parent / "console.log", "wb")  # noqa: SIM115 - lives as long as the machine
+        self.unshare = subprocess.Popen(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--net",
+                "bash",
+                "-c",
+                script,
+            ],
+            stdout=self.console,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self.pid = wait_for(self._systemd_pid, 20, "systemd to start")
+        self.simulator: subprocess.Popen[bytes] | None = None
+
+    def _systemd_pid(self) -> int | None:
+        children = (
+            Path(f"/proc/{self.unshare.pid}/task/{self.unshare.pid}/children").read_text().split()
+        )
+        for pid in children:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                return int(pid)
+        return None
+
+    def sh(
+        self, *argv: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(
+            "nsenter",
+            "-t",
+            str(self.pid),
+            "-m",
+            "-p",
+            "-u",
+            "-i",
+            "-n",
+            "-r",
+            "-w",
+            *argv,
+            check=check,
+            timeout=timeout,
+        )
+
+    def net(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run a host program inside the machine's network namespace only."""
+        return _run("nsenter", "-t", str(self.pid), "-n", *argv)
+
+    def imds(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        code = (
+            "import json,sys,requests;"
+            f"r=requests.request({method!r},{IMDS + path!r},json={body!r},timeout=5);"
+            "print(r.text)"
+        )
+        return json.loads(self.net(sys.executable, "-c", code).stdout)
+
+    def journal(self, *matches: str) -> list[dict[str, Any]]:
+        out = self.sh(
+            "journalctl", "-u", "scheduledeventsd", "-o", "json", "--no-pager", *matches
+        ).stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def unit(self, prop: str) -> str:
+        return self.sh(
+            "systemctl", "show", "-p", prop, "--value", "scheduledeventsd"
+        ).stdout.strip()
+
+    def stop(self) -> None:
+        if self.simulator is not None:
+            self.simulator.kill()
+            self.simulator.wait()
+        os.kill(self.pid, 9)  # PID 1 of its namespace ignores SIGTERM
+        self.unshare.wait(20)
+        self.console.close()
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
+    if os.geteuid() != 0:
+        pytest.fail(
+            "the deployed tests boot systemd in namespaces and need root: run `sudo make test`"
+        )
+    built = _run(str(ROOT / "scripts/build-deb"), timeout=600).stdout.split()
+    deb = Path(ROOT / built[-1])
+    tarball = _root_tarball()
+    root = tmp_path_factory.mktemp("deployed") / "root"
+    root.mkdir()
+    _run("tar", "-C", str(root), "-xf", str(tarball))
+    shutil.copy(deb, root / "root" / deb.name)
+    m = Machine(root)
+    try:
+        m.net("ip", "link", "set", "lo", "up")
+        m.net("ip", "addr", "add", "169.254.169.254/32", "dev", "lo")
+        m.simulator = subprocess.Popen(
+            [
+                "nsenter",
+                "-t",
+                str(m.pid),
+                "-n",
+                sys.executable,
+                "-m",
+                "scheduledeventsd",
+                "simulate",
+                "--listen",
+                "169.254.169.254:80",
+                "--vm-name",
+                VM,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        wait_for(
+            lambda: m.sh("systemctl", "is-active", "dbus", check=False).stdout.strip() == "active",
+            30,
+            "dbus in the machine",
+        )
+        wait_for(lambda: _up(m), 10, "the simulator on 169.254.169.254:80")
+        m.deb_name = deb.name  # type: ignore[attr-defined]
+        yield m
+    finally:
+        m.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _up(m: Machine) -> bool:
+    try:
+        m.imds("GET", "/_simulator/state")
+    except AssertionError:
+        return False
+    return True
+
+
+def test_apt_installs_the_deb_and_the_service_starts_enabled(machine):
+    out = machine.sh(
+        "env",
+        "DEBIAN_FRONTEND=noninteractive",
+        "apt-get",
+        "install",
+        "-y",
+        f"/root/{machine.deb_name}",
+        timeout=300,
+    )
+    assert "Setting up scheduledeventsd" in out.stdout
+    wait_for(lambda: machine.unit("ActiveState") == "active", 30, "the service to be active")
+    assert machine.unit("UnitFileState") == "enabled"
+    assert machine.unit("Type") == "notify"
+    wait_for(
+        lambda: "last poll ok" in machine.unit("StatusText"), 20, "a STATUS= naming the last poll"
+    )
+    assert VM in machine.unit("StatusText"), "vm_name: auto learned the name from IMDS"
+
+
+def test_a_scheduled_event_runs_the_shipped_hooks_and_is_approved(machine):
+    event_id = machine.imds("POST", "/_simulator/events", {"EventType": "Reboot"})["EventId"]
+    wait_for(
+        lambda: any(
+            a["EventId"] == event_id for a in machine.imds("GET", "/_simulator/state")["approvals"]
+        ),
+        30,
+        "the approval to reach IMDS",
+    )
+    records = machine.journal(f"EVENT_ID={event_id}")
+    by_event = {r["LOG_EVENT"] for r in records}
+    assert {
+        "event_detected",
+        "hook_started",
+        "hook_output",
+        "hook_finished",
+        "event_approved",
+    } <= by_event
+    hooks_run = [r["HOOK"] for r in records if r["LOG_EVENT"] == "hook_finished"]
+    assert hooks_run == ["drain", "checkpoint"]
+    output = [r for r in records if r["LOG_EVENT"] == "hook_output"]
+    assert all(r["EVENT_ID"] == event_id and r["HOOK"] in ("drain", "checkpoint") for r in output)
+    approved = next(r for r in records if r["LOG_EVENT"] == "event_approved")
+    assert approved["SYSLOG_IDENTIFIER"] == "scheduledeventsd"
+    assert approved["PRIORITY"] == "6"
+    assert approved["EVENT_TYPE"] == "Reboot"
+    assert machine.journal("EVENT_TYPE=Reboot", "LOG_EVENT=event_approved")
+
+
+def test_reload_applies_a_changed_config(machine):
+    config = "/etc/scheduledeventsd/config.yaml"
+    text = machine.sh("cat", config).stdout
+    machine.sh("sed", "-i", "s/^approve: sole/approve: never/", config)
+    pid = machine.unit("MainPID")
+    machine.sh("systemctl", "reload", "scheduledeventsd")
+    wait_for(lambda: machine.journal("LOG_EVENT=config_reloaded"), 15, "config_reloaded")
+    assert machine.unit("MainPID") == pid, "reload keeps the process"
+    event_id = machine.imds("POST", "/_simulator/events", {"EventType": "Freeze"})["EventId"]
+    skipped = wait_for(
+        lambda: machine.journal(f"EVENT_ID={event_id}", "LOG_EVENT=approval_skipped"),
+        20,
+        "the Freeze to be left unapproved under approve: never",
+    )
+    assert "never" in skipped[0]["REASON"]
+    machine.sh("sh", "-c", f"cat > {config} <<'EOF'\n{text}EOF")
+
+
+def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(machine):
+    # The shipped WatchdogSec=30 works the same; a drop-in shortens the wait for the test.
+    machine.sh("mkdir", "-p", "/etc/systemd/system/scheduledeventsd.service.d")
+    machine.sh(
+        "sh",
+        "-c",
+        "printf '[Service]\\nWatchdogSec=3\\n' > /etc/systemd/system/scheduledeventsd.service.d/wd.conf",
+    )
+    machine.sh("systemctl", "daemon-reload")
+    machine.sh("systemctl", "restart", "scheduledeventsd")
+    wait_for(lambda: machine.unit("ActiveState") == "active", 30, "restart")
+    pid = machine.unit("MainPID")
+    restarts = int(machine.unit("NRestarts"))
+    time.sleep(5)
+    assert machine.unit("MainPID") == pid, "a healthy loop keeps the watchdog fed"
+    machine.sh("kill", "-STOP", pid)
+    wait_for(lambda: int(machine.unit("NRestarts")) > restarts, 30, "a watchdog restart")
+    wait_for(lambda: machine.unit("ActiveState") == "active", 30, "active again")
+    assert machine.unit("MainPID") != pid
+    machine.sh("rm", "-r", "/etc/systemd/system/scheduledeventsd.service.d")
+    machine.sh("systemctl", "daemon-reload")
+
+
+def test_systemd_analyze_verify_prints_nothing(machine):
+    result = machine.sh(
+        "systemd-analyze", "verify", "/lib/systemd/system/scheduledeventsd.service", check=False
+    )
+    assert result.returncode == 0
+    assert (result.stdout + result.stderr).strip() == ""
+
+
+def test_systemd_analyze_security_rates_the_unit_and_report_is_kept(machine):
+    result = machine.sh(
+        "systemd-analyze", "security", "--no-pager", "scheduledeventsd.service", check=False
+    )
+    exposure = re.search(
+        r"Overall exposure level for scheduledeventsd.service: ([0-9.]+)", result.stdout
+    )
+    assert exposure, result.stdout[-500:]
+    assert float(exposure.group(1)) < 7.0, "hardening lines are in effect"
+
+
+def test_purge_leaves_nothing_behind(machine):
+    machine.sh("dpkg", "--purge", "scheduledeventsd")
+    assert machine.unit("ActiveState") in ("inactive", "")
+    # /var/cache/man is man-db's page cache (filled by `systemd-analyze verify` calling man),
+    # which man-db expires itself; /root holds the .deb that was installed.
+    find = "find / -xdev -name '*scheduledeventsd*' ! -path '/root/*' ! -path '/var/cache/man/*'"
+    leftovers = machine.sh("sh", "-c", f"{find} 2>/dev/null", check=False).stdout.split()
+    assert leftovers == []
