@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap
+.PHONY: demo test lint bootstrap deb rpm packages-lint
 bootstrap:
 	@./scripts/bootstrap
 
@@ -16,3 +16,16 @@ lint: bootstrap
 
 test: bootstrap
 	$(PY) -m pytest -q
+
+deb:
+	./scripts/build-deb
+
+rpm:
+	./scripts/build-rpm
+
+# lintian and rpmlint on what `make deb` and `make rpm` built: no errors allowed.
+packages-lint: deb rpm
+	./scripts/apt-need lintian rpmlint
+	lintian --fail-on error,warning build/deb/*.deb
+	rpmlint -c packaging/rpm/rpmlint.toml build/rpm/RPMS/noarch/*.rpm packaging/rpm/scheduledeventsd.spec
+	rpm -qp --requires --scripts -l build/rpm/RPMS/noarch/*.rpm

@@ -26,7 +26,21 @@ from .conftest import wait_for
 
 ROOT = Path(__file__).parents[1]
 VM = "deployed-vm_3"
-INCLUDE = "systemd,systemd-sysv,dbus,iproute2,procps,man-db,python3-requests,python3-yaml,python3-systemd,python3-structlog"
+INCLUDE = ",".join(
+    (
+        "systemd",
+        "systemd-sysv",
+        "dbus",
+        "iproute2",
+        "procps",
+        "man-db",
+        # The package's dependencies, so that apt installs the .deb without a network.
+        "python3-requests",
+        "python3-yaml",
+        "python3-systemd",
+        "python3-structlog",
+    )
+)
 CACHE = Path(os.environ.get("SCHEDULEDEVENTSD_CI_CACHE", "/var/cache/scheduledeventsd-ci"))
 IMDS = "http://169.254.169.254"
 
@@ -299,7 +313,8 @@ def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(machine):
     machine.sh(
         "sh",
         "-c",
-        "printf '[Service]\\nWatchdogSec=3\\n' > /etc/systemd/system/scheduledeventsd.service.d/wd.conf",
+        "printf '[Service]\\nWatchdogSec=3\\n' "
+        "> /etc/systemd/system/scheduledeventsd.service.d/wd.conf",
     )
     machine.sh("systemctl", "daemon-reload")
     machine.sh("systemctl", "restart", "scheduledeventsd")
