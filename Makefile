@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -10,8 +10,8 @@ demo: bootstrap
 	$(PY) -m scheduledeventsd demo --hooks-dir etc/scheduledeventsd/hooks
 
 lint: bootstrap
-	$(VENV)/bin/ruff check scheduledeventsd tests
-	$(VENV)/bin/ruff format --check scheduledeventsd tests
+	$(VENV)/bin/ruff check scheduledeventsd tests bench
+	$(VENV)/bin/ruff format --check scheduledeventsd tests bench
 	$(VENV)/bin/mypy
 
 test: bootstrap
@@ -29,3 +29,10 @@ packages-lint: deb rpm
 	lintian --fail-on error,warning build/deb/*.deb
 	rpmlint -c packaging/rpm/rpmlint.toml build/rpm/RPMS/noarch/*.rpm packaging/rpm/scheduledeventsd.spec
 	rpm -qp --requires --scripts -l build/rpm/RPMS/noarch/*.rpm
+
+# Side by side with the documented polling sample: ~10 minutes; bench-quick ~1 minute.
+bench: bootstrap
+	$(PY) -m bench
+
+bench-quick: bootstrap
+	$(PY) -m bench --quick

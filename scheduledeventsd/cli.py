@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import __version__, config, log, report, simulator
+from . import __version__, config, log, report
 from .daemon import Daemon, run_daemon
 from .identity import resolve
 from .imds import ImdsClient, ImdsError
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
-    p.add_argument("--scenario", type=Path, default=simulator.bundled_scenario("demo"))
+    p.add_argument("--scenario", type=Path, help="default: the bundled demo scenario")
     p.add_argument(
         "--hooks-dir",
         type=Path,
@@ -145,12 +145,9 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(sim: simulator.Simulator, listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return sim.start(host.strip("[]") or "127.0.0.1", int(port))
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
+
     try:
         scenario = simulator.load_scenario(args.scenario) if args.scenario else simulator.Scenario()
     except simulator.ScenarioError as e:
@@ -160,7 +157,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scenario.vm_name = args.vm_name
     sim = simulator.Simulator(scenario, rate_limit=not args.no_rate_limit)
     try:
-        host, port = _serve(sim, args.listen)
+        host, _, port_text = args.listen.rpartition(":")
+        host, port = sim.start(host.strip("[]") or "127.0.0.1", int(port_text))
     except (OSError, ValueError) as e:
         print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
         return 1
@@ -179,7 +177,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
+
     log.configure(args.log_target, args.log_format, args.log_level)
+    args.scenario = args.scenario or simulator.bundled_scenario("demo")
     try:
         scenario = simulator.load_scenario(args.scenario)
     except simulator.ScenarioError as e:

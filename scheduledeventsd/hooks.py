@@ -94,17 +94,7 @@ class ProcessRunner:
                 _start(_pump, proc.stderr, "stderr", on_output),
             ]
             _start(_feed, proc.stdin, stdin)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _signal_group(proc, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=KILL_GRACE)
-                # Also reaps grandchildren that ignored SIGTERM or outlived the leader.
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+            timed_out = _wait(proc, timeout)
             for reader in readers:
                 reader.join(OUTPUT_DRAIN)
         finally:
@@ -120,6 +110,43 @@ class ProcessRunner:
             cancelled=cancelled,
             error=f"killed by signal {-proc.returncode}" if proc.returncode < 0 else "",
         )
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Block in waitpid (Popen.wait with a timeout polls, adding up to 50 ms to every hook);
+    a timer enforces the timeout. Returns whether it expired."""
+    exited = threading.Event()
+    expired = threading.Event()
+
+    def expire() -> None:
+        if exited.is_set():
+            return
+        expired.set()
+        _signal_group(proc, signal.SIGTERM)
+        if not exited.wait(KILL_GRACE):
+            _signal_group(proc, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    proc.wait()
+    exited.set()
+    timer.cancel()
+    if expired.is_set():
+        # The leader is gone; its group may not be (children that ignore SIGTERM or outlive it).
+        deadline = time.monotonic() + KILL_GRACE
+        while _group_alive(proc) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal_group(proc, signal.SIGKILL)
+    return expired.is_set()
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _start(target: Callable[..., None], *args: object) -> threading.Thread:

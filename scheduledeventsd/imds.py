@@ -46,6 +46,7 @@ class ImdsClient:
         self.timeout = timeout
         self.first_call_timeout = first_call_timeout
         self._answered = False  # IMDS takes up to 2 min to answer until it first has
+        self._document_request: Optional[requests.PreparedRequest] = None
         self._session = requests.Session()
         self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
         self._session.proxies = {}
@@ -61,7 +62,12 @@ class ImdsClient:
         self._session.close()
 
     def fetch_document(self) -> Document:
-        body = self._exchange("GET", self.url, {"api-version": self.api_version})
+        if self._document_request is None:
+            # Prepared once: re-preparing the same GET every second was a quarter of its CPU.
+            self._document_request = self._prepare(
+                "GET", self.url, {"api-version": self.api_version}
+            )
+        body = self._send(self._document_request)
         try:
             return parse_document(body)
         except DocumentError as e:
@@ -69,7 +75,7 @@ class ImdsClient:
 
     def approve(self, event_ids: Iterable[str]) -> None:
         payload = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
-        self._exchange("POST", self.url, {"api-version": self.api_version}, payload)
+        self._send(self._prepare("POST", self.url, {"api-version": self.api_version}, payload))
 
     def fetch_vm_name(self) -> str:
         """The name as Resources spells it (`<scaleset>_<id>` on scale sets), not the hostname."""
@@ -77,28 +83,36 @@ class ImdsClient:
         name_url = urllib.parse.urlunsplit(
             (parts.scheme, parts.netloc, "/metadata/instance/compute/name", "", "")
         )
-        body = self._exchange("GET", name_url, {"api-version": NAME_API_VERSION, "format": "text"})
+        params = {"api-version": NAME_API_VERSION, "format": "text"}
+        body = self._send(self._prepare("GET", name_url, params))
         name = body.decode("utf-8", "replace").strip()
         if not name or any(ch.isspace() or not ch.isprintable() for ch in name):
             raise ImdsError("bad_name", f"unusable VM name {name[:80]!r}")
         return name
 
-    def _exchange(
+    def _prepare(
         self,
         method: str,
         url: str,
         params: dict[str, str],
         payload: Optional[object] = None,
-    ) -> bytes:
-        read_timeout = self.timeout if self._answered else self.first_call_timeout
-        deadline = time.monotonic() + read_timeout
-        try:
-            response = self._session.request(
+    ) -> requests.PreparedRequest:
+        return self._session.prepare_request(
+            requests.Request(
                 method,
                 url,
                 params=params,
                 data=None if payload is None else json.dumps(payload).encode(),
                 headers={"Content-Type": "application/json"} if payload is not None else None,
+            )
+        )
+
+    def _send(self, request: requests.PreparedRequest) -> bytes:
+        read_timeout = self.timeout if self._answered else self.first_call_timeout
+        deadline = time.monotonic() + read_timeout
+        try:
+            response = self._session.send(
+                request,
                 timeout=(self.timeout, read_timeout),
                 allow_redirects=False,
                 stream=True,

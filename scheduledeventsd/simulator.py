@@ -75,7 +75,8 @@ class Request:
     query: str
     headers: dict[str, str]
     client: tuple[str, int]
-    at: float
+    at: float  # time.monotonic()
+    wall: float  # time.time(), to compare with other processes' clocks
 
 
 @dataclass
@@ -381,6 +382,9 @@ def _parse_rfc1123(text: Any) -> Optional[float]:  # noqa: ANN401
 def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as IMDS does
+        # Headers and body go out in separate writes; without this, Nagle's algorithm and the
+        # client's delayed ACK add 40 ms to every kept-alive exchange.
+        disable_nagle_algorithm = True
         server_version = "Microsoft-IIS/10.0"
         sys_version = ""
 
@@ -432,6 +436,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                     dict(self.headers.items()),
                     self.client_address[:2],
                     time.monotonic(),
+                    time.time(),
                 )
             )
             if sim._over_rate():
@@ -484,6 +489,14 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 spec = json.loads(body) if body else {}
                 if method == "GET" and path == "state":
                     self._reply(200, sim.state())
+                elif method == "GET" and path == "requests":
+                    self._reply(
+                        200,
+                        [
+                            {"method": r.method, "path": r.path, "at": r.at, "wall": r.wall}
+                            for r in list(sim.requests)
+                        ],
+                    )
                 elif method == "POST" and path == "events":
                     event_id = sim.add_event(
                         spec.get("EventType", "Reboot"),
@@ -492,7 +505,10 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                         status=spec.get("EventStatus", "Scheduled"),
                         not_before_in=spec.get("not_before_in", 900.0),
                     )
-                    self._reply(201, {"EventId": event_id, "incarnation": sim.incarnation})
+                    self._reply(
+                        201,
+                        {"EventId": event_id, "incarnation": sim.incarnation, "at": time.time()},
+                    )
                 elif method == "DELETE" and path.startswith("events/"):
                     sim.remove_event(path[len("events/") :])
                     self._reply(200, {"incarnation": sim.incarnation})
