@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from . import config as config_mod
 from . import engine, log
@@ -63,11 +63,9 @@ class Daemon:
         config: Config,
         *,
         notifier: Optional[Notifier] = None,
-        reload: Optional[Callable[[], Config]] = None,
     ) -> None:
         self.config = config
         self.notifier = notifier or Notifier()
-        self._reload_config = reload or self._load_from_file
         self.log = log.get()
         self.client = _client(config)
         self.runner = ProcessRunner()
@@ -404,15 +402,12 @@ class Daemon:
             self._last_status = status
             self.notifier.status(status)
 
-    def _load_from_file(self) -> Config:
-        return config_mod.load(self.config.path or config_mod.DEFAULT_PATH)
-
     def _reload(self) -> None:
         self.notifier.send(
             RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         )
         try:
-            new = self._reload_config()
+            new = config_mod.load(self.config.path or config_mod.DEFAULT_PATH)
         except config_mod.ConfigError as e:
             for problem in e.problems:
                 self.log.error("config_invalid", error=problem)

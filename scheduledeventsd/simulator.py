@@ -126,7 +126,8 @@ class Simulator:
         self._origin = time.monotonic()
         self._recent: collections.deque[float] = collections.deque()
         self.approvals: list[Approval] = []
-        self.requests: list[Request] = []
+        # Bounded: a simulator left running for days must not grow without limit.
+        self.requests: collections.deque[Request] = collections.deque(maxlen=100_000)
         self.changes: list[tuple[float, int]] = []  # (monotonic, incarnation)
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None

@@ -31,6 +31,7 @@ class StateStore:
     def __init__(self, directory: Path) -> None:
         self.path = directory / STATE_FILE
         self._lock_fd: int | None = None
+        self._saved: Known | None = None
 
     def lock(self) -> None:
         """Two daemons on one state directory would both run every hook: refuse the second."""
@@ -55,7 +56,7 @@ class StateStore:
         except FileNotFoundError:
             return {}
         try:
-            return _decode(json.loads(text))
+            self._saved = _decode(json.loads(text))
         except (ValueError, TypeError, KeyError) as e:
             stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
@@ -63,10 +64,19 @@ class StateStore:
             raise StateError(
                 f"{self.path}: {e}; moved to {aside}, starting with no state"
             ) from None
+        return self._saved
 
     def save(self, known: Known) -> None:
+        """Write only what changed and matters after a restart.
+
+        Events for other VMs are left out: forgetting them costs one log line after a restart,
+        while keeping them made a busy document cost an fsync every second.
+        """
+        durable = {k: t for k, t in known.items() if t.phase is not Phase.NOT_OURS}
+        if durable == self._saved:
+            return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        data = json.dumps(_encode(known), indent=1, sort_keys=True).encode()
+        data = json.dumps(_encode(durable), indent=1, sort_keys=True).encode()
         fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -83,6 +93,7 @@ class StateStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+        self._saved = durable
 
 
 def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
