@@ -34,9 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 VM = "bench-vm_0"
 TICK = os.sysconf("SC_CLK_TCK")
-HOOK = """#!/bin/bash
+# Terminate stands for a slow preparation (a drain): it takes SLOW_HOOK_S.
+SLOW_HOOK_S = 5
+HOOK = f"""#!/bin/bash
 echo "start $SCHEDULED_EVENT_ID $EPOCHREALTIME" >> "$BENCH_LOG"
-cat > /dev/null
+# The event's JSON arrives on stdin from both contenders.
+if grep -q '"Terminate"'; then sleep {SLOW_HOOK_S}; fi
 echo "end $SCHEDULED_EVENT_ID $EPOCHREALTIME" >> "$BENCH_LOG"
 """
 
@@ -45,12 +48,13 @@ echo "end $SCHEDULED_EVENT_ID $EPOCHREALTIME" >> "$BENCH_LOG"
 class Plan:
     rest_s: float
     detection_events: int
+    overlaps: int
     churn_s: float
     startups: int
 
 
-FULL = Plan(rest_s=240, detection_events=200, churn_s=120, startups=5)
-QUICK = Plan(rest_s=8, detection_events=15, churn_s=8, startups=2)
+FULL = Plan(rest_s=180, detection_events=200, overlaps=20, churn_s=120, startups=5)
+QUICK = Plan(rest_s=8, detection_events=15, overlaps=2, churn_s=8, startups=2)
 
 
 class Sim:
@@ -106,6 +110,7 @@ class Contender:
     samples: list[tuple[float, float, int]] = field(default_factory=list)  # (t, cpu_s, rss_kb)
     marks: dict[str, float] = field(default_factory=dict)
     detection: list[tuple[str, float]] = field(default_factory=list)  # (event id, appeared at)
+    overlap: list[tuple[str, float]] = field(default_factory=list)  # appeared during a slow hook
     churn_ours: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -202,11 +207,16 @@ def run_phases(c: Contender, plan: Plan, seed: int) -> None:
     time.sleep(plan.rest_s)
     c.sample()
     c.marks["rest_to"] = time.monotonic()
-    types = ("Reboot", "Freeze", "Redeploy", "Preempt", "Terminate")
+    types = ("Reboot", "Freeze", "Redeploy", "Preempt")
     for _ in range(plan.detection_events):
         time.sleep(rng.uniform(0.35, 1.65))  # uniform phase against a 1 s poll cycle
         c.detection.append(c.sim.add([VM], rng.choice(types)))
     time.sleep(4)
+    for _ in range(plan.overlaps):
+        c.sim.add([VM], "Terminate")  # its hook takes SLOW_HOOK_S
+        time.sleep(rng.uniform(1.5, 2.5))
+        c.overlap.append(c.sim.add([VM], "Preempt"))
+        time.sleep(SLOW_HOOK_S + 2)
     c.sample()
     c.marks["churn_from"] = time.monotonic()
     foreign = [c.sim.add([f"other-vm_{i}", f"other-vm_{i + 1}"])[0] for i in range(47)]
@@ -263,10 +273,11 @@ def analyse(c: Contender, startups: list[float]) -> dict[str, Any]:
     for a in c.sim.approvals():
         approvals.setdefault(a["EventId"], []).append(a["at"])
     detection = [starts[e][0] - at for e, at in c.detection if e in starts]
+    overlap = [starts[e][0] - at for e, at in c.overlap if e in starts]
     approval = [
         approvals[e][0] - ends[e][0] for e, _ in c.detection if e in approvals and e in ends
     ]
-    missed = [e for e, _ in c.detection if e not in starts] + [
+    missed = [e for e, _ in c.detection + c.overlap if e not in starts] + [
         e for e in c.churn_ours if e not in starts
     ]
     twice = [e for e, s in starts.items() if len(s) > 1]
@@ -302,6 +313,11 @@ def analyse(c: Contender, startups: list[float]) -> dict[str, Any]:
             "p99": pct(detection, 99),
             "max": max(detection, default=float("nan")),
         },
+        "overlap_s": {
+            "n": len(overlap),
+            "p50": pct(overlap, 50),
+            "max": max(overlap, default=math.nan),
+        },
         "approval_s": {"n": len(approval), "p50": pct(approval, 50), "p99": pct(approval, 99)},
         "poll": {
             "polls": len(span),
@@ -329,6 +345,8 @@ ROWS = [
     ("detection p95 (s)", ("detection_s", "p95")),
     ("detection p99 (s)", ("detection_s", "p99")),
     ("detection max (s)", ("detection_s", "max")),
+    (f"during a {SLOW_HOOK_S} s hook p50 (s)", ("overlap_s", "p50")),
+    (f"during a {SLOW_HOOK_S} s hook max (s)", ("overlap_s", "max")),
     ("approval p50 (ms)", ("approval_s", "p50"), 1000),
     ("approval p99 (ms)", ("approval_s", "p99"), 1000),
     ("poll error p50 (ms)", ("poll", "error_p50_s"), 1000),
