@@ -22,6 +22,18 @@ from scheduledeventsd.simulator import Scenario, Simulator
 VM = "test-vm"
 
 
+def cli(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m scheduledeventsd ARGS` from the repository, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "scheduledeventsd", *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        cwd=Path(__file__).parents[1],
+        timeout=timeout,
+    )
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from .conftest import VM
+from .conftest import VM, cli
 
 ROOT = Path(__file__).parents[1]
-
-
-def cli(*args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", "scheduledeventsd", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def test_version_is_printed():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,8 @@ import yaml
 
 from scheduledeventsd import config
 from scheduledeventsd.config import ConfigError
+
+from .conftest import cli
 
 ROOT = Path(__file__).parents[1]
 
@@ -155,13 +155,7 @@ def test_a_missing_file_is_an_error_not_silent_defaults(tmp_path):
 def test_check_config_exits_2_with_every_problem_and_no_traceback(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("approve: maybe\nmetadata:\n  timeout: 0\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "scheduledeventsd", "check-config", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
+    result = cli("check-config", "--config", str(path))
     assert result.returncode == 2
     assert f"{path}: approve:" in result.stderr
     assert f"{path}: metadata.timeout:" in result.stderr
@@ -171,23 +165,7 @@ def test_check_config_exits_2_with_every_problem_and_no_traceback(tmp_path):
 def test_run_with_a_bad_config_exits_2_before_doing_anything(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("vm_name: [a]\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scheduledeventsd",
-            "run",
-            "--config",
-            str(path),
-            "--log-target",
-            "console",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        timeout=30,
-    )
+    result = cli("run", "--config", str(path), "--log-target", "console", timeout=30)
     assert result.returncode == 2
     assert "vm_name: must be a non-empty string" in result.stderr
     assert "Traceback" not in result.stderr
@@ -198,13 +176,7 @@ def test_check_config_summarises_a_valid_config(tmp_path, hook):
     path.write_text(
         f"hooks:\n  h:\n    - command: [{hook}, --flag]\nevents:\n  Reboot: [h]\n  Freeze: []\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "scheduledeventsd", "check-config", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
+    result = cli("check-config", "--config", str(path), check=True)
     assert "OK" in result.stdout
     assert "Reboot:    h" in result.stdout
     assert "approve at once" in result.stdout
