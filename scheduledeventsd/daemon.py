@@ -28,7 +28,9 @@ from .state import StateError, StateStore
 
 BACKOFF_CAP = 8.0  # seconds; Preempt gives 30 s of notice, so never back off further
 APPROVAL_BACKOFF_CAP = 8.0
-NAME_RETRY = 60.0  # seconds between IMDS name look-ups while using the hostname
+# While using the hostname, ask IMDS for the name again after 2 s, doubling up to 60 s: at boot
+# IMDS is often not reachable yet for a few seconds.
+NAME_RETRY_FIRST, NAME_RETRY_CAP = 2.0, 60.0
 FAILURE_REMINDER = 300.0  # a persisting poll failure is logged again this often
 
 
@@ -84,6 +86,7 @@ class Daemon:
         self._failure_logged = 0.0
         self._next_poll = 0.0
         self._name_retry_at: Optional[float] = None
+        self._name_retry_delay = NAME_RETRY_FIRST
         self._last_status = ""
         self._last_poll = "not yet"
         self._watchdog_extended = False
@@ -370,7 +373,8 @@ class Daemon:
         previous = self.identity
         self.identity = identity
         if identity.source == "hostname":
-            self._name_retry_at = time.monotonic() + NAME_RETRY
+            self._name_retry_at = time.monotonic() + self._name_retry_delay
+            self._name_retry_delay = min(self._name_retry_delay * 2, NAME_RETRY_CAP)
             if previous.source != "hostname":
                 self.log.warning(
                     "vm_name_fallback",
@@ -381,6 +385,7 @@ class Daemon:
                 )
             return
         self._name_retry_at = None
+        self._name_retry_delay = NAME_RETRY_FIRST
         if identity.name != previous.name:
             self.log.info("vm_name", vm_name=identity.name, source=identity.source)
         if previous.name and identity.name.casefold() != previous.name.casefold():

@@ -51,6 +51,7 @@ class Fault:
     location: str = ""
     count: int = 1
     method: str = "GET"  # GET, POST or ANY
+    path: str = ""  # only requests whose path starts with this (empty: any)
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -289,10 +290,10 @@ class Simulator:
                 events.append(f)
             return {"DocumentIncarnation": self._incarnation, "Events": events}
 
-    def _take_fault(self, method: str) -> Optional[Fault]:
+    def _take_fault(self, method: str, path: str) -> Optional[Fault]:
         with self._lock:
             for fault in self._faults:
-                if fault.method in (method, "ANY"):
+                if fault.method in (method, "ANY") and path.startswith(fault.path):
                     if fault.count > 0:
                         fault.count -= 1
                         if fault.count == 0:
@@ -450,7 +451,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if refused is not None:
                 self._reply(*refused)
                 return
-            fault = sim._take_fault(method)
+            fault = sim._take_fault(method, parts.path)
             if fault is not None and self._inject(fault):
                 return
             if parts.path == NAME_PATH:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -431,3 +432,17 @@ def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(daemons):
     second = daemons.start(ready=False)
     assert second.proc.wait(10) == 1
     assert second.logs("state_unavailable")
+
+
+def test_without_the_name_from_imds_the_hostname_stands_in_until_imds_answers(daemons, sim, hooks):
+    sim.add_fault(Fault("status", status=503, count=1, path="/metadata/instance"))
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
+    )
+    daemon = daemons.start(cfg, ready=False)
+    fallback = daemon.wait_log("vm_name_fallback")
+    assert fallback["vm_name"] == socket.gethostname()
+    learned = daemon.wait_log("vm_name", source="imds", timeout=10)
+    assert learned["vm_name"] == VM
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=event_id)
