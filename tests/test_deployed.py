@@ -189,6 +189,7 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
         pytest.fail(
             "the deployed tests boot systemd in namespaces and need root: run `sudo make test`"
         )
+    _run(str(ROOT / "scripts/apt-need"), "iproute2", "util-linux", timeout=600)
     built = _run(str(ROOT / "scripts/build-deb"), timeout=600).stdout.split()
     deb = Path(ROOT / built[-1])
     tarball = _root_tarball()
