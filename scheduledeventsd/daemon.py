@@ -309,7 +309,7 @@ class Daemon:
             bound.info("hook_output", hook=hook, stream=stream, line=line)
 
         def work() -> None:
-            succeeded = run_hooks(
+            failure = run_hooks(
                 self.runner,
                 hooks=hooks,
                 event=event,
@@ -320,9 +320,8 @@ class Daemon:
                 on_finished=finished,
                 on_output=output,
             )
-            self.inbox.put(
-                HooksDone(event.event_id, succeeded, self.stop_requested.is_set() and not succeeded)
-            )
+            cancelled = failure is not None and failure.cancelled
+            self.inbox.put(HooksDone(event.event_id, failure is None, cancelled))
 
         thread = threading.Thread(target=work, name=f"hooks-{event.event_id[:8]}", daemon=True)
         self._workers[event.event_id] = thread

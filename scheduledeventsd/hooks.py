@@ -230,8 +230,12 @@ def run_hooks(
     on_started: HookStarted,
     on_finished: HookFinished,
     on_output: Callable[[str, str, str], None],
-) -> bool:
-    """Each hook's commands in order, stopping at the first failure; True if all succeeded."""
+) -> Optional[CommandResult]:
+    """Each hook's commands in order, stopping at the first failure, which is returned.
+
+    None means every command succeeded; a returned result says whether it failed on its own or
+    was cancelled by a stop (then the hooks did not finish and must run again).
+    """
     stdin = hook_stdin(event, incarnation, vm_name)
     for hook in hooks:
         env = hook_environment(event, hook.name, incarnation, vm_name, extra_env)
@@ -242,8 +246,8 @@ def run_hooks(
             )
             on_finished(hook.name, result)
             if not result.succeeded:
-                return False
-    return True
+                return result
+    return None
 
 
 def _tagged(on_output: Callable[[str, str, str], None], hook: str) -> OutputSink:

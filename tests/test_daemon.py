@@ -446,3 +446,18 @@ def test_without_the_name_from_imds_the_hostname_stands_in_until_imds_answers(da
     assert learned["vm_name"] == VM
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("event_approved", event_id=event_id)
+
+
+def test_a_hook_that_fails_on_its_own_during_shutdown_counts_as_failed_not_cut_off(
+    daemons, sim, hooks
+):
+    cmd = hooks.make("bad", "sleep 1\nexit 3")
+    daemon = daemons.start(
+        daemons.config(hooks={"bad": [{"command": [cmd]}]}, events={"Reboot": ["bad"]})
+    )
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("hook_started", event_id=event_id)
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(15) == 0
+    state = json.loads((daemons.state_dir / "state.json").read_text())
+    assert [e["phase"] for e in state["events"]] == ["hooks_failed"], "it must not run again"
