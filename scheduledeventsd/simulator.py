@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -248,19 +248,23 @@ class Simulator:
                 del self._events[event_id]
                 self._changed()
 
+    def add_from_spec(self, spec: Mapping[str, Any]) -> str:
+        """An event given with IMDS' field names (plus `not_before_in`), as scenarios and the
+        control API give them."""
+        return self.add_event(
+            spec.get("EventType", "Reboot"),
+            spec.get("Resources"),
+            event_id=spec.get("EventId"),
+            status=spec.get("EventStatus", "Scheduled"),
+            not_before_in=spec.get("not_before_in", 900.0),
+            description=spec.get("Description", "Host server is undergoing maintenance."),
+            source=spec.get("EventSource", "Platform"),
+            duration=spec.get("DurationInSeconds", -1),
+        )
+
     def _apply_step(self, step: Step) -> None:
         if step.action == "add":
-            spec = dict(step.value)
-            self.add_event(
-                spec.pop("EventType", "Reboot"),
-                spec.pop("Resources", None),
-                event_id=spec.pop("EventId", None),
-                status=spec.pop("EventStatus", "Scheduled"),
-                not_before_in=spec.pop("not_before_in", 900.0),
-                description=spec.pop("Description", "Host server is undergoing maintenance."),
-                source=spec.pop("EventSource", "Platform"),
-                duration=spec.pop("DurationInSeconds", -1),
-            )
+            self.add_from_spec(step.value)
         elif step.action == "update":
             spec = dict(step.value)
             self.update_event(spec.pop("EventId"), **spec)
@@ -500,13 +504,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                         ],
                     )
                 elif method == "POST" and path == "events":
-                    event_id = sim.add_event(
-                        spec.get("EventType", "Reboot"),
-                        spec.get("Resources"),
-                        event_id=spec.get("EventId"),
-                        status=spec.get("EventStatus", "Scheduled"),
-                        not_before_in=spec.get("not_before_in", 900.0),
-                    )
+                    event_id = sim.add_from_spec(spec)
                     self._reply(
                         201,
                         {"EventId": event_id, "incarnation": sim.incarnation, "at": time.time()},
