@@ -108,7 +108,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"(timeout {md.timeout:g}s, first call {md.first_call_timeout:g}s)"
     )
     print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")
-    print(f"  approve:   {cfg.approve}")
+    print(f"  approve:   {cfg.approve.value}")
     print(f"  state:     {cfg.state_dir}")
     for event_type, names in cfg.events.items():
         chain = " -> ".join(names) if names else "(no hooks; approve at once)"

@@ -7,6 +7,7 @@ once: a config that loads is one the core can trust without further checks.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import os
 import re
 import stat
@@ -22,10 +23,20 @@ import yaml
 from .model import EVENT_TYPES
 
 DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
-APPROVE_POLICIES = ("sole", "always", "never")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV_PREFIX = "SCHEDULED_EVENT_"
+
+
+class ApprovePolicy(str, enum.Enum):
+    """Approving lets an event proceed for every VM it names: `sole` never rushes a neighbour."""
+
+    SOLE = "sole"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+APPROVE_POLICIES = tuple(p.value for p in ApprovePolicy)
 
 
 class ConfigError(Exception):
@@ -85,7 +96,7 @@ class Config:
     metadata: Metadata = field(default_factory=Metadata)
     vm_name: Optional[str] = None  # None: learn it from IMDS
     state_dir: Path = Path("/var/lib/scheduledeventsd")
-    approve: str = "sole"
+    approve: ApprovePolicy = ApprovePolicy.SOLE
     hooks: Mapping[str, Hook] = field(default_factory=lambda: DEFAULT_HOOKS)
     events: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: DEFAULT_EVENTS)
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
@@ -116,8 +127,9 @@ _UniqueKeyLoader.add_constructor(
 class _Checker:
     """Collects problems so the user sees all of them in one run."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, check_files: bool = True) -> None:
         self.source = source
+        self.check_files = check_files
         self.problems: list[str] = []
 
     def fail(self, where: str, problem: str) -> None:
@@ -219,6 +231,8 @@ def _check_executable(c: _Checker, where: str, path: str) -> None:
     if not os.path.isabs(path):
         c.fail(where, f"must be an absolute path (no PATH lookup, no shell), got {path!r}")
         return
+    if not c.check_files:
+        return
     try:
         st = os.stat(path)
     except OSError as e:
@@ -236,6 +250,13 @@ def _check_executable(c: _Checker, where: str, path: str) -> None:
 
 def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
     if raw is None:
+        # The defaults are checked like written ones: a missing default hook is found now,
+        # not when the first event arrives.
+        for hook in DEFAULT_HOOKS.values():
+            for i, command in enumerate(hook.commands):
+                _check_executable(
+                    c, f"hooks (default).{hook.name}[{i}].command[0]", command.argv[0]
+                )
         return DEFAULT_HOOKS
     if not isinstance(raw, dict):
         c.fail("hooks", f"must be a mapping of hook name to commands, got {_kind(raw)}")
@@ -345,9 +366,19 @@ _TOP_KEYS = (
 )
 
 
-def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa: ANN401 - YAML
-    """Validate an already-loaded YAML value; raise ConfigError listing every problem."""
-    c = _Checker(source)
+def parse(
+    raw: Any,  # noqa: ANN401 - YAML
+    source: str,
+    path: Optional[Path] = None,
+    *,
+    check_files: bool = True,
+) -> Config:
+    """Validate an already-loaded YAML value; raise ConfigError listing every problem.
+
+    `check_files=False` skips looking at the hook files on this machine (to compare the
+    documented defaults on a machine without /etc/scheduledeventsd); the daemon never does.
+    """
+    c = _Checker(source, check_files=check_files)
     top = c.mapping(raw, "", _TOP_KEYS) if raw is not None else {}
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(c.problems)
@@ -358,9 +389,10 @@ def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa
     state_dir = c.string(top.get("state_dir"), "state_dir", str(defaults.state_dir))
     if not os.path.isabs(state_dir):
         c.fail("state_dir", f"must be an absolute path, got {state_dir!r}")
-    approve = c.string(top.get("approve"), "approve", defaults.approve)
+    approve = c.string(top.get("approve"), "approve", defaults.approve.value)
     if approve not in APPROVE_POLICIES:
         c.fail("approve", f"must be one of {', '.join(APPROVE_POLICIES)}, got {approve!r}")
+        approve = defaults.approve.value
     metadata = _check_metadata(c, top.get("metadata"))
     hooks = _check_hooks(c, top.get("hooks"))
     events = _check_events(c, top.get("events"), hooks)
@@ -373,7 +405,7 @@ def parse(raw: Any, source: str, path: Optional[Path] = None) -> Config:  # noqa
         metadata=metadata,
         vm_name=None if vm_name == "auto" else vm_name,
         state_dir=Path(state_dir),
-        approve=approve,
+        approve=ApprovePolicy(approve),
         hooks=_frozen(hooks),
         events=_frozen(events),
         environment=_frozen(environment),

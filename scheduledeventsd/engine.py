@@ -1,8 +1,10 @@
-"""What to do about a document: which events are ours, which hooks to run, whether to approve.
+"""Every decision and every timer of the daemon, as one pure state machine.
 
-Pure functions of (document or hook result, what we already know, policy): no I/O, no clock.
-They return the new knowledge and a list of actions; the daemon carries the actions out.
-Log records are actions too (`Note`), so the reasoning is testable without capturing logs.
+`step(state, message, now) -> (state, effects)`, the sans-I/O shape of h11: the daemon feeds in
+what happened (a document fetched, a poll failed, hooks of run R finished, a timer is due, a
+signal) with the monotonic time, and carries out the effects it gets back (fetch, spawn hooks,
+post an approval, persist, log, notify systemd, wake at T). Nothing here does I/O or reads a
+clock, so every rule, backoff and retry is tested with a fake clock in milliseconds.
 """
 
 from __future__ import annotations
@@ -10,9 +12,20 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Union
+from typing import Any, Callable, Optional, Union
 
-from .model import SCHEDULED, STARTED, Document, Event
+from .config import ApprovePolicy, Config
+from .model import SCHEDULED, STARTED, Document, Event, iso_utc
+from .retry import Backoff, Failures
+
+POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for longer
+APPROVAL_BACKOFF = Backoff(0.5, 8.0)
+# At boot IMDS is often unreachable for a few seconds: ask for the name again soon, then rarely.
+NAME_BACKOFF = Backoff(2.0, 60.0)
+KILL_WAIT = 7.0  # after cancelling hooks at shutdown: the runner's SIGKILL comes 5 s after SIGTERM
+# A fetch in flight this much longer than its own timeouts means its worker is wedged: the
+# watchdog is no longer pinged, so systemd restarts the daemon.
+STALL_MARGIN = 30.0
 
 
 class Phase(str, enum.Enum):
@@ -29,212 +42,979 @@ class Phase(str, enum.Enum):
     DONE = "done"  # ours, handled, and already Started: nothing left to do
 
 
-@dataclass(frozen=True)
-class Policy:
-    vm_name: str
-    approve: str  # sole | always | never
-    events: Mapping[str, tuple[str, ...]]
+class Level(str, enum.Enum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a command failed, timed out, or could not start
+    CANCELLED = "cancelled"  # we stopped it (shutdown, or its event left): it did not finish
 
 
 @dataclass(frozen=True)
 class Tracked:
     event: Event
     phase: Phase
+    run: Optional[int] = None  # the current hook run while RUNNING; not persisted
+
+
+Known = Mapping[str, Tracked]
+
+# ---- messages: what happened ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RunHooks:
+class Boot:
+    """The daemon has started: what the state file held, and why it could not be used if so."""
+
+    loaded: Known
+    state_problem: str = ""
+
+
+@dataclass(frozen=True)
+class DocumentFetched:
+    document: Document
+
+
+@dataclass(frozen=True)
+class PollFailed:
+    kind: str
+    detail: str
+    status: Optional[int] = None
+    retry_after: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class NameResolved:
+    name: str
+    source: str  # config | imds | hostname
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class HooksFinished:
+    run: int
+    outcome: Outcome
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ApprovalSent:
+    event_id: str
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ApprovalFailed:
+    event_id: str
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Persisted:
+    problem: str = ""  # empty: written
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A timer the engine asked for (WakeAt) is due; nothing else happened."""
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP; the daemon reads the file next and reports Reloaded or ReloadFailed."""
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    config: Config
+
+
+@dataclass(frozen=True)
+class ReloadFailed:
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    signal: str = "SIGTERM"
+
+
+Message = Union[
+    Boot,
+    DocumentFetched,
+    PollFailed,
+    NameResolved,
+    HooksFinished,
+    ApprovalSent,
+    ApprovalFailed,
+    Persisted,
+    Tick,
+    ReloadRequested,
+    Reloaded,
+    ReloadFailed,
+    StopRequested,
+]
+
+# ---- effects: what the daemon must do ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """GET the document (off the loop; the result comes back as DocumentFetched/PollFailed)."""
+
+
+@dataclass(frozen=True)
+class ResolveName:
+    """Ask IMDS for this VM's name; NameResolved comes back (the hostname if IMDS fails)."""
+
+
+@dataclass(frozen=True)
+class SpawnHooks:
+    run: int
     event: Event
     hooks: tuple[str, ...]
+    incarnation: int
+    vm_name: str
 
 
 @dataclass(frozen=True)
-class Approve:
+class CancelRuns:
+    """SIGTERM each run's process groups (SIGKILL 5 s later); its result says CANCELLED."""
+
+    runs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PostApproval:
     event: Event
 
 
 @dataclass(frozen=True)
-class Note:
-    """A log record the daemon should emit: `name` is the structlog event name."""
+class Persist:
+    events: Known  # only what matters after a restart
 
-    level: str
+
+@dataclass(frozen=True)
+class Log:
+    level: Level
     name: str
-    event: Event
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Action = Union[RunHooks, Approve, Note]
-Known = Mapping[str, Tracked]
+@dataclass(frozen=True)
+class Notify:
+    """One sd_notify datagram (READY=1, STATUS=..., WATCHDOG=1, STOPPING=1, RELOADING=1)."""
+
+    fields: Mapping[str, str]
 
 
 @dataclass(frozen=True)
-class Decision:
-    known: Known
-    actions: tuple[Action, ...]
+class UseConfig:
+    """A reloaded configuration is now in force (the daemon rebuilds its IMDS clients)."""
+
+    config: Config
 
 
-def _approval(event: Event, policy: Policy) -> tuple[Phase, Action]:
-    """Approving lets the event proceed for every VM it names, hence the `sole` default."""
-    if event.status != SCHEDULED:
-        return Phase.DONE, Note("info", "approval_not_needed", event, {"reason": "already started"})
-    if policy.approve == "never":
-        return Phase.NOT_APPROVED, Note(
-            "info",
-            "approval_skipped",
-            event,
-            {"reason": "approve: never; it proceeds at NotBefore"},
-        )
-    others = [r for r in event.resources if r.casefold() != policy.vm_name.casefold()]
-    if policy.approve == "sole" and others:
-        return Phase.NOT_APPROVED, Note(
-            "info",
-            "approval_skipped",
-            event,
+@dataclass(frozen=True)
+class WakeAt:
+    at: float
+
+
+@dataclass(frozen=True)
+class Exit:
+    status: int
+
+
+Effect = Union[
+    Fetch,
+    ResolveName,
+    SpawnHooks,
+    CancelRuns,
+    PostApproval,
+    Persist,
+    Log,
+    Notify,
+    UseConfig,
+    WakeAt,
+    Exit,
+]
+
+# ---- state ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Poll:
+    next_at: float = 0.0
+    in_flight_since: Optional[float] = None
+    scheduled_at: float = 0.0  # the tick the fetch in flight belongs to
+    failures: Failures = field(default_factory=Failures)
+    rejected: str = ""  # IMDS answered 400: our request is wrong until a reload fixes it
+    last: str = "not yet"
+    stalled: bool = False
+
+
+@dataclass(frozen=True)
+class Approvals:
+    failures: Mapping[str, Failures] = field(default_factory=dict)
+    posting: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Stopping:
+    grace_until: float
+    kill_until: Optional[float] = None  # set once hooks were cancelled
+
+
+@dataclass(frozen=True)
+class State:
+    config: Config
+    watchdog_every: Optional[float] = None  # half of WATCHDOG_USEC, if systemd watches us
+    vm_name: str = ""
+    name_source: str = ""
+    name_failures: Failures = field(default_factory=Failures)
+    resolving: bool = False
+    ready: bool = False
+    events: Known = field(default_factory=dict)
+    incarnation: Optional[int] = None
+    runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
+    next_run: int = 1
+    poll: Poll = Poll()
+    approvals: Approvals = Approvals()
+    state_problem: str = ""
+    watchdog_at: float = 0.0
+    status_sent: str = ""
+    stopping: Optional[Stopping] = None
+
+
+def initial(config: Config, watchdog_usec: Optional[int] = None) -> State:
+    every = None if not watchdog_usec else watchdog_usec / 2_000_000
+    return State(config=config, watchdog_every=every)
+
+
+# ---- the step function ---------------------------------------------------------------------
+
+
+def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
+    """Apply one message at monotonic time `now`; returns the new state and what to do."""
+    out: list[Effect] = []
+    new = _HANDLERS[type(message)](state, message, now, out)
+    new = _timers(new, now, out)
+    changed = _durable(new.events) != _durable(state.events)
+    if changed and not any(isinstance(e, Persist) for e in out):
+        out.append(Persist(durable_events(new.events)))
+    new = _status(new, out)
+    if not any(isinstance(e, Exit) for e in out):
+        out.append(WakeAt(next_wakeup(new, now)))
+    return new, tuple(out)
+
+
+def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
+    cfg = state.config
+    md = cfg.metadata
+    out.append(
+        Log(
+            Level.INFO,
+            "daemon_starting",
             {
-                "reason": f"shared with {len(others)} other VM(s), approving would rush them; "
-                "it proceeds at NotBefore (approve: sole)",
-                "other_resources": " ".join(others),
+                "config": str(cfg.path) if cfg.path else None,
+                "url": md.url,
+                "api_version": md.api_version,
+                "poll_interval": md.poll_interval,
+                "approve": cfg.approve.value,
             },
         )
-    return Phase.APPROVING, Approve(event)
-
-
-def _first_sight(event: Event, policy: Policy) -> tuple[Phase, list[Action]]:
-    if not event.names(policy.vm_name):
-        return Phase.NOT_OURS, [
-            Note(
-                "info",
-                "event_ignored",
-                event,
-                {"reason": "not for this VM", "vm_name": policy.vm_name},
+    )
+    if msg.state_problem:
+        out.append(_state_warning(msg.state_problem))
+    kept: dict[str, Tracked] = {}
+    for event_id, tracked in msg.loaded.items():
+        if tracked.phase is Phase.RUNNING:
+            out.append(
+                _note(
+                    Level.WARNING,
+                    "hooks_interrupted",
+                    tracked.event,
+                    reason="cut off by a stop; they run again if the event is still Scheduled",
+                )
             )
-        ]
-    detected = Note("info", "event_detected", event)
-    if event.status == STARTED:
-        return Phase.MISSED, [
-            detected,
-            Note(
-                "warning",
-                "event_missed",
-                event,
-                {"reason": "first seen already Started; no hooks run"},
-            ),
-        ]
-    if event.status != SCHEDULED:
-        return Phase.UNHANDLED, [
-            detected,
-            Note(
-                "warning", "event_unhandled", event, {"reason": f"unknown status {event.status!r}"}
-            ),
-        ]
-    hooks = policy.events.get(event.event_type)
-    if hooks is None:
-        return Phase.UNHANDLED, [
-            detected,
-            Note(
-                "warning",
-                "event_unhandled",
-                event,
-                {"reason": f"no hooks configured for {event.event_type}; left alone"},
-            ),
-        ]
-    if hooks:
-        return Phase.RUNNING, [detected, RunHooks(event, hooks)]
-    phase, action = _approval(event, policy)
-    return phase, [detected, action]
+        else:
+            kept[event_id] = replace(tracked, run=None)
+    state = replace(
+        state,
+        events=kept,
+        state_problem=msg.state_problem,
+        watchdog_at=now,
+    )
+    if cfg.vm_name:
+        return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
+    out.append(ResolveName())
+    return replace(state, resolving=True)
 
 
-def on_document(doc: Document, known: Known, policy: Policy) -> Decision:
+def _state_warning(problem: str) -> Log:
+    return Log(
+        Level.WARNING,
+        "state_degraded",
+        {
+            "error": problem,
+            "reason": "events are still handled, but a restart may run their hooks again",
+        },
+    )
+
+
+def _name_resolved(state: State, msg: NameResolved, now: float, out: list[Effect]) -> State:
+    state = replace(state, resolving=False)
+    if state.stopping is not None:
+        return state
+    return _name_known(state, msg, now, out)
+
+
+def _name_known(state: State, msg: NameResolved, now: float, out: list[Effect]) -> State:
+    previous = state.vm_name
+    if msg.source == "hostname":
+        failures, _ = state.name_failures.failed("hostname", now, NAME_BACKOFF)
+        if state.name_source != "hostname":
+            out.append(
+                Log(
+                    Level.WARNING,
+                    "vm_name_fallback",
+                    {
+                        "vm_name": msg.name,
+                        "error": msg.problem,
+                        "retry_in_s": round(failures.retry_at - now, 2),
+                        "reason": "IMDS did not tell the VM name; using the hostname, which "
+                        "differs from Resources on scale sets. Set vm_name in the config to be "
+                        "sure.",
+                    },
+                )
+            )
+    else:
+        failures = Failures()
+        if msg.name != previous or state.name_source == "hostname":
+            out.append(Log(Level.INFO, "vm_name", {"vm_name": msg.name, "source": msg.source}))
+    state = replace(state, vm_name=msg.name, name_source=msg.source, name_failures=failures)
+    if previous and previous.casefold() != msg.name.casefold():
+        # Events judged "not ours" under the old name are judged again at the next poll.
+        state = replace(
+            state,
+            events={k: t for k, t in state.events.items() if t.phase is not Phase.NOT_OURS},
+            incarnation=None,
+        )
+    if not state.ready:
+        state = replace(state, ready=True, poll=replace(state.poll, next_at=now))
+        out.append(Notify({"READY": "1", "STATUS": status_text(state)}))
+        state = replace(state, status_sent=status_text(state))
+    return state
+
+
+def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[Effect]) -> State:
+    poll = state.poll
+    if poll.failures.count:
+        out.append(
+            Log(
+                Level.INFO,
+                "poll_recovered",
+                {"failures": poll.failures.count, "outage_s": round(now - poll.failures.since, 1)},
+            )
+        )
+    interval = state.config.metadata.poll_interval
+    # Start to start on the monotonic clock: a late poll skips ticks instead of drifting.
+    base = poll.scheduled_at
+    missed = max(0, int((now - base) // interval))
+    state = replace(
+        state,
+        poll=Poll(next_at=base + interval * (missed + 1), last="ok"),
+    )
+    doc = msg.document
+    if doc.incarnation == state.incarnation or state.stopping is not None:
+        return state
+    out.append(
+        Log(
+            Level.INFO,
+            "document_changed",
+            {
+                "incarnation": doc.incarnation,
+                "previous_incarnation": state.incarnation,
+                "events": len(doc.events),
+            },
+        )
+    )
+    for problem in doc.skipped:
+        out.append(
+            Log(Level.WARNING, "event_skipped", {"incarnation": doc.incarnation, "reason": problem})
+        )
+    state = replace(state, incarnation=doc.incarnation)
+    return _on_document(state, doc, out)
+
+
+def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -> State:
+    poll = state.poll
+    md = state.config.metadata
+    backoff = Backoff(md.poll_interval, max(POLL_BACKOFF_CAP, md.poll_interval))
+    rejected = msg.status == 400
+    failures, log = poll.failures.failed(
+        msg.kind,
+        now,
+        backoff,
+        at_least=backoff.cap if rejected else (msg.retry_after or 0.0),
+    )
+    if log and rejected:
+        out.append(
+            Log(
+                Level.ERROR,
+                "imds_rejected_request",
+                {
+                    "kind": msg.kind,
+                    "error": msg.detail,
+                    "api_version": md.api_version,
+                    "url": md.url,
+                    "retry_in_s": round(failures.retry_at - now, 2),
+                    "reason": "IMDS says our request is wrong (check metadata.url and "
+                    "metadata.api_version), then reload",
+                },
+            )
+        )
+    elif log:
+        out.append(
+            Log(
+                Level.WARNING,
+                "poll_failed",
+                {
+                    "kind": msg.kind,
+                    "error": msg.detail,
+                    "failures": failures.count,
+                    "retry_in_s": round(failures.retry_at - now, 2),
+                },
+            )
+        )
+    return replace(
+        state,
+        poll=Poll(
+            next_at=failures.retry_at,
+            failures=failures,
+            rejected=msg.detail if rejected else "",
+            last=f"{msg.kind} ({failures.count} failures)",
+        ),
+    )
+
+
+def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effect]) -> State:
+    event_id = state.runs.get(msg.run, "")
+    runs = {r: e for r, e in state.runs.items() if r != msg.run}
+    state = replace(state, runs=runs)
+    tracked = state.events.get(event_id)
+    if tracked is None or tracked.run != msg.run or tracked.phase is not Phase.RUNNING:
+        out.append(
+            Log(
+                Level.INFO,
+                "hook_result_ignored",
+                {
+                    "run": msg.run,
+                    "event_id": event_id or None,
+                    "outcome": msg.outcome.value,
+                    "reason": "this run is no longer the event's current one",
+                },
+            )
+        )
+        return state
+    event = tracked.event
+    if msg.outcome is Outcome.CANCELLED:
+        # Still RUNNING on disk: they did not finish preparing, so a restart runs them again.
+        return _with(state, event_id, replace(tracked, run=None))
+    if msg.outcome is Outcome.FAILED:
+        out.append(
+            _note(
+                Level.ERROR,
+                "event_not_approved",
+                event,
+                reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
+            )
+        )
+        return _with(state, event_id, Tracked(event, Phase.HOOKS_FAILED))
+    phase, note = _approval(event, state)
+    if note is not None:
+        out.append(note)
+    return _with(state, event_id, Tracked(event, phase))
+
+
+def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect]) -> State:
+    approvals = state.approvals
+    attempts = approvals.failures.get(msg.event_id, Failures()).count + 1
+    state = replace(
+        state,
+        approvals=Approvals(
+            {k: f for k, f in approvals.failures.items() if k != msg.event_id},
+            approvals.posting - {msg.event_id},
+        ),
+    )
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.phase is not Phase.APPROVING:
+        return state
+    out.append(
+        _note(
+            Level.INFO,
+            "event_approved",
+            tracked.event,
+            attempts=attempts,
+            duration_s=round(msg.duration_s, 3),
+        )
+    )
+    return _with(state, msg.event_id, Tracked(tracked.event, Phase.APPROVED))
+
+
+def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
+    approvals = state.approvals
+    failures, log = approvals.failures.get(msg.event_id, Failures()).failed(
+        msg.kind, now, APPROVAL_BACKOFF
+    )
+    tracked = state.events.get(msg.event_id)
+    if log and tracked is not None:
+        out.append(
+            _note(
+                Level.WARNING,
+                "approval_failed",
+                tracked.event,
+                kind=msg.kind,
+                error=msg.detail,
+                attempts=failures.count,
+                retry_in_s=round(failures.retry_at - now, 2),
+            )
+        )
+    return replace(
+        state,
+        approvals=Approvals(
+            {**approvals.failures, msg.event_id: failures},
+            approvals.posting - {msg.event_id},
+        ),
+    )
+
+
+def _persisted(state: State, msg: Persisted, now: float, out: list[Effect]) -> State:
+    if msg.problem == state.state_problem:
+        return state
+    if msg.problem:
+        out.append(_state_warning(msg.problem))
+    else:
+        out.append(Log(Level.INFO, "state_recovered", {"previous_error": state.state_problem}))
+    return replace(state, state_problem=msg.problem)
+
+
+def _tick(state: State, msg: Tick, now: float, out: list[Effect]) -> State:
+    return state
+
+
+def _reload_requested(state: State, msg: ReloadRequested, now: float, out: list[Effect]) -> State:
+    out.append(Notify({"RELOADING": "1", "MONOTONIC_USEC": str(int(now * 1_000_000))}))
+    return state
+
+
+def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> State:
+    old, new = state.config, msg.config
+    if new.state_dir != old.state_dir:
+        return _reload_failed(
+            state,
+            ReloadFailed(
+                (
+                    f"{new.path}: state_dir: cannot change on reload (the running daemon holds "
+                    f"the lock on {old.state_dir}); restart the service to move it",
+                )
+            ),
+            now,
+            out,
+        )
+    out.append(UseConfig(new))
+    state = replace(state, config=new)
+    if new.metadata != old.metadata:
+        # A fixed url/api_version is tried at once, not after the rejected request's backoff.
+        state = replace(state, poll=replace(state.poll, next_at=now, rejected=""))
+    if new.vm_name != old.vm_name or (new.metadata != old.metadata and not new.vm_name):
+        if new.vm_name:
+            state = _name_known(state, NameResolved(new.vm_name, "config"), now, out)
+        elif not state.resolving:
+            out.append(ResolveName())
+            state = replace(state, resolving=True)
+    out.append(
+        Log(
+            Level.INFO,
+            "config_reloaded",
+            {"config": str(new.path) if new.path else None, "approve": new.approve.value},
+        )
+    )
+    out.append(Notify({"READY": "1"}))
+    return state
+
+
+def _reload_failed(state: State, msg: ReloadFailed, now: float, out: list[Effect]) -> State:
+    for problem in msg.problems:
+        out.append(Log(Level.ERROR, "config_invalid", {"error": problem}))
+    out.append(
+        Log(Level.ERROR, "config_reload_failed", {"reason": "keeping the previous configuration"})
+    )
+    out.append(Notify({"READY": "1"}))
+    return state
+
+
+def _stop_requested(state: State, msg: StopRequested, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:
+        return state
+    grace = state.config.shutdown_grace
+    out.append(
+        Notify(
+            {
+                "STOPPING": "1",
+                "STATUS": f"stopping; waiting up to {grace:g}s for {len(state.runs)} hook run(s)",
+            }
+        )
+    )
+    out.append(
+        Log(
+            Level.INFO,
+            "daemon_stopping",
+            {"signal": msg.signal, "hooks_running": len(state.runs), "grace_s": grace},
+        )
+    )
+    return replace(state, stopping=Stopping(grace_until=now + grace))
+
+
+_HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
+    Boot: _boot,
+    DocumentFetched: _document_fetched,
+    PollFailed: _poll_failed,
+    NameResolved: _name_resolved,
+    HooksFinished: _hooks_finished,
+    ApprovalSent: _approval_sent,
+    ApprovalFailed: _approval_failed,
+    Persisted: _persisted,
+    Tick: _tick,
+    ReloadRequested: _reload_requested,
+    Reloaded: _reloaded,
+    ReloadFailed: _reload_failed,
+    StopRequested: _stop_requested,
+}
+
+
+# ---- timers --------------------------------------------------------------------------------
+
+
+def _timers(state: State, now: float, out: list[Effect]) -> State:
+    """Start whatever is due; runs after every message, so no timer waits for a Tick."""
+    state = _watchdog(state, now, out)
+    if state.stopping is not None:
+        return _shutdown(state, now, out)
+    poll = state.poll
+    if state.ready and poll.in_flight_since is None and now >= poll.next_at:
+        out.append(Fetch())
+        state = replace(state, poll=replace(poll, in_flight_since=now, scheduled_at=poll.next_at))
+    if (
+        state.name_source == "hostname"
+        and not state.resolving
+        and now >= state.name_failures.retry_at
+    ):
+        out.append(ResolveName())
+        state = replace(state, resolving=True)
+    return _retry_approvals(state, now, out)
+
+
+def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
+    approvals = state.approvals
+    due = [
+        t.event
+        for event_id, t in state.events.items()
+        if t.phase is Phase.APPROVING
+        and event_id not in approvals.posting
+        and now >= approvals.failures.get(event_id, Failures()).retry_at
+    ]
+    for event in due:
+        out.append(PostApproval(event))
+    if due:
+        state = replace(
+            state,
+            approvals=replace(approvals, posting=approvals.posting | {e.event_id for e in due}),
+        )
+    return state
+
+
+def _watchdog(state: State, now: float, out: list[Effect]) -> State:
+    every = state.watchdog_every
+    if every is None or now < state.watchdog_at:
+        return state
+    poll = state.poll
+    md = state.config.metadata
+    limit = md.first_call_timeout + md.timeout + STALL_MARGIN
+    if poll.in_flight_since is not None and now - poll.in_flight_since > limit:
+        if not poll.stalled:
+            out.append(
+                Log(
+                    Level.ERROR,
+                    "poll_stalled",
+                    {
+                        "in_flight_s": round(now - poll.in_flight_since, 1),
+                        "reason": "the IMDS request outlived its timeouts; no longer pinging "
+                        "the watchdog, so systemd restarts the daemon",
+                    },
+                )
+            )
+            state = replace(state, poll=replace(poll, stalled=True))
+        return state
+    out.append(Notify({"WATCHDOG": "1"}))
+    return replace(state, watchdog_at=now + every)
+
+
+def _shutdown(state: State, now: float, out: list[Effect]) -> State:
+    """Wait for running hooks (and approvals already on their way) within the grace period;
+    then cancel the hooks, which stay RUNNING on disk and run again after the restart."""
+    stopping = state.stopping
+    assert stopping is not None  # noqa: S101 - only called while stopping
+    state = _retry_approvals(state, now, out)
+    if not state.runs and not state.approvals.posting:
+        return _exit(state, out)
+    if stopping.kill_until is None and now >= stopping.grace_until:
+        if state.runs:
+            out.append(
+                Log(
+                    Level.WARNING,
+                    "hooks_cancelled",
+                    {
+                        "events": " ".join(sorted(set(state.runs.values()))),
+                        "reason": "shutdown grace expired",
+                    },
+                )
+            )
+            out.append(CancelRuns(tuple(sorted(state.runs))))
+        return replace(state, stopping=replace(stopping, kill_until=now + KILL_WAIT))
+    if stopping.kill_until is not None and now >= stopping.kill_until:
+        return _exit(state, out)
+    return state
+
+
+def _exit(state: State, out: list[Effect]) -> State:
+    out.append(Persist(durable_events(state.events)))
+    out.append(Log(Level.INFO, "daemon_stopped", {}))
+    out.append(Exit(0))
+    return state
+
+
+def next_wakeup(state: State, now: float) -> float:
+    """The earliest instant a timer of this state is due (never in the past)."""
+    times: list[float] = []
+    if state.watchdog_every is not None:
+        times.append(state.watchdog_at)
+    if state.stopping is not None:
+        s = state.stopping
+        times.append(s.kill_until if s.kill_until is not None else s.grace_until)
+    else:
+        if state.ready and state.poll.in_flight_since is None:
+            times.append(state.poll.next_at)
+        if state.name_source == "hostname" and not state.resolving:
+            times.append(state.name_failures.retry_at)
+        md = state.config.metadata
+        if state.poll.in_flight_since is not None and state.watchdog_every is not None:
+            times.append(
+                state.poll.in_flight_since + md.first_call_timeout + md.timeout + STALL_MARGIN
+            )
+    for event_id, t in state.events.items():
+        if t.phase is Phase.APPROVING and event_id not in state.approvals.posting:
+            times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
+    return max(now, min(times)) if times else now + 3600.0
+
+
+# ---- the events of a document --------------------------------------------------------------
+
+
+def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are finished."""
-    actions: list[Action] = []
-    new: dict[str, Tracked] = {}
+    events: dict[str, Tracked] = {}
+    runs = dict(state.runs)
+    next_run = state.next_run
     for event in doc.events:
-        before = known.get(event.event_id)
+        before = state.events.get(event.event_id)
         if before is None:
-            phase, first = _first_sight(event, policy)
-            actions.extend(first)
-            new[event.event_id] = Tracked(event, phase)
+            phase, effects = _first_sight(event, state)
+            run = None
+            for effect in effects:
+                if isinstance(effect, SpawnHooks):
+                    run = next_run
+                    next_run += 1
+                    runs[run] = event.event_id
+                    effect = replace(effect, run=run)  # noqa: PLW2901 - numbered here
+                out.append(effect)
+            events[event.event_id] = Tracked(event, phase, run)
             continue
         phase = before.phase
         if before.event.status != event.status and phase is not Phase.NOT_OURS:
-            actions.append(
-                Note(
-                    "info", "event_status_changed", event, {"previous_status": before.event.status}
+            out.append(
+                _note(
+                    Level.INFO,
+                    "event_status_changed",
+                    event,
+                    previous_status=before.event.status,
                 )
             )
             if phase is Phase.APPROVING and event.status == STARTED:
                 phase = Phase.DONE
-        new[event.event_id] = Tracked(event, phase)
-    for event_id, gone in known.items():
-        if event_id in new:
-            continue
-        if gone.phase is Phase.NOT_OURS:
-            actions.append(Note("debug", "event_gone", gone.event))
-        elif gone.phase is Phase.RUNNING:
-            actions.append(
-                Note(
-                    "warning",
-                    "event_gone_while_hooks_running",
-                    gone.event,
-                    {"phase": gone.phase.value},
-                )
-            )
-        else:
-            actions.append(Note("info", "event_completed", gone.event, {"phase": gone.phase.value}))
-    return Decision(new, tuple(actions))
-
-
-def on_hooks_finished(event_id: str, succeeded: bool, known: Known, policy: Policy) -> Decision:
-    """Approve (per policy) only when every hook succeeded and the event still waits."""
-    tracked = known.get(event_id)
-    if tracked is None or tracked.phase is not Phase.RUNNING:
-        return Decision(known, ())
-    event = tracked.event
-    if not succeeded:
-        note = Note(
-            "error",
-            "event_not_approved",
-            event,
-            {"reason": "a hook failed; the event proceeds at NotBefore without this VM's approval"},
-        )
-        return Decision(_with(known, event_id, Phase.HOOKS_FAILED), (note,))
-    phase, action = _approval(event, policy)
-    return Decision(_with(known, event_id, phase), (action,))
-
-
-def on_approved(event_id: str, known: Known) -> Decision:
-    tracked = known.get(event_id)
-    if tracked is None or tracked.phase is not Phase.APPROVING:
-        return Decision(known, ())
-    return Decision(
-        _with(known, event_id, Phase.APPROVED), (Note("info", "event_approved", tracked.event),)
+        events[event.event_id] = Tracked(event, phase, before.run)
+    _gone(state.events, events, out)
+    failures = {k: f for k, f in state.approvals.failures.items() if k in events}
+    return replace(
+        state,
+        events=events,
+        runs=runs,
+        next_run=next_run,
+        approvals=replace(state.approvals, failures=failures),
     )
 
 
-def pending_approvals(known: Known) -> tuple[Event, ...]:
-    return tuple(t.event for t in known.values() if t.phase is Phase.APPROVING)
-
-
-def resume(known: Known) -> Decision:
-    """After a restart: hooks cut off mid-run did not prepare anything, so they run again."""
-    actions: list[Action] = []
-    kept: dict[str, Tracked] = {}
-    for event_id, tracked in known.items():
-        if tracked.phase is Phase.RUNNING:
-            actions.append(
-                Note(
-                    "warning",
-                    "hooks_interrupted",
-                    tracked.event,
-                    {"reason": "cut off by a stop; they run again if the event is still Scheduled"},
+def _gone(before: Known, now_in_doc: Mapping[str, Tracked], out: list[Effect]) -> None:
+    """Events that left the document are over; hooks still running for one are stopped."""
+    cancel: list[int] = []
+    for event_id, gone in before.items():
+        if event_id in now_in_doc:
+            continue
+        if gone.phase is Phase.NOT_OURS:
+            out.append(_note(Level.DEBUG, "event_gone", gone.event))
+        elif gone.phase is Phase.RUNNING:
+            out.append(
+                _note(
+                    Level.WARNING,
+                    "event_gone_while_hooks_running",
+                    gone.event,
+                    phase=gone.phase.value,
+                    reason="it left the document; its hooks are stopped",
                 )
             )
+            if gone.run is not None:
+                cancel.append(gone.run)
         else:
-            kept[event_id] = tracked
-    return Decision(kept, tuple(actions))
+            out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
+    if cancel:
+        out.append(CancelRuns(tuple(cancel)))
 
 
-def _with(known: Known, event_id: str, phase: Phase) -> dict[str, Tracked]:
-    updated = dict(known)
-    updated[event_id] = replace(known[event_id], phase=phase)
-    return updated
+def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
+    vm_name = state.vm_name
+    if not event.names(vm_name):
+        return Phase.NOT_OURS, [
+            _note(Level.INFO, "event_ignored", event, reason="not for this VM", vm_name=vm_name)
+        ]
+    detected = _note(Level.INFO, "event_detected", event)
+    if event.status == STARTED:
+        return Phase.MISSED, [
+            detected,
+            _note(
+                Level.WARNING,
+                "event_missed",
+                event,
+                reason="first seen already Started; no hooks run",
+            ),
+        ]
+    if event.status != SCHEDULED:
+        return Phase.UNHANDLED, [
+            detected,
+            _note(
+                Level.WARNING, "event_unhandled", event, reason=f"unknown status {event.status!r}"
+            ),
+        ]
+    hooks = state.config.events.get(event.event_type)
+    if hooks is None:
+        return Phase.UNHANDLED, [
+            detected,
+            _note(
+                Level.WARNING,
+                "event_unhandled",
+                event,
+                reason=f"no hooks configured for {event.event_type}; left alone",
+            ),
+        ]
+    if hooks:
+        spawn = SpawnHooks(0, event, hooks, state.incarnation or 0, vm_name)
+        return Phase.RUNNING, [detected, spawn]
+    phase, note = _approval(event, state)
+    return phase, [detected] if note is None else [detected, note]
+
+
+def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
+    """Approving lets the event proceed for every VM it names, hence the `sole` default.
+
+    APPROVING events are posted by `_retry_approvals`, the one place approvals go out.
+    """
+    policy = state.config.approve
+    if event.status != SCHEDULED:
+        return Phase.DONE, _note(Level.INFO, "approval_not_needed", event, reason="already started")
+    if policy is ApprovePolicy.NEVER:
+        return Phase.NOT_APPROVED, _note(
+            Level.INFO,
+            "approval_skipped",
+            event,
+            reason="approve: never; it proceeds at NotBefore",
+        )
+    others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
+    if policy is ApprovePolicy.SOLE and others:
+        return Phase.NOT_APPROVED, _note(
+            Level.INFO,
+            "approval_skipped",
+            event,
+            reason=f"shared with {len(others)} other VM(s), approving would rush them; "
+            "it proceeds at NotBefore (approve: sole)",
+            other_resources=" ".join(others),
+        )
+    return Phase.APPROVING, None
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def event_fields(event: Event) -> dict[str, object]:
+    return {
+        "event_id": event.event_id,
+        "event_type": event.event_type,
+        "event_status": event.status,
+        "not_before": iso_utc(event.not_before) or None,
+        "resources": " ".join(event.resources),
+    }
+
+
+def _note(level: Level, name: str, event: Event, **fields: object) -> Log:
+    return Log(level, name, {**event_fields(event), **fields})
+
+
+def _with(state: State, event_id: str, tracked: Tracked) -> State:
+    return replace(state, events={**state.events, event_id: tracked})
+
+
+def _durable(events: Known) -> dict[str, tuple[Event, Phase]]:
+    return {k: (t.event, t.phase) for k, t in events.items() if t.phase is not Phase.NOT_OURS}
+
+
+def durable_events(events: Known) -> Known:
+    """What the state file keeps: events for other VMs cost a write a second under churn."""
+    return {k: replace(t, run=None) for k, t in events.items() if t.phase is not Phase.NOT_OURS}
+
+
+def status_text(state: State) -> str:
+    ours = sum(1 for t in state.events.values() if t.phase is not Phase.NOT_OURS)
+    incarnation = state.incarnation if state.incarnation is not None else "-"
+    text = (
+        f"incarnation {incarnation}; {ours} event(s) for {state.vm_name or '?'}; "
+        f"{len(state.runs)} running hook run(s); last poll {state.poll.last}"
+    )
+    if state.poll.rejected:
+        text += f"; IMDS REJECTS OUR REQUEST: {state.poll.rejected[:120]}"
+    if state.state_problem:
+        text += "; DEGRADED: state not saved"
+    return text
+
+
+def _status(state: State, out: list[Effect]) -> State:
+    if not state.ready or state.stopping is not None:
+        return state
+    text = status_text(state)
+    if text == state.status_sent:
+        return state
+    out.append(Notify({"STATUS": text}))
+    return replace(state, status_sent=text)

@@ -27,6 +27,10 @@ BASE_ENV = {
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL to a timed-out hook's group
 OUTPUT_DRAIN = 2.0  # how long to wait for output from processes a finished hook left behind
 MAX_LINE = 4096
+# One environment string may hold 128 KiB on Linux and all of them together about 2 MiB: an
+# event with a 200 kB Description would fail to start with E2BIG. Values are cut to this many
+# bytes with a marker; the whole event is on stdin.
+MAX_ENV_VALUE = 8192
 
 
 @dataclass(frozen=True)
@@ -46,21 +50,55 @@ class CommandResult:
 OutputSink = Callable[[str, str], None]  # (stream name, line)
 
 
+class _Running:
+    """One started command. Whether *we* stopped it (timeout or cancel) is a fact of this
+    process, never of the runner as a whole: a hook that fails on its own while the daemon is
+    stopping has failed, it was not cut off."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], run: Optional[int]) -> None:
+        self.proc = proc
+        self.run = run
+        self.exited = threading.Event()
+        self.reason = ""  # "timeout" | "cancel": why we signalled it
+        self._lock = threading.Lock()
+
+    def stop(self, reason: str) -> None:
+        """SIGTERM to its process group, SIGKILL KILL_GRACE later if it has not exited."""
+        with self._lock:
+            if self.reason or self.exited.is_set():
+                return
+            self.reason = reason
+        _signal_group(self.proc, signal.SIGTERM)
+        _start(self._kill_later)
+
+    def _kill_later(self) -> None:
+        if not self.exited.wait(KILL_GRACE):
+            _signal_group(self.proc, signal.SIGKILL)
+
+
 class ProcessRunner:
-    """The one place the daemon starts processes; it can cancel all of them at shutdown."""
+    """The one place the daemon starts processes; runs can be cancelled one by one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: set[subprocess.Popen[bytes]] = set()
-        self._cancelled = threading.Event()
+        self._live: set[_Running] = set()
+        self._cancelled: set[Optional[int]] = set()
 
-    def cancel_all(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        """Signal every running process group; commands not yet started will not start."""
-        self._cancelled.set()
+    def cancel(self, run: Optional[int]) -> None:
+        """Stop the run's processes; its commands not yet started will not start."""
         with self._lock:
-            live = list(self._live)
-        for proc in live:
-            _signal_group(proc, sig)
+            self._cancelled.add(run)
+            live = [r for r in self._live if r.run == run]
+        for running in live:
+            running.stop("cancel")
+
+    def forget(self, run: Optional[int]) -> None:
+        with self._lock:
+            self._cancelled.discard(run)
+
+    def live_runs(self) -> set[Optional[int]]:
+        with self._lock:
+            return {r.run for r in self._live}
 
     def run(
         self,
@@ -69,10 +107,13 @@ class ProcessRunner:
         stdin: bytes,
         timeout: float,
         on_output: OutputSink,
+        *,
+        run: Optional[int] = None,
     ) -> CommandResult:
         started = time.monotonic()
-        if self._cancelled.is_set():
-            return CommandResult(argv, None, 0.0, cancelled=True, error="daemon is stopping")
+        with self._lock:
+            if run in self._cancelled:
+                return CommandResult(argv, None, 0.0, cancelled=True, error="cancelled")
         try:
             proc = subprocess.Popen(  # noqa: S603 - argv from validated config, no shell
                 argv,
@@ -86,59 +127,52 @@ class ProcessRunner:
             )
         except (OSError, ValueError) as e:
             return CommandResult(argv, None, time.monotonic() - started, error=str(e))
+        running = _Running(proc, run)
         with self._lock:
-            self._live.add(proc)
+            self._live.add(running)
+            cancel_now = run in self._cancelled  # cancelled while it was being started
         try:
+            if cancel_now:
+                running.stop("cancel")
             readers = [
                 _start(_pump, proc.stdout, "stdout", on_output),
                 _start(_pump, proc.stderr, "stderr", on_output),
             ]
             _start(_feed, proc.stdin, stdin)
-            timed_out = _wait(proc, timeout)
+            _wait(running, timeout)
             for reader in readers:
                 reader.join(OUTPUT_DRAIN)
         finally:
             with self._lock:
-                self._live.discard(proc)
-        cancelled = self._cancelled.is_set() and proc.returncode != 0
-        status = None if timed_out or proc.returncode < 0 else proc.returncode
+                self._live.discard(running)
+        code = proc.returncode
+        status = None if running.reason == "timeout" or code < 0 else code
         return CommandResult(
             argv,
             status,
             time.monotonic() - started,
-            timed_out=timed_out,
-            cancelled=cancelled,
-            error=f"killed by signal {-proc.returncode}" if proc.returncode < 0 else "",
+            timed_out=running.reason == "timeout",
+            cancelled=running.reason == "cancel" and code != 0,
+            error=f"killed by signal {-code}" if code < 0 else "",
         )
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+def _wait(running: _Running, timeout: float) -> None:
     """Block in waitpid (Popen.wait with a timeout polls, adding up to 50 ms to every hook);
-    a timer enforces the timeout. Returns whether it expired."""
-    exited = threading.Event()
-    expired = threading.Event()
-
-    def expire() -> None:
-        if exited.is_set():
-            return
-        expired.set()
-        _signal_group(proc, signal.SIGTERM)
-        if not exited.wait(KILL_GRACE):
-            _signal_group(proc, signal.SIGKILL)
-
-    timer = threading.Timer(timeout, expire)
+    a timer enforces the timeout."""
+    proc = running.proc
+    timer = threading.Timer(timeout, running.stop, args=("timeout",))
     timer.daemon = True
     timer.start()
     proc.wait()
-    exited.set()
+    running.exited.set()
     timer.cancel()
-    if expired.is_set():
+    if running.reason:
         # The leader is gone; its group may not be (children that ignore SIGTERM or outlive it).
         deadline = time.monotonic() + KILL_GRACE
         while _group_alive(proc) and time.monotonic() < deadline:
             time.sleep(0.1)
         _signal_group(proc, signal.SIGKILL)
-    return expired.is_set()
 
 
 def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
@@ -176,7 +210,11 @@ def _pump(pipe: Optional[IO[bytes]], stream: str, on_output: OutputSink) -> None
     with pipe:
         for raw in iter(pipe.readline, b""):
             line = raw.rstrip(b"\r\n").decode("utf-8", "replace")
-            on_output(stream, line[:MAX_LINE])
+            try:
+                on_output(stream, line[:MAX_LINE])
+            except Exception:  # noqa: BLE001, S112 - a failing log must not stop the draining
+                # If this reader stopped, the pipe would fill and the hook would hang.
+                continue
 
 
 def hook_environment(
@@ -189,25 +227,34 @@ def hook_environment(
     """A minimal, explicit environment: the daemon's own (proxies, NOTIFY_SOCKET...) never leaks."""
     env = dict(BASE_ENV)
     env.update(extra)
-    env.update(
-        {
-            "SCHEDULED_EVENT_ID": event.event_id,
-            "SCHEDULED_EVENT_TYPE": event.event_type,
-            "SCHEDULED_EVENT_STATUS": event.status,
-            "SCHEDULED_EVENT_RESOURCE_TYPE": event.resource_type,
-            "SCHEDULED_EVENT_RESOURCES": " ".join(event.resources),
-            "SCHEDULED_EVENT_NOT_BEFORE": iso_utc(event.not_before),
-            "SCHEDULED_EVENT_DESCRIPTION": event.description,
-            "SCHEDULED_EVENT_SOURCE": event.source,
-            "SCHEDULED_EVENT_DURATION_SECONDS": ""
-            if event.duration_seconds is None
-            else str(event.duration_seconds),
-            "SCHEDULED_EVENT_DOCUMENT_INCARNATION": str(incarnation),
-            "SCHEDULED_EVENT_VM_NAME": vm_name,
-            "SCHEDULED_EVENT_HOOK": hook,
-        }
-    )
+    event_env = {
+        "SCHEDULED_EVENT_ID": event.event_id,
+        "SCHEDULED_EVENT_TYPE": event.event_type,
+        "SCHEDULED_EVENT_STATUS": event.status,
+        "SCHEDULED_EVENT_RESOURCE_TYPE": event.resource_type,
+        "SCHEDULED_EVENT_RESOURCES": " ".join(event.resources),
+        "SCHEDULED_EVENT_NOT_BEFORE": iso_utc(event.not_before),
+        "SCHEDULED_EVENT_DESCRIPTION": event.description,
+        "SCHEDULED_EVENT_SOURCE": event.source,
+        "SCHEDULED_EVENT_DURATION_SECONDS": ""
+        if event.duration_seconds is None
+        else str(event.duration_seconds),
+        "SCHEDULED_EVENT_DOCUMENT_INCARNATION": str(incarnation),
+        "SCHEDULED_EVENT_VM_NAME": vm_name,
+        "SCHEDULED_EVENT_HOOK": hook,
+    }
+    env.update({k: bounded(v) for k, v in event_env.items()})
     return env
+
+
+def bounded(value: str, limit: int = MAX_ENV_VALUE) -> str:
+    """`value`, or its first bytes and a marker saying it was cut (on a UTF-8 boundary)."""
+    data = value.encode("utf-8", "surrogateescape")
+    if len(data) <= limit:
+        return value
+    marker = f" [truncated: {len(data)} bytes in all; the whole event is on stdin]"
+    head = data[: limit - len(marker.encode())].decode("utf-8", "ignore")
+    return head + marker
 
 
 def hook_stdin(event: Event, incarnation: int, vm_name: str) -> bytes:
@@ -222,6 +269,7 @@ HookFinished = Callable[[str, CommandResult], None]
 def run_hooks(
     runner: ProcessRunner,
     *,
+    run: Optional[int] = None,
     hooks: tuple[Hook, ...],
     event: Event,
     incarnation: int,
@@ -242,7 +290,7 @@ def run_hooks(
         for command in hook.commands:
             on_started(hook.name, command.argv)
             result = runner.run(
-                command.argv, env, stdin, command.timeout, _tagged(on_output, hook.name)
+                command.argv, env, stdin, command.timeout, _tagged(on_output, hook.name), run=run
             )
             on_finished(hook.name, result)
             if not result.succeeded:

@@ -11,26 +11,42 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterable
-from typing import Optional
+from typing import Literal, Optional
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from . import __version__
-from .model import Document, DocumentError, parse_document
+from .model import Document, DocumentError, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
 MAX_BODY = 1 << 20  # a real document is a few KiB; anything near this is not IMDS
 
+Failure = Literal[
+    "timeout", "connection", "request", "redirect", "too_large", "bad_document", "bad_name", "http"
+]
+
 
 class ImdsError(Exception):
-    """A failed exchange. `kind` names the failure class (for log-on-change), `status` the code."""
+    """A failed exchange: `failure` its class, `status` the HTTP code if IMDS answered."""
 
-    def __init__(self, kind: str, detail: str, status: Optional[int] = None) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+    def __init__(
+        self,
+        failure: Failure,
+        detail: str,
+        status: Optional[int] = None,
+        retry_after: Optional[float] = None,
+    ) -> None:
+        self.failure = failure
         self.detail = detail
         self.status = status
+        self.retry_after = retry_after
+        super().__init__(f"{self.kind}: {detail}")
+
+    @property
+    def kind(self) -> str:
+        """Stable enough to log only on change: `http_503`, `timeout`, ..."""
+        return f"http_{self.status}" if self.failure == "http" else self.failure
 
 
 class ImdsClient:
@@ -47,6 +63,7 @@ class ImdsClient:
         self.first_call_timeout = first_call_timeout
         self._answered = False  # IMDS takes up to 2 min to answer until it first has
         self._document_request: Optional[requests.PreparedRequest] = None
+        self._events = EventCache()
         self._session = requests.Session()
         self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
         self._session.proxies = {}
@@ -69,7 +86,7 @@ class ImdsClient:
             )
         body = self._send(self._document_request)
         try:
-            return parse_document(body)
+            return parse_document(body, self._events)
         except DocumentError as e:
             raise ImdsError("bad_document", str(e)) from None
 
@@ -137,13 +154,23 @@ class ImdsClient:
                 response.status_code,
             )
         if response.status_code != 200:
-            snippet = body[:200].decode("utf-8", "replace").strip()
+            snippet = body[:300].decode("utf-8", "replace").strip()
             raise ImdsError(
-                f"http_{response.status_code}",
+                "http",
                 f"HTTP {response.status_code}: {snippet}",
                 response.status_code,
+                _retry_after(response.headers.get("Retry-After", "")),
             )
         return body
+
+
+def _retry_after(value: str) -> Optional[float]:
+    """Seconds from a Retry-After header (delta-seconds; an HTTP date is not worth a clock)."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86400 else None
 
 
 def _read_capped(response: requests.Response, deadline: float) -> bytes:

@@ -10,10 +10,13 @@ import logging
 import os
 import re
 import sys
-from collections.abc import MutableMapping
-from typing import Any, Callable, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import structlog
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 IDENTIFIER = "scheduledeventsd"
 LEVELS = ("debug", "info", "warning", "error")
@@ -121,5 +124,17 @@ def configure(target: str = "auto", fmt: str = "console", level: str = "info") -
     return warning
 
 
-def get() -> Any:  # noqa: ANN401 - structlog's bound loggers are dynamically typed
-    return structlog.get_logger(IDENTIFIER)
+def get() -> FilteringBoundLogger:
+    logger: FilteringBoundLogger = structlog.get_logger(IDENTIFIER)
+    return logger
+
+
+def emit(logger: FilteringBoundLogger, level: str, name: str, fields: Mapping[str, Any]) -> None:
+    """One record at a level chosen by data (the engine's Log effects)."""
+    method = {
+        "debug": logger.debug,
+        "info": logger.info,
+        "warning": logger.warning,
+        "error": logger.error,
+    }.get(level, logger.error)
+    method(name, **fields)

@@ -84,7 +84,9 @@ def parse_not_before(text: str) -> Optional[dt.datetime]:
         try:
             parsed = dt.datetime.fromisoformat(iso)
         except ValueError:
-            raise ValueError(f"NotBefore is neither RFC 1123 nor ISO 8601: {text!r}") from None
+            raise ValueError(
+                f"NotBefore is neither RFC 1123 nor ISO 8601: {_short(text)}"
+            ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.timezone.utc)
     return parsed
@@ -106,7 +108,7 @@ def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
             raise ValueError(f"{key} is missing")
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{key} is not a string: {value!r}")
+        raise ValueError(f"{key} is not a string: {_short(value)}")
     if required and not value.strip():
         raise ValueError(f"{key} is empty")
     return _clean(value)
@@ -115,11 +117,11 @@ def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
 def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
     """Raise ValueError naming the first problem that makes the event unusable."""
     if not isinstance(raw, dict):
-        raise ValueError(f"event is not an object: {raw!r}")
+        raise ValueError(f"event is not an object: {_short(raw)}")
     fields = _lower_keys(raw)
     resources_raw = fields.get("resources", [])
     if not isinstance(resources_raw, list) or not all(isinstance(r, str) for r in resources_raw):
-        raise ValueError(f"Resources is not a list of strings: {resources_raw!r}")
+        raise ValueError(f"Resources is not a list of strings: {_short(resources_raw)}")
     duration = fields.get("durationinseconds")
     if isinstance(duration, bool) or not isinstance(duration, (int, type(None))):
         duration = None
@@ -136,12 +138,51 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
     )
 
 
-def parse_document(body: bytes) -> Document:
-    """Raise DocumentError only if there is no usable incarnation or event list."""
+def _short(value: Any) -> str:  # noqa: ANN401 - for error messages about untyped input
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a {type(value).__name__} nested too deeply>"
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+class EventCache:
+    """Parsed events keyed by their raw JSON text: a busy document changes every second while
+    most of its events do not, and parsing them again each time was most of the churn CPU."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._events: dict[str, Event] = {}
+
+    def parse(self, raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
+        key = json.dumps(raw, sort_keys=True, ensure_ascii=False)
+        found = self._events.get(key)
+        if found is None:
+            found = parse_event(raw)
+            if len(self._events) >= self.LIMIT:
+                self._events.clear()
+            self._events[key] = found
+        return found
+
+
+def parse_document(body: bytes, cache: Optional[EventCache] = None) -> Document:
+    """Any bytes become a Document or a DocumentError, never another exception.
+
+    DocumentError means there is no usable incarnation or event list; a single unusable event
+    is skipped with its reason.
+    """
+    try:
+        return _parse_document(body, cache)
+    except RecursionError:
+        raise DocumentError("nested too deeply to be a Scheduled Events document") from None
+
+
+def _parse_document(body: bytes, cache: Optional[EventCache]) -> Document:
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
-        raise DocumentError(f"not JSON: {e}") from None
+        raise DocumentError(f"not JSON: {_short(str(e))}") from None
     if not isinstance(raw, dict):
         raise DocumentError("not a JSON object")
     fields = _lower_keys(raw)
@@ -149,19 +190,21 @@ def parse_document(body: bytes) -> Document:
     if isinstance(incarnation, str) and incarnation.strip().isdigit():
         incarnation = int(incarnation)
     if isinstance(incarnation, bool) or not isinstance(incarnation, int):
-        raise DocumentError(f"DocumentIncarnation is missing or not an integer: {incarnation!r}")
+        raise DocumentError(
+            f"DocumentIncarnation is missing or not an integer: {_short(incarnation)}"
+        )
     raw_events = fields.get("events", [])
     if raw_events is None:
         raw_events = []
     if not isinstance(raw_events, list):
-        raise DocumentError(f"Events is not a list: {raw_events!r}")
+        raise DocumentError(f"Events is not a list: {_short(raw_events)}")
     events: list[Event] = []
     skipped: list[str] = []
     seen: set[str] = set()
     for index, raw_event in enumerate(raw_events):
         try:
-            event = parse_event(raw_event)
-        except ValueError as e:
+            event = parse_event(raw_event) if cache is None else cache.parse(raw_event)
+        except (ValueError, TypeError, RecursionError) as e:
             skipped.append(f"Events[{index}]: {e}")
             continue
         if event.event_id in seen:

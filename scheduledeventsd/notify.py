@@ -41,24 +41,6 @@ class Notifier:
             return False
         return True
 
-    def ready(self, status: str) -> bool:
-        return self.send(READY="1", STATUS=status)
-
-    def status(self, status: str) -> bool:
-        return self.send(STATUS=status)
-
-    def watchdog(self) -> bool:
-        return self.watchdog_interval is not None and self.send(WATCHDOG="1")
-
-    def extend_watchdog(self, seconds: float) -> bool:
-        """Raise (or restore) the watchdog timeout around a call known to take long."""
-        if self.watchdog_interval is None:
-            return False
-        return self.send(WATCHDOG="1", WATCHDOG_USEC=str(int(seconds * 1_000_000)))
-
-    def stopping(self, status: str) -> bool:
-        return self.send(STOPPING="1", STATUS=status)
-
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()

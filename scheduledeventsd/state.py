@@ -1,7 +1,11 @@
 """What the daemon knows about each event, kept in one JSON file written atomically.
 
-A restart must never re-run the hooks of an event already handled, so every change of phase
-is on disk (temp file, fsync, rename, fsync of the directory) before the daemon moves on.
+Each change of phase is written (temp file, fsync, rename, fsync of the directory) right after
+the step that made it, so a restart does not re-run the hooks of an event already handled.
+The guarantee is at least once: hooks cut off, or finished but not yet recorded, run again;
+an approval may be posted twice (IMDS answers 200 for an event already approved). A state
+directory that cannot be written or read does not stop the daemon: the caller keeps handling
+events and reports itself degraded.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ _VERSION = 1
 
 
 class StateError(Exception):
-    """The state file exists but cannot be used; it has been moved aside, not deleted."""
+    """The state directory is in use by another daemon."""
 
 
 class StateStore:
@@ -49,31 +53,43 @@ class StateStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def load(self) -> Known:
-        """An absent file is a first start; an unreadable one is kept for inspection."""
+    def load(self) -> tuple[Known, str]:
+        """What was saved, and why it could not be used if so (then it starts empty).
+
+        An absent file is a first start; one that cannot be decoded is moved aside for
+        inspection, never deleted.
+        """
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return {}
+            return {}, ""
+        except IsADirectoryError:
+            return {}, self._move_aside("is a directory")
+        except (OSError, UnicodeDecodeError) as e:
+            return {}, f"{self.path}: cannot read: {e}"
         try:
             self._saved = _decode(json.loads(text))
-        except (ValueError, TypeError, KeyError) as e:
-            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+            return {}, self._move_aside(str(e) or type(e).__name__)
+        return self._saved, ""
+
+    def _move_aside(self, problem: str) -> str:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
+        try:
             os.replace(self.path, aside)
-            raise StateError(
-                f"{self.path}: {e}; moved to {aside}, starting with no state"
-            ) from None
-        return self._saved
+        except OSError as e:
+            return f"{self.path}: {problem}; could not move it aside: {e}"
+        return f"{self.path}: {problem}; moved to {aside}, starting with no state"
 
     def save(self, known: Known) -> None:
-        """Write only what changed and matters after a restart.
+        """Write only what changed and matters after a restart; raise OSError if it cannot.
 
         Events for other VMs are left out: forgetting them costs one log line after a restart,
         while keeping them made a busy document cost an fsync every second.
         """
         durable = {k: t for k, t in known.items() if t.phase is not Phase.NOT_OURS}
-        if durable == self._saved:
+        if self._saved is not None and durable == self._saved:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = json.dumps(_encode(durable), indent=1, sort_keys=True).encode()

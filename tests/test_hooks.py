@@ -9,8 +9,16 @@ import threading
 import time
 from pathlib import Path
 
-from scheduledeventsd.hooks import BASE_ENV, ProcessRunner, hook_environment, hook_stdin
+from scheduledeventsd.hooks import (
+    BASE_ENV,
+    MAX_ENV_VALUE,
+    ProcessRunner,
+    hook_environment,
+    hook_stdin,
+)
 from scheduledeventsd.model import Event
+
+from .conftest import wait_for
 
 EVENT = Event(
     "E1",
@@ -87,23 +95,95 @@ def test_timeout_kills_the_process_group_including_children_that_ignore_sigterm(
         pass
 
 
-def test_cancel_all_stops_running_commands_and_refuses_new_ones():
+def test_cancelling_a_run_stops_its_commands_refuses_new_ones_and_spares_other_runs():
+    runner = ProcessRunner()
+    results = {}
+
+    def start(run):
+        results[run] = runner.run(
+            ("/bin/sleep", "300"), BASE_ENV, b"", 300, lambda *_: None, run=run
+        )
+
+    threads = [threading.Thread(target=start, args=(run,)) for run in (1, 2)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: runner.live_runs() == {1, 2}, what="both runs to start")
+    runner.cancel(1)
+    threads[0].join(10)
+    assert results[1].cancelled
+    assert 2 not in results, "another run is not touched"
+    later = runner.run(("/bin/true",), BASE_ENV, b"", 5, lambda *_: None, run=1)
+    assert later.cancelled
+    assert later.exit_status is None
+    runner.cancel(2)
+    threads[1].join(10)
+    assert results[2].cancelled
+
+
+def test_a_command_that_fails_on_its_own_while_another_run_is_cancelled_is_a_failure():
+    runner = ProcessRunner()
+    results = {}
+    sleeper = threading.Thread(
+        target=lambda: results.setdefault(
+            1, runner.run(("/bin/sleep", "300"), BASE_ENV, b"", 300, lambda *_: None, run=1)
+        )
+    )
+    sleeper.start()
+    wait_for(lambda: runner.live_runs() == {1}, what="the run to start")
+    runner.cancel(1)
+    failing = runner.run(("/bin/sh", "-c", "exit 3"), BASE_ENV, b"", 5, lambda *_: None, run=2)
+    sleeper.join(10)
+    assert failing.exit_status == 3
+    assert not failing.cancelled, "cancellation is a fact of the process we signalled"
+    assert results[1].cancelled
+
+
+def test_a_command_we_signalled_that_still_exits_zero_succeeded():
     runner = ProcessRunner()
     results = []
+    script = "trap 'exit 0' TERM; echo up; while :; do sleep 0.05; done"
+    lines = []
     thread = threading.Thread(
         target=lambda: results.append(
-            runner.run(("/bin/sleep", "300"), BASE_ENV, b"", 300, lambda *_: None)
+            runner.run(
+                ("/bin/sh", "-c", script), BASE_ENV, b"", 60, lambda *a: lines.append(a), run=7
+            )
         )
     )
     thread.start()
-    time.sleep(0.3)
-    runner.cancel_all(signal.SIGTERM)
+    wait_for(lambda: lines, what="the command to start")
+    runner.cancel(7)
     thread.join(10)
-    assert results
-    assert results[0].cancelled
-    later = runner.run(("/bin/true",), BASE_ENV, b"", 5, lambda *_: None)
-    assert later.cancelled
-    assert later.exit_status is None
+    assert results[0].succeeded
+    assert not results[0].cancelled
+
+
+def test_an_output_sink_that_raises_does_not_stop_the_draining_of_the_pipe():
+    calls = []
+
+    def broken(stream, line):
+        calls.append(line)
+        raise OSError("journald is gone")
+
+    script = "i=0; while [ $i -lt 3000 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"
+    result = ProcessRunner().run(("/bin/sh", "-c", script), BASE_ENV, b"", 20, broken)
+    assert result.succeeded, "the pipe (64 KiB) would have filled and the hook hung"
+    assert len(calls) == 3000
+
+
+def test_environment_values_are_bounded_so_a_huge_description_still_runs(tmp_path):
+    huge = Event(
+        "E1", "Reboot", "Scheduled", "VirtualMachine", ("vm",), None, "é" * 200_000, "", None
+    )
+    env = hook_environment(huge, "h", 1, "vm", {})
+    value = env["SCHEDULED_EVENT_DESCRIPTION"]
+    assert len(value.encode()) <= MAX_ENV_VALUE
+    assert value.endswith("the whole event is on stdin]")
+    assert "400000 bytes" in value
+    stdin = hook_stdin(huge, 1, "vm")
+    result, lines = run(["/bin/sh", "-c", 'echo "${#SCHEDULED_EVENT_DESCRIPTION}"; wc -c'], env=env, stdin=stdin)
+    assert result.succeeded, result.error
+    assert int(lines[1][1].strip()) == len(stdin), "the whole event still arrives on stdin"
 
 
 def test_the_hook_environment_is_minimal_and_explicit():

@@ -29,11 +29,11 @@ def test_saved_state_loads_back_equal(tmp_path):
     store = StateStore(tmp_path / "state")
     known = {"E1": Tracked(EVENT, Phase.APPROVED)}
     store.save(known)
-    assert StateStore(tmp_path / "state").load() == known
+    assert StateStore(tmp_path / "state").load() == (known, "")
 
 
 def test_no_file_is_an_empty_first_start(tmp_path):
-    assert StateStore(tmp_path).load() == {}
+    assert StateStore(tmp_path).load() == ({}, "")
 
 
 def test_saving_leaves_no_temporary_files_and_replaces_atomically(tmp_path):
@@ -49,11 +49,34 @@ def test_saving_leaves_no_temporary_files_and_replaces_atomically(tmp_path):
 def test_a_corrupt_file_is_moved_aside_not_deleted(tmp_path):
     store = StateStore(tmp_path)
     store.path.write_text("{not json")
-    with pytest.raises(StateError, match="moved to"):
-        store.load()
+    known, problem = store.load()
+    assert known == {}
+    assert "moved to" in problem
     (aside,) = tmp_path.glob("state.json.corrupt-*")
     assert aside.read_text() == "{not json"
-    assert store.load() == {}
+    assert store.load() == ({}, "")
+
+
+def test_a_state_file_that_is_a_directory_is_moved_aside_and_saving_works_again(tmp_path):
+    store = StateStore(tmp_path)
+    store.path.mkdir()
+    known, problem = store.load()
+    assert known == {}
+    assert "is a directory" in problem
+    assert "moved to" in problem
+    store.save({"E1": Tracked(EVENT, Phase.APPROVED)})
+    assert StateStore(tmp_path).load() == ({"E1": Tracked(EVENT, Phase.APPROVED)}, "")
+
+
+def test_a_save_that_cannot_write_raises_oserror_for_the_caller_to_report(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    store = StateStore(blocker / "state")  # a path through a regular file: ENOTDIR
+    with pytest.raises(OSError):
+        store.save({"E1": Tracked(EVENT, Phase.APPROVED)})
+    known, problem = store.load()
+    assert known == {}
+    assert "cannot read" in problem
 
 
 def test_a_second_lock_on_the_same_directory_is_refused(tmp_path):
@@ -73,7 +96,7 @@ def test_events_for_other_vms_are_not_written_and_unchanged_state_is_not_rewritt
         Event("E2", "Reboot", "Scheduled", "VirtualMachine", ("x",), None), Phase.NOT_OURS
     )
     store.save({"E1": ours, "E2": other})
-    assert StateStore(tmp_path).load() == {"E1": ours}
+    assert StateStore(tmp_path).load() == ({"E1": ours}, "")
     written = os.stat(store.path).st_mtime_ns
     inode = os.stat(store.path).st_ino
     store.save({"E1": ours})
