@@ -103,6 +103,33 @@ class Config:
     shutdown_grace: float = 120.0
 
 
+# The keys the validator accepts: the one source of the configuration reference. The README,
+# the man page and the shipped config.yaml are checked against `key_paths()` by the tests.
+TOP_KEYS = (
+    "metadata",
+    "vm_name",
+    "state_dir",
+    "approve",
+    "hooks",
+    "events",
+    "environment",
+    "shutdown_grace",
+)
+METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
+COMMAND_KEYS = ("command", "timeout")
+
+
+def key_paths() -> frozenset[str]:
+    """Every key path a config may hold; user-chosen names (hook names) are `*`."""
+    return frozenset(
+        [
+            *TOP_KEYS,
+            *(f"metadata.{k}" for k in METADATA_KEYS),
+            *(f"hooks.*.{k}" for k in COMMAND_KEYS),
+        ]
+    )
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML keeps the last of two equal keys; in a root daemon's config that hides mistakes."""
 
@@ -189,7 +216,7 @@ def _join(where: str, key: str) -> str:
 
 def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
     fields = c.mapping(
-        raw, "metadata", ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
+        raw, "metadata", METADATA_KEYS
     )
     d = Metadata()
     url = c.string(fields.get("url"), "metadata.url", d.url)
@@ -280,7 +307,7 @@ def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
 
 
 def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]:  # noqa: ANN401
-    fields = c.mapping(entry, where, ("command", "timeout"))
+    fields = c.mapping(entry, where, COMMAND_KEYS)
     if not isinstance(entry, dict):
         return None
     argv = fields.get("command")
@@ -354,16 +381,6 @@ def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN
     return env
 
 
-_TOP_KEYS = (
-    "metadata",
-    "vm_name",
-    "state_dir",
-    "approve",
-    "hooks",
-    "events",
-    "environment",
-    "shutdown_grace",
-)
 
 
 def parse(
@@ -379,7 +396,7 @@ def parse(
     documented defaults on a machine without /etc/scheduledeventsd); the daemon never does.
     """
     c = _Checker(source, check_files=check_files)
-    top = c.mapping(raw, "", _TOP_KEYS) if raw is not None else {}
+    top = c.mapping(raw, "", TOP_KEYS) if raw is not None else {}
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(c.problems)
     defaults = Config()

@@ -38,7 +38,8 @@ API_VERSIONS = (
 NAME_API_VERSIONS = ("2017-08-01", "2019-06-01", "2020-09-01", "2021-02-01", "2021-12-13")
 NEWEST = ["2020-07-01", "2019-08-01", "2019-04-01"]
 RATE_LIMIT = 5  # requests per second per VM, as IMDS enforces
-FAULT_KINDS = ("status", "delay", "garbage", "drop", "redirect")
+HISTORY = 100_000  # requests, approvals and changes kept for tests and the bench
+FAULT_KINDS = ("status", "delay", "garbage", "drop", "redirect", "body")
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Fault:
     status: int = 500
     delay: float = 0.0
     location: str = ""
+    body: str = ""  # kind "body": this exact text is the 200 answer
     count: int = 1
     method: str = "GET"  # GET, POST or ANY
     path: str = ""  # only requests whose path starts with this (empty: any)
@@ -126,10 +128,11 @@ class Simulator:
         self._steps = sorted(self.scenario.steps, key=lambda s: s.at)
         self._origin = time.monotonic()
         self._recent: collections.deque[float] = collections.deque()
-        self.approvals: list[Approval] = []
+        self._gets = 0
         # Bounded: a simulator left running for days must not grow without limit.
-        self.requests: collections.deque[Request] = collections.deque(maxlen=100_000)
-        self.changes: list[tuple[float, int]] = []  # (monotonic, incarnation)
+        self.approvals: collections.deque[Approval] = collections.deque(maxlen=HISTORY)
+        self.requests: collections.deque[Request] = collections.deque(maxlen=HISTORY)
+        self.changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=HISTORY)
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -159,49 +162,52 @@ class Simulator:
         raw: Optional[dict[str, Any]] = None,
     ) -> str:
         """Add an event (or, with `raw`, exactly the given JSON object); returns its EventId."""
-        if raw is not None:
-            fields = dict(raw)
-            event_id = str(fields.get("EventId", event_id or uuid.uuid4()))
-        else:
-            event_id = event_id or str(uuid.uuid4()).upper()
-            not_before = (
-                ""
-                if status == "Started" or not_before_in is None
-                else rfc1123(time.time() + not_before_in)
+        if raw is None:
+            return self.add_from_spec(
+                {
+                    "EventType": event_type,
+                    "Resources": resources,
+                    "EventId": event_id,
+                    "EventStatus": status,
+                    "not_before_in": not_before_in,
+                    "Description": description,
+                    "EventSource": source,
+                    "DurationInSeconds": duration,
+                }
             )
-            fields = {
-                "EventId": event_id,
-                "EventStatus": status,
-                "EventType": event_type,
-                "ResourceType": "VirtualMachine",
-                "Resources": [self.vm_name] if resources is None else list(resources),
-                "NotBefore": not_before,
-                "Description": description,
-                "EventSource": source,
-                "DurationInSeconds": duration,
-            }
+        fields = dict(raw)
+        event_id = str(fields.get("EventId", event_id or uuid.uuid4()))
         with self._lock:
             self._advance()
-            started = time.monotonic() if fields.get("EventStatus") == "Started" else None
-            self._events[event_id] = _Event(fields, started_at=started)
-            self._changed()
+            self._add(event_id, fields)
         return event_id
+
+    def _add(self, event_id: str, fields: dict[str, Any]) -> None:
+        started = time.monotonic() if fields.get("EventStatus") == "Started" else None
+        self._events[event_id] = _Event(fields, started_at=started)
+        self._changed()
 
     def update_event(self, event_id: str, **fields: Any) -> None:  # noqa: ANN401
         with self._lock:
             self._advance()
-            event = self._events[event_id]
-            event.fields.update(fields)
-            if fields.get("EventStatus") == "Started" and event.started_at is None:
-                event.started_at = time.monotonic()
-                event.fields["NotBefore"] = ""
-            self._changed()
+            self._update(event_id, fields)
+
+    def _update(self, event_id: str, fields: Mapping[str, Any]) -> None:
+        event = self._events[event_id]
+        event.fields.update(fields)
+        if fields.get("EventStatus") == "Started" and event.started_at is None:
+            event.started_at = time.monotonic()
+            event.fields["NotBefore"] = ""
+        self._changed()
 
     def remove_event(self, event_id: str) -> None:
         with self._lock:
             self._advance()
-            if self._events.pop(event_id, None) is not None:
-                self._changed()
+            self._remove(event_id)
+
+    def _remove(self, event_id: str) -> None:
+        if self._events.pop(event_id, None) is not None:
+            self._changed()
 
     def add_fault(self, fault: Fault) -> None:
         with self._lock:
@@ -210,6 +216,11 @@ class Simulator:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def gets(self) -> int:
+        """How many GETs of the document were answered so far (tests wait on this)."""
+        with self._lock:
+            return self._gets
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -251,27 +262,44 @@ class Simulator:
     def add_from_spec(self, spec: Mapping[str, Any]) -> str:
         """An event given with IMDS' field names (plus `not_before_in`), as scenarios and the
         control API give them."""
-        return self.add_event(
-            spec.get("EventType", "Reboot"),
-            spec.get("Resources"),
-            event_id=spec.get("EventId"),
-            status=spec.get("EventStatus", "Scheduled"),
-            not_before_in=spec.get("not_before_in", 900.0),
-            description=spec.get("Description", "Host server is undergoing maintenance."),
-            source=spec.get("EventSource", "Platform"),
-            duration=spec.get("DurationInSeconds", -1),
-        )
+        with self._lock:
+            self._advance()
+            return self._add_spec(spec)
+
+    def _add_spec(self, spec: Mapping[str, Any]) -> str:
+        status = spec.get("EventStatus", "Scheduled")
+        not_before_in = spec.get("not_before_in", 900.0)
+        event_id = str(spec.get("EventId") or str(uuid.uuid4()).upper())
+        fields = {
+            "EventId": event_id,
+            "EventStatus": status,
+            "EventType": spec.get("EventType", "Reboot"),
+            "ResourceType": "VirtualMachine",
+            "Resources": [self.vm_name]
+            if spec.get("Resources") is None
+            else list(spec["Resources"]),
+            "NotBefore": ""
+            if status == "Started" or not_before_in is None
+            else rfc1123(time.time() + float(not_before_in)),
+            "Description": spec.get("Description", "Host server is undergoing maintenance."),
+            "EventSource": spec.get("EventSource", "Platform"),
+            "DurationInSeconds": spec.get("DurationInSeconds", -1),
+        }
+        self._add(event_id, fields)
+        return event_id
 
     def _apply_step(self, step: Step) -> None:
+        """Called by `_advance` with the lock held: uses the inner versions, which do not
+        advance again (re-entering it applied later steps first and lost both)."""
         if step.action == "add":
-            self.add_from_spec(step.value)
+            self._add_spec(step.value)
         elif step.action == "update":
             spec = dict(step.value)
-            self.update_event(spec.pop("EventId"), **spec)
+            self._update(spec.pop("EventId"), spec)
         elif step.action == "remove":
-            self.remove_event(str(step.value))
+            self._remove(str(step.value))
         elif step.action == "fault":
-            self.add_fault(Fault(**step.value))
+            self._faults.append(Fault(**step.value))
 
     def document(self, api_version: str = API_VERSIONS[-1]) -> dict[str, Any]:
         """The document as IMDS would render it for this api-version (older ones lack fields)."""
@@ -463,6 +491,8 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 return
             if method == "GET":
                 self._reply(200, sim.document(query["api-version"][0]))
+                with sim._lock:
+                    sim._gets += 1
                 return
             ids = _start_requests(body)
             if ids is None:
@@ -480,6 +510,8 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._reply(fault.status, {"error": "simulated failure"})
             elif fault.kind == "garbage":
                 self._reply(200, b"<html><body>Service Unavailable</body></html>", "text/html")
+            elif fault.kind == "body":
+                self._reply(200, fault.body)
             elif fault.kind == "redirect":
                 self.send_response(fault.status if 300 <= fault.status < 400 else 307)
                 self.send_header("Location", fault.location)

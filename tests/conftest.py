@@ -44,6 +44,41 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live processes whose command line contains `text` (a test's private directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline.strip()))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fails a test that leaves a daemon or hook process running (and ends them).
+
+    Set up before any other fixture, so checked after they have all been torn down.
+    """
+    base = str(tmp_path_factory.getbasetemp())
+    yield
+    left = processes_mentioning(base)
+    deadline = time.monotonic() + 3
+    while left and time.monotonic() < deadline:  # a hook killed a moment ago is still exiting
+        time.sleep(0.05)
+        left = processes_mentioning(base)
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulator]:
     # Tests poll 4 times a second to run fast; IMDS' 5 requests/s limit is tested on its own.
@@ -93,13 +128,16 @@ def hooks(tmp_path: Path) -> Hooks:
 class Daemon:
     """`scheduledeventsd run` as a subprocess, its JSON log lines collected as they come."""
 
-    def __init__(self, config_path: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, config_path: Path, env: dict[str, str], prefix: tuple[str, ...] = ()
+    ) -> None:
         self.config_path = config_path
         self.records: list[dict[str, Any]] = []
         self.raw_lines: list[str] = []
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "scheduledeventsd",
@@ -137,6 +175,12 @@ class Daemon:
                 for r in self.records
                 if r.get("event") == name and all(r.get(k) == v for k, v in fields.items())
             ]
+
+    def polls_seen(self, sim: Simulator, count: int = 3, timeout: float = 10.0) -> None:
+        """Wait until the simulator has answered `count` more GETs of the document: the
+        synchronisation point before asserting that nothing happened."""
+        start = sim.gets()
+        wait_for(lambda: sim.gets() >= start + count, timeout, f"{count} more polls")
 
     def wait_log(self, name: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
         found = wait_for(lambda: self.logs(name, **fields), timeout, f"log {name} {fields}")
@@ -197,11 +241,13 @@ class DaemonFactory:
         cfg: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         ready: bool = True,
+        prefix: tuple[str, ...] = (),
     ) -> Daemon:
+        """`prefix` runs the daemon through a wrapper, e.g. `unshare -m sh -c '...' sh`."""
         path = self.write_config(cfg if cfg is not None else self.config())
         full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
         full_env.update(env or {})
-        daemon = Daemon(path, full_env)
+        daemon = Daemon(path, full_env, prefix)
         self.started.append(daemon)
         if ready:
             daemon.wait_log("document_changed")

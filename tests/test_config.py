@@ -183,3 +183,61 @@ def test_check_config_summarises_a_valid_config(tmp_path, hook):
     assert "Reboot:    h" in result.stdout
     assert "approve at once" in result.stdout
     assert f"{hook} --flag" in result.stdout
+
+
+def _yaml_key_paths(raw):
+    paths = set()
+    for key, value in raw.items():
+        paths.add(key)
+        if key == "metadata":
+            paths |= {f"metadata.{k}" for k in value}
+        if key == "hooks":
+            paths |= {f"hooks.*.{k}" for commands in value.values() for c in commands for k in c}
+    return paths
+
+
+def _readme_config_block():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Configuration") :]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def _man_key_paths():
+    text = (ROOT / "packaging/man/scheduledeventsd.8").read_text()
+    section = text[text.index(".SH CONFIGURATION") :].split("\n.SH ", 1)[0]
+    lines = section.splitlines()
+    keys = {
+        lines[i + 1].removeprefix(".B ").replace("\\-", "-")
+        for i, line in enumerate(lines[:-1])
+        if line == ".TP"
+    }
+    return {k.replace("NAME[]", "*") for k in keys}
+
+
+def test_the_readme_the_man_page_and_the_shipped_config_document_exactly_the_validators_keys():
+    """The validator's key tables are the source; a key missing or extra anywhere fails here."""
+    source = config.key_paths()
+    readme = _yaml_key_paths(yaml.safe_load(_readme_config_block()))
+    shipped = _yaml_key_paths(
+        yaml.safe_load((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
+    )
+    assert readme == source, "README configuration block"
+    assert shipped == source, "etc/scheduledeventsd/config.yaml"
+    assert _man_key_paths() == source, "man page CONFIGURATION section"
+
+
+def test_the_readme_configuration_block_is_a_valid_configuration_of_the_defaults():
+    parsed = config.parse(yaml.safe_load(_readme_config_block()), "README", check_files=False)
+    assert parsed == config.parse(None, "defaults", check_files=False)
+
+
+def test_a_missing_default_hook_fails_check_config(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("approve: always\n")
+    hook_dir = Path("/etc/scheduledeventsd/hooks")
+    if all((hook_dir / name).exists() for name in ("drain", "checkpoint", "shutdown")):
+        pytest.skip("the default hooks are installed on this machine")
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert "hooks (default).drain[0].command[0]: /etc/scheduledeventsd/hooks/drain" in result.stderr
+    assert "Traceback" not in result.stderr

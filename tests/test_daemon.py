@@ -150,17 +150,21 @@ def test_restart_does_not_rerun_hooks_of_an_event_already_handled(daemons, sim, 
 def test_hooks_cut_off_by_a_crash_run_again_after_restart(daemons, sim, hooks):
     slow = hooks.make(
         "slow",
-        'echo slow >> "$OUT/order"\n[ -f "$OUT/second" ] || { touch "$OUT/second"; sleep 300; }',
+        'echo slow >> "$OUT/order"\n'
+        '[ -f "$OUT/second" ] || { touch "$OUT/second"; echo $$ > "$OUT/first.pid"; sleep 300; }',
     )
     cfg = daemons.config(hooks={"slow": [{"command": [slow]}]}, events={"Redeploy": ["slow"]})
     daemon = daemons.start(cfg)
     event_id = sim.add_event("Redeploy", [VM])
     daemon.wait_log("hook_started", event_id=event_id)
+    wait_for((hooks.out / "first.pid").exists, what="the first run to start")
     daemon.signal(signal.SIGKILL)
     daemon.proc.wait(5)
+    # A kill -9 leaves the hook's own session running (systemd would end its cgroup): end it.
+    os.killpg(int((hooks.out / "first.pid").read_text()), signal.SIGKILL)
     again = daemons.start(cfg)
     again.wait_log("hooks_interrupted", event_id=event_id)
-    wait_for(lambda: sim.approved(event_id), what="approval after the re-run")
+    again.wait_log("event_approved", event_id=event_id)
     assert hooks.order() == ["slow", "slow"]
 
 

@@ -1,26 +1,58 @@
-"""The pure event logic: given a document, what we know and the policy, what happens next."""
+"""The pure state machine with a fake clock: every rule, timer, backoff and retry, no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from pathlib import Path
 
+import pytest
+
+from scheduledeventsd import engine
+from scheduledeventsd.config import ApprovePolicy, Config, Metadata
 from scheduledeventsd.engine import (
-    Approve,
-    Note,
+    ApprovalFailed,
+    ApprovalSent,
+    Boot,
+    CancelRuns,
+    DocumentFetched,
+    Exit,
+    Fetch,
+    HooksFinished,
+    Log,
+    NameResolved,
+    Notify,
+    Outcome,
+    Persist,
+    Persisted,
     Phase,
-    Policy,
-    RunHooks,
+    PollFailed,
+    PostApproval,
+    Reloaded,
+    ResolveName,
+    SpawnHooks,
+    StopRequested,
+    Tick,
     Tracked,
-    on_approved,
-    on_document,
-    on_hooks_finished,
-    pending_approvals,
-    resume,
+    WakeAt,
 )
 from scheduledeventsd.model import Document, Event
 
 VM = "vm-a"
-POLICY = Policy(VM, "sole", {"Reboot": ("drain", "checkpoint"), "Freeze": ()})
+EVENTS = {"Reboot": ("drain", "checkpoint"), "Freeze": (), "Preempt": ("shutdown",)}
+
+
+def config(**overrides):
+    base = Config(
+        metadata=Metadata(poll_interval=1.0, timeout=5.0, first_call_timeout=150.0),
+        vm_name=VM,
+        state_dir=Path("/state"),
+        approve=ApprovePolicy.SOLE,
+        hooks={},
+        events=EVENTS,
+        shutdown_grace=10.0,
+    )
+    return dataclasses.replace(base, **overrides)
 
 
 def event(event_id="E1", event_type="Reboot", status="Scheduled", resources=(VM,)):
@@ -38,114 +70,456 @@ def doc(*events, incarnation=2):
     return Document(incarnation, tuple(events))
 
 
-def names(actions):
-    return [a.name if isinstance(a, Note) else type(a).__name__ for a in actions]
+class Machine:
+    """Drives engine.step with a fake monotonic clock and keeps every effect."""
+
+    def __init__(self, cfg=None, *, watchdog_usec=None, loaded=None, problem="", now=100.0):
+        self.now = now
+        self.state = engine.initial(cfg or config(), watchdog_usec)
+        self.effects = self.send(Boot(loaded or {}, problem))
+
+    def send(self, message, at=None):
+        if at is not None:
+            assert at >= self.now, "the fake clock never goes back"
+            self.now = at
+        self.state, effects = engine.step(self.state, message, self.now)
+        self.effects = list(effects)
+        return self.effects
+
+    def tick(self, at):
+        return self.send(Tick(), at=at)
+
+    def fetched(self, document, at=None):
+        return self.send(DocumentFetched(document), at=at)
+
+    def phase(self, event_id="E1"):
+        return self.state.events[event_id].phase
+
+    def wake(self):
+        (wake,) = [e for e in self.effects if isinstance(e, WakeAt)]
+        return wake.at
 
 
-def test_a_new_scheduled_event_for_us_runs_its_hooks_in_configured_order():
-    d = on_document(doc(event()), {}, POLICY)
-    assert names(d.actions) == ["event_detected", "RunHooks"]
-    run = d.actions[1]
-    assert isinstance(run, RunHooks)
-    assert run.hooks == ("drain", "checkpoint")
-    assert d.known["E1"].phase is Phase.RUNNING
+def logs(effects, name=None):
+    found = [e for e in effects if isinstance(e, Log)]
+    return [e for e in found if e.name == name] if name else [e.name for e in found]
 
 
-def test_an_event_seen_again_does_nothing_twice():
-    first = on_document(doc(event()), {}, POLICY)
-    again = on_document(doc(event(), incarnation=3), first.known, POLICY)
-    assert again.actions == ()
-    assert again.known == first.known
+def of(effects, kind):
+    return [e for e in effects if isinstance(e, kind)]
 
 
-def test_events_not_naming_us_are_ignored_once():
-    d = on_document(doc(event(resources=("vm-b",))), {}, POLICY)
-    assert names(d.actions) == ["event_ignored"]
-    assert on_document(doc(event(resources=("vm-b",))), d.known, POLICY).actions == ()
+# ---- start ---------------------------------------------------------------------------------
+
+
+def test_boot_with_a_configured_name_is_ready_and_fetches_at_once():
+    m = Machine()
+    assert logs(m.effects)[:2] == ["daemon_starting", "vm_name"]
+    ready = of(m.effects, Notify)[0].fields
+    assert ready["READY"] == "1"
+    assert f"for {VM}" in ready["STATUS"]
+    assert of(m.effects, Fetch)
+
+
+def test_boot_forgets_runs_cut_off_by_a_stop_so_they_run_again():
+    loaded = {
+        "E1": Tracked(event(), Phase.RUNNING),
+        "E2": Tracked(event("E2"), Phase.APPROVED),
+    }
+    m = Machine(loaded=loaded)
+    assert logs(m.effects, "hooks_interrupted")[0].fields["event_id"] == "E1"
+    assert list(m.state.events) == ["E2"]
+    assert of(m.effects, Persist)[0].events.keys() == {"E2"}
+    m.fetched(doc(event(), event("E2")))
+    assert [s.event.event_id for s in of(m.effects, SpawnHooks)] == ["E1"]
+
+
+def test_an_unreadable_state_is_reported_and_shown_as_degraded_but_events_are_handled():
+    m = Machine(problem="/state/state.json: cannot read: Permission denied")
+    assert logs(m.effects, "state_degraded")
+    assert "DEGRADED" in of(m.effects, Notify)[0].fields["STATUS"]
+    m.fetched(doc(event()))
+    assert of(m.effects, SpawnHooks)
+
+
+def test_without_a_configured_name_imds_is_asked_before_polling():
+    m = Machine(config(vm_name=None))
+    assert of(m.effects, ResolveName)
+    assert not of(m.effects, Fetch)
+    assert not m.state.ready
+    m.send(NameResolved("vm-x", "imds"), at=101)
+    assert logs(m.effects, "vm_name")[0].fields == {"vm_name": "vm-x", "source": "imds"}
+    assert of(m.effects, Fetch)
+    assert of(m.effects, Notify)[0].fields["READY"] == "1"
+
+
+def test_the_hostname_stands_in_and_imds_is_asked_again_at_2_4_8_s_up_to_60():
+    m = Machine(config(vm_name=None))
+    m.send(NameResolved("host", "hostname", "timeout"), at=100)
+    assert logs(m.effects, "vm_name_fallback")[0].fields["retry_in_s"] == 2.0
+    retries = []
+    for _ in range(8):
+        due = m.state.name_failures.retry_at
+        retries.append(due - m.now)
+        assert not of(m.tick(due - 0.01), ResolveName)
+        assert of(m.tick(due), ResolveName)
+        m.send(NameResolved("host", "hostname", "timeout"))
+    assert retries == [2, 4, 8, 16, 32, 60, 60, 60]
+    assert logs(m.effects, "vm_name_fallback") == [], "the fallback is logged once"
+
+
+def test_learning_the_real_name_judges_not_ours_events_again():
+    m = Machine(config(vm_name=None))
+    m.send(NameResolved("host", "hostname", "timeout"))
+    m.fetched(doc(event(resources=("vm-real",))), at=101)
+    assert m.phase() is Phase.NOT_OURS
+    m.send(NameResolved("vm-real", "imds"), at=102.5)
+    assert "E1" not in m.state.events
+    assert m.state.incarnation is None
+    m.fetched(doc(event(resources=("vm-real",))), at=103)
+    assert of(m.effects, SpawnHooks)
+
+
+# ---- documents and hooks -------------------------------------------------------------------
+
+
+def test_a_new_scheduled_event_for_us_runs_its_hooks_in_configured_order_as_run_1():
+    m = Machine()
+    m.fetched(doc(event()), at=100.1)
+    assert logs(m.effects) == ["document_changed", "event_detected"]
+    (spawn,) = of(m.effects, SpawnHooks)
+    assert (spawn.run, spawn.hooks, spawn.vm_name, spawn.incarnation) == (
+        1,
+        ("drain", "checkpoint"),
+        VM,
+        2,
+    )
+    assert m.phase() is Phase.RUNNING
+    assert of(m.effects, Persist)
+
+
+def test_the_same_incarnation_again_changes_nothing_and_writes_nothing():
+    m = Machine()
+    m.fetched(doc(event()), at=100.1)
+    effects = m.fetched(doc(event()), at=101.1)
+    assert logs(effects) == []
+    assert not of(effects, SpawnHooks)
+    assert not of(effects, Persist)
+
+
+def test_events_not_naming_us_are_ignored_once_and_never_written():
+    m = Machine()
+    m.fetched(doc(event(resources=("vm-b",))), at=100.1)
+    assert logs(m.effects) == ["document_changed", "event_ignored"]
+    assert not of(m.effects, Persist)
+    assert logs(m.fetched(doc(event(resources=("vm-b",)), incarnation=3), at=101.1)) == [
+        "document_changed"
+    ]
 
 
 def test_matching_the_vm_name_is_case_insensitive():
-    d = on_document(doc(event(resources=("VM-A",))), {}, POLICY)
-    assert d.known["E1"].phase is Phase.RUNNING
+    m = Machine()
+    m.fetched(doc(event(resources=("VM-A",))))
+    assert m.phase() is Phase.RUNNING
 
 
-def test_an_event_first_seen_started_is_missed_and_not_approved():
-    d = on_document(doc(event(status="Started")), {}, POLICY)
-    assert names(d.actions) == ["event_detected", "event_missed"]
-    assert not any(isinstance(a, (Approve, RunHooks)) for a in d.actions)
+def test_an_event_first_seen_started_is_missed_and_never_approved():
+    m = Machine()
+    m.fetched(doc(event(status="Started")))
+    assert logs(m.effects)[-2:] == ["event_detected", "event_missed"]
+    assert not of(m.effects, SpawnHooks)
+    assert not of(m.effects, PostApproval)
 
 
 def test_unconfigured_type_is_left_alone_and_empty_hooks_approve_at_once():
-    d = on_document(doc(event("T", "Terminate"), event("F", "Freeze")), {}, POLICY)
-    assert d.known["T"].phase is Phase.UNHANDLED
-    assert d.known["F"].phase is Phase.APPROVING
-    assert any(isinstance(a, Approve) and a.event.event_id == "F" for a in d.actions)
+    m = Machine()
+    m.fetched(doc(event("T", "Terminate"), event("F", "Freeze")))
+    assert m.phase("T") is Phase.UNHANDLED
+    assert m.phase("F") is Phase.APPROVING
+    assert [p.event.event_id for p in of(m.effects, PostApproval)] == ["F"]
 
 
-def test_success_approves_a_sole_event_and_failure_does_not():
-    running = on_document(doc(event()), {}, POLICY).known
-    ok = on_hooks_finished("E1", True, running, POLICY)
-    assert isinstance(ok.actions[0], Approve)
-    assert pending_approvals(ok.known) == (event(),)
-    failed = on_hooks_finished("E1", False, running, POLICY)
-    assert names(failed.actions) == ["event_not_approved"]
-    assert failed.known["E1"].phase is Phase.HOOKS_FAILED
+def test_success_approves_a_sole_event_once_and_failure_does_not():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED), at=101)
+    assert [p.event.event_id for p in of(m.effects, PostApproval)] == ["E1"]
+    assert not of(m.tick(101.5), PostApproval), "one POST in flight at a time"
+    m.send(ApprovalSent("E1", 0.01), at=101.6)
+    assert logs(m.effects, "event_approved")[0].fields["attempts"] == 1
+    assert m.phase() is Phase.APPROVED
+
+    f = Machine()
+    f.fetched(doc(event()))
+    f.send(HooksFinished(1, Outcome.FAILED))
+    assert logs(f.effects) == ["event_not_approved"]
+    assert f.phase() is Phase.HOOKS_FAILED
+    assert not of(f.effects, PostApproval)
 
 
-def test_sole_policy_never_rushes_an_event_shared_with_other_vms():
-    shared = event(resources=(VM, "vm-b", "vm-c"))
-    running = on_document(doc(shared), {}, POLICY).known
-    d = on_hooks_finished("E1", True, running, POLICY)
-    assert names(d.actions) == ["approval_skipped"]
-    assert "2 other VM(s)" in str(d.actions[0].fields["reason"])
-    always = Policy(VM, "always", POLICY.events)
-    assert isinstance(on_hooks_finished("E1", True, running, always).actions[0], Approve)
-    never = Policy(VM, "never", POLICY.events)
-    assert names(on_hooks_finished("E1", True, running, never).actions) == ["approval_skipped"]
+@pytest.mark.parametrize(
+    ("policy", "approved"),
+    [(ApprovePolicy.SOLE, False), (ApprovePolicy.ALWAYS, True), (ApprovePolicy.NEVER, False)],
+)
+def test_the_approve_policy_decides_for_an_event_shared_with_other_vms(policy, approved):
+    m = Machine(config(approve=policy))
+    m.fetched(doc(event(resources=(VM, "vm-b", "vm-c"))))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    assert bool(of(m.effects, PostApproval)) is approved
+    if not approved:
+        (skipped,) = logs(m.effects, "approval_skipped")
+        assert policy.value in str(skipped.fields["reason"])
 
 
 def test_an_event_that_started_while_hooks_ran_is_not_approved():
-    running = on_document(doc(event()), {}, POLICY).known
-    started = on_document(doc(event(status="Started"), incarnation=3), running, POLICY)
-    assert names(started.actions) == ["event_status_changed"]
-    d = on_hooks_finished("E1", True, started.known, POLICY)
-    assert names(d.actions) == ["approval_not_needed"]
+    m = Machine()
+    m.fetched(doc(event()))
+    m.fetched(doc(event(status="Started"), incarnation=3), at=101)
+    assert logs(m.effects) == ["document_changed", "event_status_changed"]
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    assert logs(m.effects) == ["approval_not_needed"]
+    assert not of(m.effects, PostApproval)
+
+
+def test_a_failed_approval_is_retried_at_half_1_2_4_8_8_s_and_logged_once_per_change():
+    m = Machine()
+    m.fetched(doc(event("F", "Freeze")), at=100)
+    delays, logged = [], 0
+    for _ in range(6):
+        m.send(ApprovalFailed("F", "http_500", "HTTP 500"))
+        logged += len(logs(m.effects, "approval_failed"))
+        due = m.state.approvals.failures["F"].retry_at
+        delays.append(due - m.now)
+        assert m.wake() <= due
+        assert not of(m.tick(due - 0.01), PostApproval)
+        assert of(m.tick(due), PostApproval)
+    assert delays == [0.5, 1, 2, 4, 8, 8]
+    assert logged == 1
+    m.send(ApprovalFailed("F", "timeout", "timed out"))
+    assert logs(m.effects, "approval_failed"), "a change of error is logged"
+    m.tick(m.state.approvals.failures["F"].retry_at)
+    m.send(ApprovalSent("F"))
+    assert logs(m.effects, "event_approved")[0].fields["attempts"] == 8
 
 
 def test_a_pending_approval_stops_when_the_event_starts():
-    approving = {"E1": Tracked(event(), Phase.APPROVING)}
-    d = on_document(doc(event(status="Started")), approving, POLICY)
-    assert d.known["E1"].phase is Phase.DONE
-    assert pending_approvals(d.known) == ()
-
-
-def test_approval_accepted_moves_to_approved_and_logs_it():
-    approving = {"E1": Tracked(event(), Phase.APPROVING)}
-    d = on_approved("E1", approving)
-    assert d.known["E1"].phase is Phase.APPROVED
-    assert names(d.actions) == ["event_approved"]
-    assert on_approved("E1", d.known).actions == ()
+    m = Machine()
+    m.fetched(doc(event("F", "Freeze")))
+    m.send(ApprovalFailed("F", "http_500", "x"))
+    m.fetched(doc(event("F", "Freeze", status="Started"), incarnation=3), at=101)
+    assert m.phase("F") is Phase.DONE
+    assert not of(m.tick(200), PostApproval)
 
 
 def test_events_that_leave_the_document_are_completed_and_forgotten():
-    known = {
-        "E1": Tracked(event(), Phase.APPROVED),
-        "E2": Tracked(event("E2", resources=("x",)), Phase.NOT_OURS),
-        "E3": Tracked(event("E3"), Phase.RUNNING),
-    }
-    d = on_document(doc(), known, POLICY)
-    assert d.known == {}
-    assert names(d.actions) == ["event_completed", "event_gone", "event_gone_while_hooks_running"]
+    m = Machine()
+    m.fetched(doc(event("F", "Freeze"), event("X", resources=("x",))))
+    m.send(ApprovalSent("F"))
+    m.fetched(doc(incarnation=3), at=101)
+    assert logs(m.effects) == ["document_changed", "event_completed", "event_gone"]
+    assert m.state.events == {}
+    assert of(m.effects, Persist)[0].events == {}
 
 
-def test_hooks_finishing_for_a_forgotten_event_change_nothing():
-    assert on_hooks_finished("nope", True, {}, POLICY).actions == ()
+def test_a_run_whose_event_left_and_came_back_cannot_approve_it():
+    """Run ids: the first run's late result must not approve while the second still runs."""
+    m = Machine()
+    m.fetched(doc(event()))
+    m.fetched(doc(incarnation=3), at=101)
+    assert logs(m.effects, "event_gone_while_hooks_running")
+    assert of(m.effects, CancelRuns)[0].runs == (1,)
+    m.fetched(doc(event(), incarnation=4), at=102)
+    assert of(m.effects, SpawnHooks)[0].run == 2
+    m.send(HooksFinished(1, Outcome.SUCCEEDED), at=103)
+    assert logs(m.effects) == ["hook_result_ignored"]
+    assert not of(m.effects, PostApproval)
+    assert m.phase() is Phase.RUNNING
+    m.send(HooksFinished(2, Outcome.SUCCEEDED), at=104)
+    assert of(m.effects, PostApproval)
 
 
-def test_resume_forgets_interrupted_runs_so_they_run_again_and_keeps_the_rest():
-    known = {"E1": Tracked(event(), Phase.RUNNING), "E2": Tracked(event("E2"), Phase.APPROVED)}
-    d = resume(known)
-    assert list(d.known) == ["E2"]
-    assert names(d.actions) == ["hooks_interrupted"]
-    again = on_document(doc(event(), event("E2")), d.known, POLICY)
-    assert names(again.actions) == ["event_detected", "RunHooks"]
+def test_a_cancelled_run_stays_running_on_disk_and_is_not_run_again_by_this_process():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.CANCELLED), at=101)
+    assert m.phase() is Phase.RUNNING
+    assert not of(m.effects, Persist)
+    assert not of(m.fetched(doc(event(), incarnation=3), at=102), SpawnHooks)
+
+
+# ---- polling -------------------------------------------------------------------------------
+
+
+def test_polls_are_scheduled_start_to_start_and_a_slow_one_skips_ticks():
+    m = Machine(now=100.0)
+    m.fetched(doc(), at=100.3)
+    assert m.state.poll.next_at == 101.0
+    assert not of(m.tick(100.99), Fetch)
+    assert of(m.tick(101.0), Fetch)
+    m.fetched(doc(), at=103.4)  # took 2.4 s: ticks 102 and 103 are skipped, not made up
+    assert m.state.poll.next_at == 104.0
+
+
+def test_only_one_fetch_is_in_flight_however_long_it_takes():
+    m = Machine()
+    for t in (101, 102, 105):
+        assert not of(m.tick(t), Fetch)
+
+
+def test_poll_backoff_doubles_from_the_interval_and_is_capped_at_2_s():
+    m = Machine(now=100.0)
+    delays = []
+    for _ in range(7):
+        m.send(PollFailed("http_500", "HTTP 500", 500))
+        delays.append(m.state.poll.next_at - m.now)
+        m.tick(m.state.poll.next_at)
+    assert delays == [1, 2, 2, 2, 2, 2, 2]
+    started = m.now
+    m.fetched(doc(event()))
+    assert of(m.effects, SpawnHooks), "IMDS back: the event is seen on the very next answer"
+    assert m.now - started == 0
+    assert logs(m.effects, "poll_recovered")[0].fields["failures"] == 7
+
+
+def test_a_slow_poll_interval_is_its_own_backoff_cap():
+    m = Machine(config(metadata=Metadata(poll_interval=20.0)))
+    m.send(PollFailed("timeout", "timed out"))
+    assert m.state.poll.next_at - m.now == 20
+
+
+def test_a_persisting_poll_failure_is_logged_first_on_change_and_every_5_minutes():
+    m = Machine(now=0.0)
+    logged = []
+    for _ in range(400):
+        m.send(PollFailed("http_500", "HTTP 500", 500))
+        logged += [(m.now, r.fields["kind"]) for r in logs(m.effects, "poll_failed")]
+        m.tick(m.state.poll.next_at)
+    m.send(PollFailed("timeout", "timed out"))
+    logged += [(m.now, r.fields["kind"]) for r in logs(m.effects, "poll_failed")]
+    assert [k for _, k in logged] == ["http_500", "http_500", "http_500", "timeout"]
+    assert logged[1][0] - logged[0][0] >= 300
+
+
+def test_retry_after_on_a_429_is_honoured_up_to_the_cap():
+    m = Machine(config(metadata=Metadata(poll_interval=0.25)))
+    m.send(PollFailed("http_429", "HTTP 429", 429, retry_after=1.5))
+    assert m.state.poll.next_at - m.now == 1.5
+    m.tick(m.state.poll.next_at)
+    m.send(PollFailed("http_429", "HTTP 429", 429, retry_after=3600))
+    assert m.state.poll.next_at - m.now == 2.0
+
+
+def test_a_400_is_a_configuration_error_shown_in_status_until_a_reload_fixes_it():
+    m = Machine()
+    m.send(
+        PollFailed("http_400", 'HTTP 400: {"error": "Bad request. api-version is invalid"}', 400)
+    )
+    (rejected,) = logs(m.effects, "imds_rejected_request")
+    assert rejected.level is engine.Level.ERROR
+    assert "api-version is invalid" in str(rejected.fields["error"])
+    assert "IMDS REJECTS OUR REQUEST" in of(m.effects, Notify)[-1].fields["STATUS"]
+    assert m.state.poll.next_at - m.now == 2.0
+    fixed = config(metadata=Metadata(api_version="2019-08-01"))
+    m.send(Reloaded(fixed), at=m.now + 0.5)
+    assert of(m.effects, Fetch), "the fixed request is tried at once"
+    assert "REJECTS" not in of(m.effects, Notify)[-1].fields.get("STATUS", "")
+
+
+# ---- the watchdog --------------------------------------------------------------------------
+
+
+def test_the_watchdog_is_pinged_every_half_period_whatever_the_poll_interval():
+    m = Machine(config(metadata=Metadata(poll_interval=20.0)), watchdog_usec=2_000_000)
+    pings = []
+    t, end = m.now, m.now + 30
+    while t < end:
+        t = m.wake()
+        if [e for e in m.tick(t) if isinstance(e, Notify) and "WATCHDOG" in e.fields]:
+            pings.append(t)
+    gaps = {round(b - a, 6) for a, b in zip(pings, pings[1:])}
+    assert gaps == {1.0}
+
+
+def test_a_fetch_that_outlives_its_timeouts_stops_the_watchdog_so_systemd_restarts_us():
+    m = Machine(watchdog_usec=2_000_000)
+    assert of(m.effects, Fetch)
+    limit = 150 + 5 + engine.STALL_MARGIN
+    t = m.now
+    while t < 100 + limit - 1:
+        t = m.wake()
+        m.tick(t)
+    assert any(isinstance(e, Notify) for e in m.effects)
+    m.tick(100 + limit + 1)
+    assert logs(m.effects, "poll_stalled")
+    assert not [e for e in m.effects if isinstance(e, Notify) and "WATCHDOG" in e.fields]
+
+
+# ---- state, reload, stop -------------------------------------------------------------------
+
+
+def test_a_state_write_failure_is_logged_once_shown_in_status_and_its_recovery_too():
+    m = Machine()
+    m.send(Persisted("/state/state.json: Read-only file system"))
+    assert logs(m.effects, "state_degraded")
+    assert "DEGRADED" in of(m.effects, Notify)[0].fields["STATUS"]
+    assert logs(m.send(Persisted("/state/state.json: Read-only file system"))) == []
+    m.send(Persisted(""))
+    assert logs(m.effects) == ["state_recovered"]
+    assert "DEGRADED" not in of(m.effects, Notify)[0].fields["STATUS"]
+
+
+def test_a_reload_that_moves_state_dir_is_refused_and_the_old_config_kept():
+    m = Machine()
+    m.send(Reloaded(config(state_dir=Path("/elsewhere"))))
+    assert logs(m.effects) == ["config_invalid", "config_reload_failed"]
+    assert "state_dir" in str(logs(m.effects, "config_invalid")[0].fields["error"])
+    assert m.state.config.state_dir == Path("/state")
+
+
+def test_status_is_sent_only_when_it_changes():
+    m = Machine()
+    assert of(m.fetched(doc(event())), Notify)
+    assert not of(m.tick(m.now + 0.5), Notify)
+
+
+def test_stop_waits_for_running_hooks_then_exits_without_fetching_more():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(StopRequested(), at=101)
+    assert "STOPPING" in of(m.effects, Notify)[0].fields
+    assert not of(m.tick(105), Fetch)
+    assert not of(m.effects, Exit)
+    m.send(HooksFinished(1, Outcome.SUCCEEDED), at=106)
+    assert of(m.effects, PostApproval), "hooks that finish in the grace period are approved"
+    assert not of(m.effects, Exit)
+    m.send(ApprovalSent("E1"), at=106.1)
+    assert logs(m.effects)[-2:] == ["event_approved", "daemon_stopped"]
+    assert of(m.effects, Exit)[0].status == 0
+
+
+def test_at_the_end_of_the_grace_hooks_are_cancelled_and_stay_running_on_disk():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(StopRequested(), at=101)
+    assert m.wake() == 111
+    m.tick(111)
+    assert of(m.effects, CancelRuns)[0].runs == (1,)
+    assert logs(m.effects, "hooks_cancelled")
+    m.send(HooksFinished(1, Outcome.CANCELLED), at=112)
+    assert of(m.effects, Exit)
+    assert of(m.effects, Persist)[0].events["E1"].phase is Phase.RUNNING
+
+
+def test_hooks_that_ignore_the_cancel_do_not_keep_the_daemon_from_exiting():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(StopRequested(), at=101)
+    m.tick(111)
+    assert not of(m.tick(111 + engine.KILL_WAIT - 0.1), Exit)
+    assert of(m.tick(111 + engine.KILL_WAIT), Exit)
+
+
+def test_stop_with_nothing_running_exits_at_once():
+    m = Machine()
+    m.send(StopRequested())
+    assert of(m.effects, Exit)

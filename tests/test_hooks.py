@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -165,7 +164,7 @@ def test_an_output_sink_that_raises_does_not_stop_the_draining_of_the_pipe():
         calls.append(line)
         raise OSError("journald is gone")
 
-    script = "i=0; while [ $i -lt 3000 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"
+    script = "i=0; while [ $i -lt 3000 ]; do echo line-$i-$(printf %040d 0); i=$((i+1)); done"
     result = ProcessRunner().run(("/bin/sh", "-c", script), BASE_ENV, b"", 20, broken)
     assert result.succeeded, "the pipe (64 KiB) would have filled and the hook hung"
     assert len(calls) == 3000
@@ -181,7 +180,9 @@ def test_environment_values_are_bounded_so_a_huge_description_still_runs(tmp_pat
     assert value.endswith("the whole event is on stdin]")
     assert "400000 bytes" in value
     stdin = hook_stdin(huge, 1, "vm")
-    result, lines = run(["/bin/sh", "-c", 'echo "${#SCHEDULED_EVENT_DESCRIPTION}"; wc -c'], env=env, stdin=stdin)
+    result, lines = run(
+        ["/bin/sh", "-c", 'echo "${#SCHEDULED_EVENT_DESCRIPTION}"; wc -c'], env=env, stdin=stdin
+    )
     assert result.succeeded, result.error
     assert int(lines[1][1].strip()) == len(stdin), "the whole event still arrives on stdin"
 

@@ -62,9 +62,7 @@ def test_watchdog_meant_for_another_pid_is_ignored(notify_socket):
     assert n.watchdog_interval is None or os.getpid() == 1
 
 
-def test_the_watchdog_is_pinged_from_the_loop_even_when_polls_are_rare(
-    daemons, sim, notify_socket
-):
+def test_the_watchdog_is_pinged_from_the_loop_even_when_polls_are_rare(daemons, sim, notify_socket):
     """poll_interval 20 s with WatchdogSec 2 s: pings must come at least every second."""
     path, sock = notify_socket
     daemons.start(

@@ -108,7 +108,7 @@ def test_an_approved_event_turns_started_then_leaves_the_document(live):
 )
 def test_malformed_start_requests_are_refused(live, body):
     assert post(live, body).status_code == 400
-    assert live.approvals == []
+    assert not live.approvals
 
 
 def test_more_than_five_requests_a_second_get_429():

@@ -72,7 +72,7 @@ def test_a_save_that_cannot_write_raises_oserror_for_the_caller_to_report(tmp_pa
     blocker = tmp_path / "file"
     blocker.write_text("")
     store = StateStore(blocker / "state")  # a path through a regular file: ENOTDIR
-    with pytest.raises(OSError):
+    with pytest.raises(NotADirectoryError):
         store.save({"E1": Tracked(EVENT, Phase.APPROVED)})
     known, problem = store.load()
     assert known == {}
