@@ -14,8 +14,10 @@ lint: bootstrap
 	$(VENV)/bin/ruff format --check scheduledeventsd tests bench
 	$(VENV)/bin/mypy
 
+# Most tests wait on real processes and sockets, not the CPU: four workers on two cores.
+# The deployed tests share one booted machine, so they stay together (xdist_group).
 test: bootstrap
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 4 --dist loadgroup
 
 deb:
 	./scripts/build-deb

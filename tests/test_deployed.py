@@ -24,6 +24,8 @@ import pytest
 
 from .conftest import wait_for
 
+pytestmark = pytest.mark.xdist_group("deployed")  # steps on one machine, in file order
+
 ROOT = Path(__file__).parents[1]
 VM = "deployed-vm_3"
 INCLUDE = ",".join(
