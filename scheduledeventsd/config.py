@@ -215,9 +215,7 @@ def _join(where: str, key: str) -> str:
 
 
 def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
-    fields = c.mapping(
-        raw, "metadata", METADATA_KEYS
-    )
+    fields = c.mapping(raw, "metadata", METADATA_KEYS)
     d = Metadata()
     url = c.string(fields.get("url"), "metadata.url", d.url)
     parts = urllib.parse.urlsplit(url)
@@ -379,8 +377,6 @@ def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN
         else:
             env[key] = str(value)
     return env
-
-
 
 
 def parse(
