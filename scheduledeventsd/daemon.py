@@ -45,7 +45,7 @@ from .engine import (
     WakeAt,
 )
 from .hooks import CommandResult, ProcessRunner, run_hooks
-from .identity import resolve
+from .identity import hostname, resolve
 from .imds import ImdsClient, ImdsError
 from .notify import Notifier
 from .state import StateError, StateStore
@@ -58,21 +58,32 @@ class Signalled:
 
 Inbound = Union[Message, Signalled]
 Job = Callable[[], Message]
+Call = Callable[[ImdsClient], Message]
 
 
-class Worker:
-    """One thread running jobs in order; each job's message goes to the inbox, even if it raised."""
+class Lane:
+    """One thread with the IMDS connection it alone uses; calls run in order and each one's
+    message goes to the inbox, even if it raised. Polls, approvals and name lookups have a lane
+    each, so a hanging GET never holds up an approval."""
 
-    def __init__(self, name: str, inbox: queue.SimpleQueue[Inbound]) -> None:
+    def __init__(self, name: str, inbox: queue.SimpleQueue[Inbound], client: ImdsClient) -> None:
         self._inbox = inbox
+        self._client = client
         self._jobs: queue.SimpleQueue[Optional[tuple[Job, Callable[[str], Message]]]] = (
             queue.SimpleQueue()
         )
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, on_error: Callable[[str], Message]) -> None:
-        self._jobs.put((job, on_error))
+    def submit(self, call: Call, on_error: Callable[[str], Message]) -> None:
+        client = self._client
+        self._jobs.put((lambda: call(client), on_error))
+
+    def use(self, client: ImdsClient) -> None:
+        """Switch connection (a reload changed `metadata`); the old one is closed on this
+        lane's own thread, after any call it is making now."""
+        stale, self._client = self._client, client
+        self._jobs.put((functools.partial(_closed, stale), _poll_error))
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -100,12 +111,9 @@ class Daemon:
         self.store = StateStore(config.state_dir)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._poll_client = _client(config)
-        self._approve_client = _client(config)
-        self._name_client = _client(config)
-        self._poller = Worker("imds-poll", self.inbox)
-        self._approver = Worker("imds-approve", self.inbox)
-        self._namer = Worker("imds-name", self.inbox)
+        self._poller = Lane("imds-poll", self.inbox, _client(config))
+        self._approver = Lane("imds-approve", self.inbox, _client(config))
+        self._namer = Lane("imds-name", self.inbox, _client(config))
         self._wake_at = 0.0
         self._exit: Optional[int] = None
 
@@ -196,12 +204,11 @@ class Daemon:
         if isinstance(effect, Log):
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
         elif isinstance(effect, Fetch):
-            client = self._poll_client
-            self._poller.submit(lambda: _fetch(client), _poll_error)
+            self._poller.submit(_fetch, _poll_error)
         elif isinstance(effect, PostApproval):
-            client, event_id = self._approve_client, effect.event.event_id
+            event_id = effect.event.event_id
             self._approver.submit(
-                lambda: _approve(client, event_id),
+                functools.partial(_approve, event_id=event_id),
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
         elif isinstance(effect, SpawnHooks):
@@ -216,11 +223,7 @@ class Daemon:
             for run in effect.runs:
                 self.runner.cancel(run)
         elif isinstance(effect, ResolveName):
-            client = self._name_client
-            self._namer.submit(
-                lambda: _resolve(client),
-                lambda detail: NameResolved("", "hostname", detail),
-            )
+            self._namer.submit(_resolve, _name_error)
         elif isinstance(effect, UseConfig):
             self._use_config(effect.config)
         elif isinstance(effect, Exit):
@@ -237,15 +240,8 @@ class Daemon:
     def _use_config(self, new: Config) -> None:
         old, self.config = self.config, new
         if new.metadata != old.metadata:
-            for worker, attr in (
-                (self._poller, "_poll_client"),
-                (self._approver, "_approve_client"),
-                (self._namer, "_name_client"),
-            ):
-                stale: ImdsClient = getattr(self, attr)
-                setattr(self, attr, _client(new))
-                # Closed on its own thread, after any call it is making now.
-                worker.submit(functools.partial(_closed, stale), _poll_error)
+            for lane in (self._poller, self._approver, self._namer):
+                lane.use(_client(new))
 
     def _spawn(self, effect: SpawnHooks) -> None:
         run, event = effect.run, effect.event
@@ -320,7 +316,7 @@ def _poll_error(detail: str) -> Message:
     return PollFailed("internal", detail)
 
 
-def _approve(client: ImdsClient, event_id: str) -> Message:
+def _approve(client: ImdsClient, *, event_id: str) -> Message:
     started = time.monotonic()
     try:
         client.approve([event_id])
@@ -331,6 +327,11 @@ def _approve(client: ImdsClient, event_id: str) -> Message:
 
 def _resolve(client: ImdsClient) -> Message:
     identity = resolve(None, client)
+    return NameResolved(identity.name, identity.source, identity.problem)
+
+
+def _name_error(detail: str) -> Message:
+    identity = hostname(detail)
     return NameResolved(identity.name, identity.source, identity.problem)
 
 

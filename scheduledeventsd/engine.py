@@ -305,7 +305,7 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     out: list[Effect] = []
     new = _HANDLERS[type(message)](state, message, now, out)
     new = _timers(new, now, out)
-    changed = _durable(new.events) != _durable(state.events)
+    changed = new.events is not state.events and _durable(new.events) != _durable(state.events)
     if changed and not any(isinstance(e, Persist) for e in out):
         out.append(Persist(durable_events(new.events)))
     new = _status(new, out)

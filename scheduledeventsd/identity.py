@@ -27,4 +27,9 @@ def resolve(configured: Optional[str], client: ImdsClient) -> Identity:
     try:
         return Identity(client.fetch_vm_name(), "imds")
     except ImdsError as e:
-        return Identity(socket.gethostname(), "hostname", str(e))
+        return hostname(str(e))
+
+
+def hostname(problem: str) -> Identity:
+    """The last resort, with the reason IMDS could not tell (the caller warns)."""
+    return Identity(socket.gethostname(), "hostname", problem)

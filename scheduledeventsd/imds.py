@@ -64,6 +64,7 @@ class ImdsClient:
         self._answered = False  # IMDS takes up to 2 min to answer until it first has
         self._document_request: Optional[requests.PreparedRequest] = None
         self._events = EventCache()
+        self._last: tuple[bytes, Document] = (b"", Document(0, ()))
         self._session = requests.Session()
         self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
         self._session.proxies = {}
@@ -85,10 +86,14 @@ class ImdsClient:
                 "GET", self.url, {"api-version": self.api_version}
             )
         body = self._send(self._document_request)
+        if body and body == self._last[0]:
+            return self._last[1]  # at rest the same bytes come back every second
         try:
-            return parse_document(body, self._events)
+            document = parse_document(body, self._events)
         except DocumentError as e:
             raise ImdsError("bad_document", str(e)) from None
+        self._last = (body, document)
+        return document
 
     def approve(self, event_ids: Iterable[str]) -> None:
         payload = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}

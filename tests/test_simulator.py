@@ -171,3 +171,26 @@ def test_the_bundled_demo_scenario_loads():
     scenario = load_scenario(bundled_scenario("demo"))
     assert scenario.vm_name == "demo-vm"
     assert [s.action for s in scenario.steps] == ["add", "add", "add"]
+
+
+def test_an_add_and_an_update_of_the_same_event_due_together_both_apply(tmp_path):
+    """Steps used to re-enter the timeline: the update ran before the add and both were lost."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "vm_name: v\nsteps:\n"
+        "  - at: 0\n    add: {EventId: A, EventType: Reboot}\n"
+        "  - at: 0\n    update: {EventId: A, Description: changed}\n"
+    )
+    sim = Simulator(load_scenario(path))
+    (event,) = sim.document()["Events"]
+    assert (event["EventId"], event["Description"]) == ("A", "changed")
+
+
+def test_the_history_the_simulator_keeps_is_bounded():
+    sim = Simulator(Scenario(vm_name="v", started_for=None))
+    for _ in range(3):
+        sim._approve(["X"])
+        sim.add_event("Freeze", ["v"])
+    assert sim.approvals.maxlen is not None
+    assert sim.changes.maxlen is not None
+    assert sim.requests.maxlen is not None
