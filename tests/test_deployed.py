@@ -24,7 +24,7 @@ import pytest
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.xdist_group("deployed")  # steps on one machine, in file order
+pytestmark = pytest.mark.xdist_group(name="deployed")  # steps on one machine, in file order
 
 ROOT = Path(__file__).parents[1]
 VM = "deployed-vm_3"
