@@ -307,7 +307,10 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     new = _timers(new, now, out)
     changed = new.events is not state.events and _durable(new.events) != _durable(state.events)
     if changed and not any(isinstance(e, Persist) for e in out):
-        out.append(Persist(durable_events(new.events)))
+        # Written ahead of any hook it starts, so a crash mid-hook is always known after the
+        # restart (hooks_interrupted); written after an approval's POST, which need not wait.
+        spawn = [i for i, e in enumerate(out) if isinstance(e, SpawnHooks)]
+        out.insert(spawn[0] if spawn else len(out), Persist(durable_events(new.events)))
     new = _status(new, out)
     if not any(isinstance(e, Exit) for e in out):
         out.append(WakeAt(next_wakeup(new, now)))

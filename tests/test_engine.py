@@ -195,7 +195,16 @@ def test_a_new_scheduled_event_for_us_runs_its_hooks_in_configured_order_as_run_
         2,
     )
     assert m.phase() is Phase.RUNNING
-    assert of(m.effects, Persist)
+    kinds = [type(e) for e in m.effects]
+    assert kinds.index(Persist) < kinds.index(SpawnHooks), "RUNNING is on disk before hooks start"
+
+
+def test_an_approval_is_posted_before_the_state_write_of_the_same_step():
+    m = Machine()
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED), at=101)
+    kinds = [type(e) for e in m.effects]
+    assert kinds.index(PostApproval) < kinds.index(Persist)
 
 
 def test_the_same_incarnation_again_changes_nothing_and_writes_nothing():
