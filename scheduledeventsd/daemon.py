@@ -138,13 +138,13 @@ class Daemon:
         """Run until the engine says exit; returns the process exit status."""
         problem = ""
         try:
-            self.store.lock()
-        except StateError as e:
-            self.log.error("state_unavailable", error=str(e))
-            return 1
-        except OSError as e:
-            problem = f"{self.store.path.parent}: cannot lock or create: {e}"
-        try:
+            try:
+                self.store.lock()
+            except StateError as e:
+                self.log.error("state_unavailable", error=str(e))
+                return 1
+            except OSError as e:
+                problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             loaded, load_problem = self.store.load()
             self._feed(engine.Boot(loaded, problem or load_problem))
             while self._exit is None:
@@ -153,8 +153,8 @@ class Daemon:
                     if self._exit is not None:
                         break
         finally:
-            for worker in (self._poller, self._approver, self._namer):
-                worker.stop()
+            for lane in (self._poller, self._approver, self._namer):
+                lane.stop()
             self.store.unlock()
             self.notifier.close()
         return self._exit if self._exit is not None else 1
