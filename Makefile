@@ -38,3 +38,4 @@ bench: bootstrap
 
 bench-quick: bootstrap
 	$(PY) -m bench --quick
+	$(PY) -m bench.parse
