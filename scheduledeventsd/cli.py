@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
         "--hooks-dir",
         type=Path,
         default=Path("/etc/scheduledeventsd/hooks"),
-        help="directory with drain, checkpoint and shutdown hooks (default: %(default)s)",
+        help="directory with drain, undrain, checkpoint and shutdown hooks (default: %(default)s)",
     )
     _add_logging(p)
     return top
@@ -110,9 +110,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")
     print(f"  approve:   {cfg.approve.value}")
     print(f"  state:     {cfg.state_dir}")
-    for event_type, names in cfg.events.items():
-        chain = " -> ".join(names) if names else "(no hooks; approve at once)"
-        print(f"  {event_type + ':':<10} {chain}")
+    for event_type, rule in cfg.events.items():
+        chain = " -> ".join(rule.before) if rule.before else "(no hooks; approve at once)"
+        extra = [
+            f"{stage}: {' -> '.join(names)}"
+            for stage, names in (("after", rule.after), ("cancelled", rule.cancelled))
+            if names
+        ]
+        if rule.approve is not None:
+            extra.append(f"approve: {rule.approve.value}")
+        print(f"  {event_type + ':':<10} {chain}" + (f"  ({'; '.join(extra)})" if extra else ""))
     for hook in cfg.hooks.values():
         for cmd in hook.commands:
             print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
@@ -193,9 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raw = {
             "metadata": {"url": sim.url, "first_call_timeout": 10},
             "state_dir": state_dir,
-            "hooks": {
-                h: [{"command": [str(hooks_dir / h)]}] for h in ("drain", "checkpoint", "shutdown")
-            },
+            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
         }
         try:
             cfg = config.parse(raw, "demo configuration")

@@ -72,20 +72,31 @@ def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return types.MappingProxyType(dict(mapping))
 
 
+@dataclass(frozen=True)
+class EventRule:
+    """What to do for one event type, in each stage of an event's life."""
+
+    before: tuple[str, ...] = ()  # first seen Scheduled: prepare, then approve
+    after: tuple[str, ...] = ()  # it is over (left after Started or our approval, or a reboot)
+    cancelled: tuple[str, ...] = ()  # it left while Scheduled and not approved: undo `before`
+    approve: Optional[ApprovePolicy] = None  # None: the top-level `approve`
+
+
+STAGES = ("before", "after", "cancelled")
 _DEFAULT_HOOK_DIR = "/etc/scheduledeventsd/hooks"
 DEFAULT_HOOKS: Mapping[str, Hook] = _frozen(
     {
         name: Hook(name, (HookCommand((f"{_DEFAULT_HOOK_DIR}/{name}",)),))
-        for name in ("drain", "checkpoint", "shutdown")
+        for name in ("drain", "undrain", "checkpoint", "shutdown")
     }
 )
-DEFAULT_EVENTS: Mapping[str, tuple[str, ...]] = _frozen(
+DEFAULT_EVENTS: Mapping[str, EventRule] = _frozen(
     {
-        "Freeze": ("checkpoint",),
-        "Reboot": ("drain", "checkpoint"),
-        "Redeploy": ("drain", "checkpoint"),
-        "Preempt": ("shutdown",),
-        "Terminate": ("drain", "shutdown"),
+        "Freeze": EventRule(("checkpoint",)),
+        "Reboot": EventRule(("drain", "checkpoint"), ("undrain",), ("undrain",)),
+        "Redeploy": EventRule(("drain", "checkpoint"), ("undrain",), ("undrain",)),
+        "Preempt": EventRule(("shutdown",)),
+        "Terminate": EventRule(("drain", "shutdown")),
     }
 )
 
@@ -98,7 +109,7 @@ class Config:
     state_dir: Path = Path("/var/lib/scheduledeventsd")
     approve: ApprovePolicy = ApprovePolicy.SOLE
     hooks: Mapping[str, Hook] = field(default_factory=lambda: DEFAULT_HOOKS)
-    events: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: DEFAULT_EVENTS)
+    events: Mapping[str, EventRule] = field(default_factory=lambda: DEFAULT_EVENTS)
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     shutdown_grace: float = 120.0
 
@@ -117,6 +128,7 @@ TOP_KEYS = (
 )
 METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
 COMMAND_KEYS = ("command", "timeout")
+RULE_KEYS = ("before", "after", "cancelled", "approve")
 
 
 def key_paths() -> frozenset[str]:
@@ -126,6 +138,7 @@ def key_paths() -> frozenset[str]:
             *TOP_KEYS,
             *(f"metadata.{k}" for k in METADATA_KEYS),
             *(f"hooks.*.{k}" for k in COMMAND_KEYS),
+            *(f"events.*.{k}" for k in RULE_KEYS),
         ]
     )
 
@@ -330,31 +343,63 @@ def _check_events(
     c: _Checker,
     raw: Any,  # noqa: ANN401 - YAML
     hooks: Mapping[str, Hook],
-) -> Mapping[str, tuple[str, ...]]:
+) -> Mapping[str, EventRule]:
     if raw is None:
-        raw = {k: list(v) for k, v in DEFAULT_EVENTS.items()}
+        return DEFAULT_EVENTS
     if not isinstance(raw, dict):
         c.fail("events", f"must be a mapping of event type to hook names, got {_kind(raw)}")
         return {}
-    events: dict[str, tuple[str, ...]] = {}
-    for event_type, listed in raw.items():
+    events: dict[str, EventRule] = {}
+    for event_type, entry in raw.items():
         where = f"events.{event_type}"
         if event_type not in EVENT_TYPES:
             c.fail(where, f"unknown event type (expected one of: {', '.join(EVENT_TYPES)})")
             continue
-        names = [] if listed is None else listed
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            c.fail(where, f"must be a list of hook names, got {_kind(names)}")
+        if entry is None or isinstance(entry, list):  # the plain list means `before`
+            events[event_type] = EventRule(_hook_names(c, where, entry, hooks))
             continue
-        for i, name in enumerate(names):
-            if name not in hooks:
-                defined = ", ".join(sorted(hooks)) or "none"
+        if not isinstance(entry, dict):
+            c.fail(where, f"must be a list of hook names or a mapping of {', '.join(RULE_KEYS)}")
+            continue
+        fields = c.mapping(entry, where, RULE_KEYS)
+        before = _hook_names(c, f"{where}.before", fields.get("before"), hooks)
+        after = _hook_names(c, f"{where}.after", fields.get("after"), hooks)
+        cancelled = (
+            _hook_names(c, f"{where}.cancelled", fields["cancelled"], hooks)
+            if "cancelled" in fields
+            else after
+        )
+        approve = None
+        if fields.get("approve") is not None:
+            text = c.string(fields["approve"], f"{where}.approve", "")
+            if text not in APPROVE_POLICIES:
                 c.fail(
-                    f"{where}[{i}]",
-                    f"hook {name!r} is not defined under hooks (defined: {defined})",
+                    f"{where}.approve",
+                    f"must be one of {', '.join(APPROVE_POLICIES)}, got {text!r}",
                 )
-        events[event_type] = tuple(names)
+            else:
+                approve = ApprovePolicy(text)
+        events[event_type] = EventRule(before, after, cancelled, approve)
     return events
+
+
+def _hook_names(
+    c: _Checker,
+    where: str,
+    listed: Any,  # noqa: ANN401 - YAML
+    hooks: Mapping[str, Hook],
+) -> tuple[str, ...]:
+    names = [] if listed is None else listed
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        c.fail(where, f"must be a list of hook names, got {_kind(names)}")
+        return ()
+    for i, name in enumerate(names):
+        if name not in hooks:
+            defined = ", ".join(sorted(hooks)) or "none"
+            c.fail(
+                f"{where}[{i}]", f"hook {name!r} is not defined under hooks (defined: {defined})"
+            )
+    return tuple(names)
 
 
 def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN401

@@ -50,6 +50,8 @@ from .imds import ImdsClient, ImdsError
 from .notify import Notifier
 from .state import StateError, StateStore
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
 
 @dataclass(frozen=True)
 class Signalled:
@@ -146,7 +148,7 @@ class Daemon:
             except OSError as e:
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             loaded, load_problem = self.store.load()
-            self._feed(engine.Boot(loaded, problem or load_problem))
+            self._feed(engine.Boot(loaded, problem or load_problem, boot_id()))
             while self._exit is None:
                 for message in self._receive():
                     self._feed(message)
@@ -247,7 +249,9 @@ class Daemon:
         run, event = effect.run, effect.event
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
         extra_env = self.config.environment
-        bound = self.log.bind(event_id=event.event_id, event_type=event.event_type)
+        bound = self.log.bind(
+            event_id=event.event_id, event_type=event.event_type, stage=effect.stage
+        )
 
         def started(hook: str, argv: tuple[str, ...]) -> None:
             bound.info("hook_started", hook=hook, command=" ".join(argv), run=run)
@@ -277,6 +281,8 @@ class Daemon:
                 failure = run_hooks(
                     self.runner,
                     run=run,
+                    stage=effect.stage,
+                    rebooted=effect.rebooted,
                     hooks=hooks,
                     event=event,
                     incarnation=effect.incarnation,
@@ -338,6 +344,16 @@ def _name_error(detail: str) -> Message:
 def _closed(client: ImdsClient) -> Message:
     client.close()
     return engine.Tick()
+
+
+def boot_id(path: str = BOOT_ID) -> str:
+    """Which boot this is: a different one than when an event's hooks started means the VM
+    rebooted (or was redeployed) meanwhile."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _client(config: Config) -> ImdsClient:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
-from .config import ApprovePolicy, Config
+from .config import ApprovePolicy, Config, EventRule
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .retry import Backoff, Failures
 
@@ -40,6 +40,21 @@ class Phase(str, enum.Enum):
     NOT_APPROVED = "not_approved"  # hooks succeeded, policy says it proceeds at NotBefore
     HOOKS_FAILED = "hooks_failed"
     DONE = "done"  # ours, handled, and already Started: nothing left to do
+    AFTER = "after"  # it is over or cancelled: its after/cancelled hooks run (at most once)
+    OVER = "over"  # after/cancelled hooks done (or none): nothing is left to do for it
+
+
+# Phases in which an event's before-hooks have started: it gets after- or cancelled-hooks.
+PREPARED = frozenset(
+    {
+        Phase.RUNNING,
+        Phase.APPROVING,
+        Phase.APPROVED,
+        Phase.NOT_APPROVED,
+        Phase.HOOKS_FAILED,
+        Phase.DONE,
+    }
+)
 
 
 class Level(str, enum.Enum):
@@ -59,7 +74,11 @@ class Outcome(str, enum.Enum):
 class Tracked:
     event: Event
     phase: Phase
-    run: Optional[int] = None  # the current hook run while RUNNING; not persisted
+    run: Optional[int] = None  # the current hook run (RUNNING, AFTER); not persisted
+    boot_id: str = ""  # the boot on which its before-hooks started
+    pending: str = ""  # a stage (after, cancelled) waiting for its before-run to stop
+    stage: str = ""  # the stage of the run in AFTER: after | cancelled
+    in_document: bool = True  # False once it left the document (kept for its after-run)
 
 
 Known = Mapping[str, Tracked]
@@ -73,6 +92,7 @@ class Boot:
 
     loaded: Known
     state_problem: str = ""
+    boot_id: str = ""  # /proc/sys/kernel/random/boot_id: a different one means we rebooted
 
 
 @dataclass(frozen=True)
@@ -181,6 +201,8 @@ class SpawnHooks:
     hooks: tuple[str, ...]
     incarnation: int
     vm_name: str
+    stage: str = "before"  # before | after | cancelled
+    rebooted: bool = False  # this VM booted since the before-hooks started
 
 
 @dataclass(frozen=True)
@@ -287,6 +309,7 @@ class State:
     poll: Poll = Poll()
     approvals: Approvals = Approvals()
     state_problem: str = ""
+    boot_id: str = ""
     watchdog_at: float = 0.0
     status_sent: str = ""
     stopping: Optional[Stopping] = None
@@ -335,9 +358,16 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     )
     if msg.state_problem:
         out.append(_state_warning(msg.state_problem))
+    state = replace(state, state_problem=msg.state_problem, boot_id=msg.boot_id, watchdog_at=now)
     kept: dict[str, Tracked] = {}
     for event_id, tracked in msg.loaded.items():
-        if tracked.phase is Phase.RUNNING:
+        tracked = replace(tracked, run=None, pending="")  # noqa: PLW2901 - runs died with us
+        rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
+        if tracked.phase in PREPARED and rebooted:
+            # The maintenance happened: after-hooks, whether IMDS answers or not.
+            out.append(_note(Level.INFO, "reboot_detected", tracked.event, stage="after"))
+            state, kept[event_id] = _start_stage(state, tracked, "after", out)
+        elif tracked.phase is Phase.RUNNING:
             out.append(
                 _note(
                     Level.WARNING,
@@ -346,14 +376,19 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
                     reason="cut off by a stop; they run again if the event is still Scheduled",
                 )
             )
+        elif tracked.phase is Phase.AFTER:
+            out.append(
+                _note(
+                    Level.WARNING,
+                    "after_hooks_interrupted",
+                    tracked.event,
+                    reason="cut off by a stop; after- and cancelled-hooks run at most once",
+                )
+            )
+            kept[event_id] = replace(tracked, phase=Phase.OVER)
         else:
-            kept[event_id] = replace(tracked, run=None)
-    state = replace(
-        state,
-        events=kept,
-        state_problem=msg.state_problem,
-        watchdog_at=now,
-    )
+            kept[event_id] = tracked
+    state = replace(state, events=kept)
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
     out.append(ResolveName())
@@ -512,7 +547,11 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
     runs = {r: e for r, e in state.runs.items() if r != msg.run}
     state = replace(state, runs=runs)
     tracked = state.events.get(event_id)
-    if tracked is None or tracked.run != msg.run or tracked.phase is not Phase.RUNNING:
+    if (
+        tracked is None
+        or tracked.run != msg.run
+        or tracked.phase not in (Phase.RUNNING, Phase.AFTER)
+    ):
         out.append(
             Log(
                 Level.INFO,
@@ -527,6 +566,11 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         )
         return state
     event = tracked.event
+    if tracked.phase is Phase.AFTER:
+        return _stage_finished(state, tracked, msg, out)
+    if tracked.pending:
+        state, tracked = _start_stage(state, tracked, tracked.pending, out)
+        return _with(state, event_id, tracked)
     if msg.outcome is Outcome.CANCELLED:
         # Still RUNNING on disk: they did not finish preparing, so a restart runs them again.
         return _with(state, event_id, replace(tracked, run=None))
@@ -539,11 +583,52 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
             )
         )
-        return _with(state, event_id, Tracked(event, Phase.HOOKS_FAILED))
+        return _with(state, event_id, replace(tracked, phase=Phase.HOOKS_FAILED, run=None))
     phase, note = _approval(event, state)
     if note is not None:
         out.append(note)
-    return _with(state, event_id, Tracked(event, phase))
+    return _with(state, event_id, replace(tracked, phase=phase, run=None))
+
+
+def _stage_finished(state: State, tracked: Tracked, msg: HooksFinished, out: list[Effect]) -> State:
+    """After- and cancelled-hooks run once: a failure is reported, never retried."""
+    event = tracked.event
+    if msg.outcome is Outcome.SUCCEEDED:
+        out.append(_note(Level.INFO, "after_hooks_finished", event, stage=tracked.stage))
+    elif msg.outcome is Outcome.FAILED:
+        out.append(
+            _note(
+                Level.ERROR,
+                "after_hooks_failed",
+                event,
+                stage=tracked.stage,
+                reason="not retried: after- and cancelled-hooks run at most once",
+            )
+        )
+    else:
+        out.append(_note(Level.WARNING, "after_hooks_interrupted", event, stage=tracked.stage))
+    if not tracked.in_document:
+        return replace(state, events={k: t for k, t in state.events.items() if k != event.event_id})
+    return _with(state, event.event_id, replace(tracked, phase=Phase.OVER, run=None))
+
+
+def _start_stage(
+    state: State, tracked: Tracked, stage: str, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    hooks = rule.after if stage == "after" else rule.cancelled
+    if not hooks:
+        return state, replace(tracked, phase=Phase.OVER, run=None, pending="", stage=stage)
+    run = state.next_run
+    rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
+    out.append(
+        SpawnHooks(
+            run, tracked.event, hooks, state.incarnation or 0, state.vm_name, stage, rebooted
+        )
+    )
+    state = replace(state, runs={**state.runs, run: tracked.event.event_id}, next_run=run + 1)
+    return state, replace(tracked, phase=Phase.AFTER, run=run, pending="", stage=stage)
 
 
 def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect]) -> State:
@@ -831,23 +916,23 @@ def next_wakeup(state: State, now: float) -> float:
 
 
 def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
-    """Compare a new document with what we know; events that left it are finished."""
+    """Compare a new document with what we know; events that left it are over or cancelled."""
     events: dict[str, Tracked] = {}
-    runs = dict(state.runs)
-    next_run = state.next_run
     for event in doc.events:
         before = state.events.get(event.event_id)
         if before is None:
             phase, effects = _first_sight(event, state)
-            run = None
+            tracked = Tracked(event, phase, boot_id=state.boot_id if phase in PREPARED else "")
             for effect in effects:
                 if isinstance(effect, SpawnHooks):
-                    run = next_run
-                    next_run += 1
-                    runs[run] = event.event_id
+                    run = state.next_run
+                    state = replace(
+                        state, runs={**state.runs, run: event.event_id}, next_run=run + 1
+                    )
                     effect = replace(effect, run=run)  # noqa: PLW2901 - numbered here
+                    tracked = replace(tracked, run=run)
                 out.append(effect)
-            events[event.event_id] = Tracked(event, phase, run)
+            events[event.event_id] = tracked
             continue
         phase = before.phase
         if before.event.status != event.status and phase is not Phase.NOT_OURS:
@@ -861,27 +946,36 @@ def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
             )
             if phase is Phase.APPROVING and event.status == STARTED:
                 phase = Phase.DONE
-        events[event.event_id] = Tracked(event, phase, before.run)
-    _gone(state.events, events, out)
+        events[event.event_id] = replace(before, event=event, phase=phase, in_document=True)
+    state = _gone(state, events, out)
     failures = {k: f for k, f in state.approvals.failures.items() if k in events}
-    return replace(
-        state,
-        events=events,
-        runs=runs,
-        next_run=next_run,
-        approvals=replace(state.approvals, failures=failures),
-    )
+    return replace(state, events=events, approvals=replace(state.approvals, failures=failures))
 
 
-def _gone(before: Known, now_in_doc: Mapping[str, Tracked], out: list[Effect]) -> None:
-    """Events that left the document are over; hooks still running for one are stopped."""
+def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
+    """Events that left the document: over if they had started or we approved them, else
+    cancelled by Azure. Hooks still running for one are stopped first; then its after- or
+    cancelled-hooks run (kept in `events` until they end)."""
     cancel: list[int] = []
-    for event_id, gone in before.items():
-        if event_id in now_in_doc:
+    for event_id, gone in state.events.items():
+        if event_id in events:
             continue
         if gone.phase is Phase.NOT_OURS:
             out.append(_note(Level.DEBUG, "event_gone", gone.event))
-        elif gone.phase is Phase.RUNNING:
+            continue
+        if gone.phase is Phase.AFTER or gone.pending:
+            events[event_id] = replace(gone, in_document=False)
+            continue
+        if gone.phase not in PREPARED:
+            out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
+            continue
+        over = gone.event.status == STARTED or gone.phase in (Phase.APPROVED, Phase.DONE)
+        stage = "after" if over else "cancelled"
+        rule = state.config.events.get(gone.event.event_type, EventRule())
+        hooks = rule.after if over else rule.cancelled
+        run = gone.run if gone.phase is Phase.RUNNING else None
+        running = run is not None
+        if run is not None:
             out.append(
                 _note(
                     Level.WARNING,
@@ -891,12 +985,21 @@ def _gone(before: Known, now_in_doc: Mapping[str, Tracked], out: list[Effect]) -
                     reason="it left the document; its hooks are stopped",
                 )
             )
-            if gone.run is not None:
-                cancel.append(gone.run)
+            cancel.append(run)
+        name = "event_completed" if over else "event_cancelled"
+        level = Level.INFO if over else Level.WARNING
+        out.append(_note(level, name, gone.event, phase=gone.phase.value, stage=stage))
+        if not hooks:
+            continue
+        if running:
+            events[event_id] = replace(gone, pending=stage, in_document=False)
         else:
-            out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
+            state, events[event_id] = _start_stage(
+                state, replace(gone, in_document=False), stage, out
+            )
     if cancel:
         out.append(CancelRuns(tuple(cancel)))
+    return state
 
 
 def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
@@ -923,8 +1026,8 @@ def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
                 Level.WARNING, "event_unhandled", event, reason=f"unknown status {event.status!r}"
             ),
         ]
-    hooks = state.config.events.get(event.event_type)
-    if hooks is None:
+    rule = state.config.events.get(event.event_type)
+    if rule is None:
         return Phase.UNHANDLED, [
             detected,
             _note(
@@ -934,8 +1037,8 @@ def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
                 reason=f"no hooks configured for {event.event_type}; left alone",
             ),
         ]
-    if hooks:
-        spawn = SpawnHooks(0, event, hooks, state.incarnation or 0, vm_name)
+    if rule.before:
+        spawn = SpawnHooks(0, event, rule.before, state.incarnation or 0, vm_name)
         return Phase.RUNNING, [detected, spawn]
     phase, note = _approval(event, state)
     return phase, [detected] if note is None else [detected, note]
@@ -946,7 +1049,8 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
 
     APPROVING events are posted by `_retry_approvals`, the one place approvals go out.
     """
-    policy = state.config.approve
+    rule = state.config.events.get(event.event_type)
+    policy = rule.approve if rule is not None and rule.approve is not None else state.config.approve
     if event.status != SCHEDULED:
         return Phase.DONE, _note(Level.INFO, "approval_not_needed", event, reason="already started")
     if policy is ApprovePolicy.NEVER:
@@ -954,7 +1058,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
             Level.INFO,
             "approval_skipped",
             event,
-            reason="approve: never; it proceeds at NotBefore",
+            reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
     others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
     if policy is ApprovePolicy.SOLE and others:
@@ -963,7 +1067,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
             "approval_skipped",
             event,
             reason=f"shared with {len(others)} other VM(s), approving would rush them; "
-            "it proceeds at NotBefore (approve: sole)",
+            f"it proceeds at NotBefore (approve: {policy.value})",
             other_resources=" ".join(others),
         )
     return Phase.APPROVING, None
@@ -990,13 +1094,19 @@ def _with(state: State, event_id: str, tracked: Tracked) -> State:
     return replace(state, events={**state.events, event_id: tracked})
 
 
-def _durable(events: Known) -> dict[str, tuple[Event, Phase]]:
-    return {k: (t.event, t.phase) for k, t in events.items() if t.phase is not Phase.NOT_OURS}
+def _durable(events: Known) -> dict[str, tuple[Event, Phase, str]]:
+    return {
+        k: (t.event, t.phase, t.boot_id) for k, t in events.items() if t.phase is not Phase.NOT_OURS
+    }
 
 
 def durable_events(events: Known) -> Known:
     """What the state file keeps: events for other VMs cost a write a second under churn."""
-    return {k: replace(t, run=None) for k, t in events.items() if t.phase is not Phase.NOT_OURS}
+    return {
+        k: replace(t, run=None, pending="", stage="", in_document=True)
+        for k, t in events.items()
+        if t.phase is not Phase.NOT_OURS
+    }
 
 
 def status_text(state: State) -> str:

@@ -223,6 +223,9 @@ def hook_environment(
     incarnation: int,
     vm_name: str,
     extra: Mapping[str, str],
+    *,
+    stage: str = "before",
+    rebooted: bool = False,
 ) -> dict[str, str]:
     """A minimal, explicit environment: the daemon's own (proxies, NOTIFY_SOCKET...) never leaks."""
     env = dict(BASE_ENV)
@@ -242,6 +245,8 @@ def hook_environment(
         "SCHEDULED_EVENT_DOCUMENT_INCARNATION": str(incarnation),
         "SCHEDULED_EVENT_VM_NAME": vm_name,
         "SCHEDULED_EVENT_HOOK": hook,
+        "SCHEDULED_EVENT_STAGE": stage,
+        "SCHEDULED_EVENT_REBOOTED": "1" if rebooted else "0",
     }
     env.update({k: bounded(v) for k, v in event_env.items()})
     return env
@@ -270,6 +275,8 @@ def run_hooks(
     runner: ProcessRunner,
     *,
     run: Optional[int] = None,
+    stage: str = "before",
+    rebooted: bool = False,
     hooks: tuple[Hook, ...],
     event: Event,
     incarnation: int,
@@ -286,7 +293,9 @@ def run_hooks(
     """
     stdin = hook_stdin(event, incarnation, vm_name)
     for hook in hooks:
-        env = hook_environment(event, hook.name, incarnation, vm_name, extra_env)
+        env = hook_environment(
+            event, hook.name, incarnation, vm_name, extra_env, stage=stage, rebooted=rebooted
+        )
         for command in hook.commands:
             on_started(hook.name, command.argv)
             result = runner.run(

@@ -115,7 +115,10 @@ class StateStore:
 def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
     return {
         "version": _VERSION,
-        "events": [{"phase": t.phase.value, "event": t.event.to_json()} for t in known.values()],
+        "events": [
+            {"phase": t.phase.value, "event": t.event.to_json(), "boot_id": t.boot_id}
+            for t in known.values()
+        ],
     }
 
 
@@ -125,5 +128,8 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
     known: dict[str, Tracked] = {}
     for entry in raw["events"]:
         event = parse_event(entry["event"])
-        known[event.event_id] = Tracked(event, Phase(entry["phase"]))
+        boot = entry.get("boot_id", "")
+        if not isinstance(boot, str):
+            raise TypeError(f"boot_id is not a string: {boot!r}"[:120])
+        known[event.event_id] = Tracked(event, Phase(entry["phase"]), boot_id=boot)
     return known

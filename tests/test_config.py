@@ -47,7 +47,9 @@ def test_an_empty_file_gives_the_documented_defaults(tmp_path):
     assert cfg.vm_name is None
     assert cfg.approve is config.ApprovePolicy.SOLE
     assert cfg.state_dir == Path("/var/lib/scheduledeventsd")
-    assert cfg.events["Reboot"] == ("drain", "checkpoint")
+    assert cfg.events["Reboot"] == config.EventRule(
+        ("drain", "checkpoint"), ("undrain",), ("undrain",)
+    )
     assert cfg.hooks["drain"].commands[0].argv == ("/etc/scheduledeventsd/hooks/drain",)
 
 
@@ -63,7 +65,7 @@ def test_the_shipped_config_states_exactly_the_defaults(tmp_path):
 
 def test_a_given_events_mapping_replaces_the_default_wholly(tmp_path, hook):
     cfg = load(tmp_path, f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Preempt: [h]\n")
-    assert dict(cfg.events) == {"Preempt": ("h",)}
+    assert dict(cfg.events) == {"Preempt": config.EventRule(("h",))}
 
 
 def test_every_problem_is_reported_at_once_with_file_and_key_path(tmp_path, hook):
@@ -193,6 +195,10 @@ def _yaml_key_paths(raw):
             paths |= {f"metadata.{k}" for k in value}
         if key == "hooks":
             paths |= {f"hooks.*.{k}" for commands in value.values() for c in commands for k in c}
+        if key == "events":
+            paths |= {
+                f"events.*.{k}" for rule in value.values() if isinstance(rule, dict) for k in rule
+            }
     return paths
 
 
@@ -235,7 +241,7 @@ def test_a_missing_default_hook_fails_check_config(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("approve: always\n")
     hook_dir = Path("/etc/scheduledeventsd/hooks")
-    if all((hook_dir / name).exists() for name in ("drain", "checkpoint", "shutdown")):
+    if all((hook_dir / name).exists() for name in config.DEFAULT_HOOKS):
         pytest.skip("the default hooks are installed on this machine")
     result = cli("check-config", "--config", str(path))
     assert result.returncode == 2

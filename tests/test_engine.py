@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import ApprovePolicy, Config, Metadata
+from scheduledeventsd.config import ApprovePolicy, Config, EventRule, Metadata
 from scheduledeventsd.engine import (
     ApprovalFailed,
     ApprovalSent,
@@ -39,7 +39,11 @@ from scheduledeventsd.engine import (
 from scheduledeventsd.model import Document, Event
 
 VM = "vm-a"
-EVENTS = {"Reboot": ("drain", "checkpoint"), "Freeze": (), "Preempt": ("shutdown",)}
+EVENTS = {
+    "Reboot": EventRule(("drain", "checkpoint")),
+    "Freeze": EventRule(()),
+    "Preempt": EventRule(("shutdown",)),
+}
 
 
 def config(**overrides):
