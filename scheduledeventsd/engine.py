@@ -653,7 +653,7 @@ def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect
             duration_s=round(msg.duration_s, 3),
         )
     )
-    return _with(state, msg.event_id, Tracked(tracked.event, Phase.APPROVED))
+    return _with(state, msg.event_id, replace(tracked, phase=Phase.APPROVED))
 
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:

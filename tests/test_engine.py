@@ -77,10 +77,12 @@ def doc(*events, incarnation=2):
 class Machine:
     """Drives engine.step with a fake monotonic clock and keeps every effect."""
 
-    def __init__(self, cfg=None, *, watchdog_usec=None, loaded=None, problem="", now=100.0):
+    def __init__(
+        self, cfg=None, *, watchdog_usec=None, loaded=None, problem="", now=100.0, boot="boot-1"
+    ):
         self.now = now
         self.state = engine.initial(cfg or config(), watchdog_usec)
-        self.effects = self.send(Boot(loaded or {}, problem))
+        self.effects = self.send(Boot(loaded or {}, problem, boot))
 
     def send(self, message, at=None):
         if at is not None:
@@ -536,3 +538,136 @@ def test_stop_with_nothing_running_exits_at_once():
     m = Machine()
     m.send(StopRequested())
     assert of(m.effects, Exit)
+
+
+# ---- the whole life of an event: after, cancelled, reboots ---------------------------------
+
+LIFE = {
+    "Reboot": EventRule(("drain",), ("undrain",), ("restore",)),
+    "Freeze": EventRule(("checkpoint",), approve=ApprovePolicy.NEVER),
+}
+
+
+def spawned(effects):
+    return [(s.stage, s.hooks, s.rebooted) for s in of(effects, SpawnHooks)]
+
+
+def approved_reboot(m):
+    m.fetched(doc(event()), at=100.1)
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+
+
+def test_after_hooks_run_once_when_an_approved_event_leaves_the_document():
+    m = Machine(config(events=LIFE), boot="boot-1")
+    approved_reboot(m)
+    m.fetched(doc(event(status="Started"), incarnation=3), at=101)
+    assert not of(m.effects, SpawnHooks), "Started is not over yet"
+    m.fetched(doc(incarnation=4), at=102)
+    assert spawned(m.effects) == [("after", ("undrain",), False)]
+    assert logs(m.effects, "event_completed")[0].fields["stage"] == "after"
+    assert m.phase() is Phase.AFTER
+    kinds = [type(e) for e in m.effects]
+    assert kinds.index(Persist) < kinds.index(SpawnHooks), "AFTER is on disk before they start"
+    m.send(HooksFinished(2, Outcome.SUCCEEDED), at=103)
+    assert logs(m.effects) == ["after_hooks_finished"]
+    assert "E1" not in m.state.events
+    assert not of(m.fetched(doc(incarnation=5), at=104), SpawnHooks), "never twice"
+
+
+def test_an_event_that_started_without_our_approval_is_over_too():
+    m = Machine(config(events=LIFE, approve=ApprovePolicy.NEVER))
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    m.fetched(doc(event(status="Started"), incarnation=3), at=101)
+    m.fetched(doc(incarnation=4), at=102)
+    assert spawned(m.effects) == [("after", ("undrain",), False)]
+
+
+def test_a_cancelled_event_runs_its_cancelled_hooks_once():
+    m = Machine(config(events=LIFE, approve=ApprovePolicy.NEVER))
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    m.fetched(doc(incarnation=3), at=101)
+    assert logs(m.effects, "event_cancelled")[0].level is engine.Level.WARNING
+    assert spawned(m.effects) == [("cancelled", ("restore",), False)]
+    m.send(HooksFinished(2, Outcome.FAILED), at=102)
+    (failed,) = logs(m.effects, "after_hooks_failed")
+    assert failed.level is engine.Level.ERROR
+    assert failed.fields["stage"] == "cancelled"
+    assert m.state.events == {}, "a failure is reported, not retried"
+
+
+def test_before_hooks_still_running_are_stopped_before_the_cancelled_hooks_start():
+    m = Machine(config(events=LIFE))
+    m.fetched(doc(event()))
+    m.fetched(doc(incarnation=3), at=101)
+    assert of(m.effects, CancelRuns)[0].runs == (1,)
+    assert not of(m.effects, SpawnHooks)
+    m.send(HooksFinished(1, Outcome.CANCELLED), at=102)
+    assert spawned(m.effects) == [("cancelled", ("restore",), False)]
+
+
+def test_cancelled_defaults_to_the_after_hooks_and_none_means_just_completed():
+    no_after = config(events={"Reboot": EventRule(("drain",))})
+    m = Machine(no_after)
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    m.fetched(doc(incarnation=3), at=101)
+    assert not of(m.effects, SpawnHooks)
+    assert m.state.events == {}
+
+
+def test_a_new_boot_id_runs_the_after_hooks_at_start_whether_imds_answers_or_not():
+    m = Machine(config(events=LIFE), boot="boot-1")
+    approved_reboot(m)
+    saved = of(m.effects, Persist)[-1].events
+    assert saved["E1"].boot_id == "boot-1"
+    again = Machine(config(events=LIFE), loaded=saved, boot="boot-2")
+    assert logs(again.effects, "reboot_detected")
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
+    again.send(PollFailed("connection", "refused"), at=101)
+    again.send(HooksFinished(1, Outcome.SUCCEEDED), at=102)
+    assert again.phase() is Phase.OVER, "kept while IMDS may still list it"
+    again.fetched(doc(event(status="Started")), at=103)
+    assert not of(again.effects, SpawnHooks)
+    assert not logs(again.effects, "event_detected")
+    again.fetched(doc(incarnation=3), at=104)
+    assert not of(again.effects, SpawnHooks), "not again when it leaves the document"
+    assert again.state.events == {}
+
+
+def test_hooks_cut_off_by_a_reboot_get_after_hooks_not_a_second_before_run():
+    m = Machine(config(events=LIFE), boot="boot-1")
+    m.fetched(doc(event()))
+    saved = of(m.effects, Persist)[-1].events
+    again = Machine(config(events=LIFE), loaded=saved, boot="boot-2")
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
+    assert not logs(again.effects, "hooks_interrupted")
+
+
+def test_after_hooks_cut_off_by_a_stop_do_not_run_again():
+    m = Machine(config(events=LIFE), boot="boot-1")
+    approved_reboot(m)
+    m.fetched(doc(incarnation=3), at=101)
+    saved = of(m.effects, Persist)[-1].events
+    assert saved["E1"].phase is Phase.AFTER
+    again = Machine(config(events=LIFE), loaded=saved, boot="boot-1")
+    assert logs(again.effects, "after_hooks_interrupted")
+    assert not of(again.effects, SpawnHooks)
+
+
+def test_events_for_other_vms_and_missed_ones_get_no_hooks_of_any_stage():
+    m = Machine(config(events=LIFE))
+    m.fetched(doc(event("X", resources=("vm-b",)), event("M", status="Started")))
+    m.fetched(doc(incarnation=3), at=101)
+    assert not of(m.effects, SpawnHooks)
+
+
+def test_a_per_type_approve_overrides_the_top_level_one():
+    m = Machine(config(events=LIFE, approve=ApprovePolicy.ALWAYS))
+    m.fetched(doc(event("F", "Freeze")))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED))
+    assert "approve: never" in str(logs(m.effects, "approval_skipped")[0].fields["reason"])
+    assert not of(m.effects, PostApproval)

@@ -1,0 +1,106 @@
+"""The whole life of an event, end to end: after-hooks once it is over, cancelled-hooks when
+Azure cancels it, and after-hooks after a reboot (a new boot id), with real hook processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+from scheduledeventsd.simulator import Fault
+
+from .conftest import VM, wait_for
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount over boot_id needs root")
+
+
+def env_of(hooks, name):
+    return dict(line.split("=", 1) for line in (hooks.out / f"{name}.env").read_text().splitlines())
+
+
+def lifecycle(daemons, hooks, before_body=None, **rule):
+    before = hooks.recorder("drain") if before_body is None else hooks.make("drain", before_body)
+    return daemons.config(
+        hooks={
+            "drain": [{"command": [before]}],
+            "undrain": [{"command": [hooks.recorder("undrain")]}],
+            "restore": [{"command": [hooks.recorder("restore")]}],
+        },
+        events={"Reboot": {"before": ["drain"], "after": ["undrain"], **rule}},
+    )
+
+
+def test_after_hooks_run_once_when_the_approved_event_is_over(daemons, sim, hooks):
+    daemon = daemons.start(lifecycle(daemons, hooks))
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=event_id)
+    done = daemon.wait_log("after_hooks_finished", event_id=event_id)
+    assert done["stage"] == "after"
+    daemon.polls_seen(sim)
+    assert hooks.order() == ["drain", "undrain"], "after-hooks run once, after the event"
+    assert env_of(hooks, "drain")["SCHEDULED_EVENT_STAGE"] == "before"
+    undrain = env_of(hooks, "undrain")
+    assert undrain["SCHEDULED_EVENT_STAGE"] == "after"
+    assert undrain["SCHEDULED_EVENT_REBOOTED"] == "0"
+    assert undrain["SCHEDULED_EVENT_ID"] == event_id
+
+
+def test_a_cancelled_event_stops_its_running_hook_then_runs_its_cancelled_hooks(
+    daemons, sim, hooks
+):
+    body = 'echo $$ > "$OUT/drain.pid"\nexec sleep 300'
+    cfg = lifecycle(daemons, hooks, before_body=body, cancelled=["restore"])
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", [VM])
+    wait_for((hooks.out / "drain.pid").exists, what="the drain hook to start")
+    drain_pid = int((hooks.out / "drain.pid").read_text())
+    sim.remove_event(event_id)
+    cancelled = daemon.wait_log("event_cancelled", event_id=event_id)
+    assert cancelled["level"] == "warning"
+    daemon.wait_log("hook_cancelled", event_id=event_id)
+    daemon.wait_log("after_hooks_finished", event_id=event_id, stage="cancelled")
+    with pytest.raises(ProcessLookupError):
+        os.kill(drain_pid, 0)
+    assert hooks.order() == ["restore"]
+    assert env_of(hooks, "restore")["SCHEDULED_EVENT_STAGE"] == "cancelled"
+    assert not sim.approvals
+
+
+@needs_root
+def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
+    daemons, sim, hooks, tmp_path
+):
+    sim.scenario.started_for = None
+    sim.scenario.start_after_approval = 600  # the event stays listed across the "reboot"
+    boot = tmp_path / "boot_id"
+    boot.write_text(f"{uuid.uuid4()}\n")
+    wrapper = (
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f'mount --bind {boot} /proc/sys/kernel/random/boot_id && exec "$@"',
+        "sh",
+    )
+    cfg = lifecycle(daemons, hooks)
+    daemon = daemons.start(cfg, prefix=wrapper)
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=event_id)
+    assert daemon.stop() == 0
+
+    boot.write_text(f"{uuid.uuid4()}\n")  # the VM rebooted
+    sim.add_fault(Fault("drop", count=0))  # and IMDS does not answer yet
+    again = daemons.start(cfg, prefix=wrapper, ready=False)
+    again.wait_log("reboot_detected", event_id=event_id)
+    again.wait_log("after_hooks_finished", event_id=event_id)
+    assert env_of(hooks, "undrain")["SCHEDULED_EVENT_REBOOTED"] == "1"
+    sim.clear_faults()
+    again.polls_seen(sim)
+    sim.remove_event(event_id)
+    again.wait_log("event_completed", event_id=event_id)
+    again.polls_seen(sim)
+    assert hooks.order() == ["drain", "undrain"], "never a second before- or after-run"
+    assert not again.logs("event_detected", event_id=event_id)
+    again.signal(signal.SIGTERM)
