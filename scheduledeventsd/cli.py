@@ -15,6 +15,8 @@ from . import __version__, config, log, report
 from .daemon import Daemon, run_daemon
 from .identity import resolve
 from .imds import ImdsClient, ImdsError
+from .model import EVENT_TYPES
+from .rehearsal import rehearse
 
 EXIT_CONFIG = 2
 
@@ -54,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("events", help="query IMDS once and show the scheduled events")
     _add_config(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser(
+        "test-hooks", help="run the hooks of one stage for a synthetic event (a rehearsal)"
+    )
+    p.add_argument("event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES)
+    p.add_argument("--stage", choices=config.STAGES, default="before")
+    _add_config(p)
 
     p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
@@ -152,6 +161,13 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_test_hooks(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    return rehearse(cfg, args.event_type, args.stage, lambda line: print(line, flush=True))
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
 
@@ -234,6 +250,7 @@ COMMANDS = {
     "run": cmd_run,
     "check-config": cmd_check_config,
     "events": cmd_events,
+    "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,
 }

@@ -81,6 +81,9 @@ class EventRule:
     cancelled: tuple[str, ...] = ()  # it left while Scheduled and not approved: undo `before`
     approve: Optional[ApprovePolicy] = None  # None: the top-level `approve`
 
+    def hooks_for(self, stage: str) -> tuple[str, ...]:
+        return {"before": self.before, "after": self.after, "cancelled": self.cancelled}[stage]
+
 
 STAGES = ("before", "after", "cancelled")
 _DEFAULT_HOOK_DIR = "/etc/scheduledeventsd/hooks"

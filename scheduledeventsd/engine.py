@@ -616,8 +616,7 @@ def _start_stage(
     state: State, tracked: Tracked, stage: str, out: list[Effect]
 ) -> tuple[State, Tracked]:
     """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
-    rule = state.config.events.get(tracked.event.event_type, EventRule())
-    hooks = rule.after if stage == "after" else rule.cancelled
+    hooks = state.config.events.get(tracked.event.event_type, EventRule()).hooks_for(stage)
     if not hooks:
         return state, replace(tracked, phase=Phase.OVER, run=None, pending="", stage=stage)
     run = state.next_run
@@ -971,8 +970,7 @@ def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
             continue
         over = gone.event.status == STARTED or gone.phase in (Phase.APPROVED, Phase.DONE)
         stage = "after" if over else "cancelled"
-        rule = state.config.events.get(gone.event.event_type, EventRule())
-        hooks = rule.after if over else rule.cancelled
+        hooks = state.config.events.get(gone.event.event_type, EventRule()).hooks_for(stage)
         run = gone.run if gone.phase is Phase.RUNNING else None
         running = run is not None
         if run is not None:

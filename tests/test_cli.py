@@ -57,3 +57,42 @@ def test_the_readme_demo_handles_two_events_and_ignores_the_other_vms():
     assert approved == {"Reboot", "Freeze"}
     assert ignored == {"Redeploy"}
     assert "approvals the simulator received: 6F2B0F41" in result.stderr
+
+
+def _rehearsal_config(tmp_path, hooks_body):
+    hook = tmp_path / "drain"
+    hook.write_text(f"#!/bin/sh\n{hooks_body}\n")
+    hook.chmod(0o755)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"vm_name: rehearsal-vm\nstate_dir: {tmp_path / 'state'}\n"
+        f"hooks:\n  drain:\n    - command: [{hook}]\n"
+        "events:\n  Reboot:\n    before: [drain]\n    after: [drain]\n"
+    )
+    return path
+
+
+def test_test_hooks_runs_a_stage_for_a_synthetic_event_as_a_real_one_would(tmp_path):
+    path = _rehearsal_config(
+        tmp_path,
+        'echo "$SCHEDULED_EVENT_STAGE $SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID"\n'
+        "head -c 60 | tr -d '\\n'; echo",
+    )
+    result = cli("test-hooks", "Reboot", "--stage", "after", "--config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[drain] stdout: after rehearsal-vm test-" in result.stdout
+    assert '[drain] stdout: {"Description":' in result.stdout, "the event arrives on stdin"
+    assert result.stdout.rstrip().endswith("Reboot after: 1 hook(s) succeeded")
+    assert not (tmp_path / "state").exists(), "no state is written"
+
+
+def test_test_hooks_exits_1_when_a_hook_fails_and_2_when_nothing_is_configured(tmp_path):
+    path = _rehearsal_config(tmp_path, "echo broken >&2; exit 3")
+    failed = cli("test-hooks", "Reboot", "--config", str(path))
+    assert failed.returncode == 1
+    assert "[drain] stderr: broken" in failed.stdout
+    assert "[drain] exit 3" in failed.stdout
+    assert "FAILED" in failed.stdout
+    nothing = cli("test-hooks", "Freeze", "--config", str(path))
+    assert nothing.returncode == 2
+    assert "no before hooks are configured for Freeze" in nothing.stdout
