@@ -39,6 +39,14 @@ class ApprovePolicy(str, enum.Enum):
 APPROVE_POLICIES = tuple(p.value for p in ApprovePolicy)
 
 
+class UserEvents(str, enum.Enum):
+    """What to do with events a person asked for (EventSource User: a restart from the portal)."""
+
+    HOOKS = "hooks"  # like any other event
+    APPROVE = "approve"  # at once, no hooks: someone is waiting for it
+    IGNORE = "ignore"  # left alone; it proceeds at NotBefore
+
+
 class ConfigError(Exception):
     """All problems found in one file, each already prefixed with file and key path."""
 
@@ -80,6 +88,7 @@ class EventRule:
     after: tuple[str, ...] = ()  # it is over (left after Started or our approval, or a reboot)
     cancelled: tuple[str, ...] = ()  # it left while Scheduled and not approved: undo `before`
     approve: Optional[ApprovePolicy] = None  # None: the top-level `approve`
+    short_seconds: Optional[int] = None  # DurationInSeconds 0..this: no hooks, just approve
 
     def hooks_for(self, stage: str) -> tuple[str, ...]:
         return {"before": self.before, "after": self.after, "cancelled": self.cancelled}[stage]
@@ -111,6 +120,7 @@ class Config:
     vm_name: Optional[str] = None  # None: learn it from IMDS
     state_dir: Path = Path("/var/lib/scheduledeventsd")
     approve: ApprovePolicy = ApprovePolicy.SOLE
+    user_events: UserEvents = UserEvents.HOOKS
     hooks: Mapping[str, Hook] = field(default_factory=lambda: DEFAULT_HOOKS)
     events: Mapping[str, EventRule] = field(default_factory=lambda: DEFAULT_EVENTS)
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
@@ -124,6 +134,7 @@ TOP_KEYS = (
     "vm_name",
     "state_dir",
     "approve",
+    "user_events",
     "hooks",
     "events",
     "environment",
@@ -131,7 +142,7 @@ TOP_KEYS = (
 )
 METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
 COMMAND_KEYS = ("command", "timeout")
-RULE_KEYS = ("before", "after", "cancelled", "approve")
+RULE_KEYS = ("before", "after", "cancelled", "approve", "short_seconds")
 
 
 def key_paths() -> frozenset[str]:
@@ -382,7 +393,14 @@ def _check_events(
                 )
             else:
                 approve = ApprovePolicy(text)
-        events[event_type] = EventRule(before, after, cancelled, approve)
+        short = None
+        if fields.get("short_seconds") is not None:
+            value = fields["short_seconds"]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
+                c.fail(f"{where}.short_seconds", f"must be a whole number 0..3600, got {value!r}")
+            else:
+                short = value
+        events[event_type] = EventRule(before, after, cancelled, approve, short)
     return events
 
 
@@ -454,6 +472,13 @@ def parse(
     if approve not in APPROVE_POLICIES:
         c.fail("approve", f"must be one of {', '.join(APPROVE_POLICIES)}, got {approve!r}")
         approve = defaults.approve.value
+    user_events = c.string(top.get("user_events"), "user_events", UserEvents.HOOKS.value)
+    if user_events not in {u.value for u in UserEvents}:
+        c.fail(
+            "user_events",
+            f"must be one of {', '.join(u.value for u in UserEvents)}, got {user_events!r}",
+        )
+        user_events = UserEvents.HOOKS.value
     metadata = _check_metadata(c, top.get("metadata"))
     hooks = _check_hooks(c, top.get("hooks"))
     events = _check_events(c, top.get("events"), hooks)
@@ -467,6 +492,7 @@ def parse(
         vm_name=None if vm_name == "auto" else vm_name,
         state_dir=Path(state_dir),
         approve=ApprovePolicy(approve),
+        user_events=UserEvents(user_events),
         hooks=_frozen(hooks),
         events=_frozen(events),
         environment=_frozen(environment),

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
-from .config import ApprovePolicy, Config, EventRule
+from .config import ApprovePolicy, Config, EventRule, UserEvents
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .retry import Backoff, Failures
 
@@ -78,6 +78,7 @@ class Tracked:
     boot_id: str = ""  # the boot on which its before-hooks started
     pending: str = ""  # a stage (after, cancelled) waiting for its before-run to stop
     stage: str = ""  # the stage of the run in AFTER: after | cancelled
+    rule: str = ""  # short | user: decided without before-hooks, so no after-hooks either
     in_document: bool = True  # False once it left the document (kept for its after-run)
 
 
@@ -363,7 +364,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     for event_id, tracked in msg.loaded.items():
         tracked = replace(tracked, run=None, pending="")  # noqa: PLW2901 - runs died with us
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
-        if tracked.phase in PREPARED and rebooted:
+        if _prepared(tracked) and rebooted:
             # The maintenance happened: after-hooks, whether IMDS answers or not.
             out.append(_note(Level.INFO, "reboot_detected", tracked.event, stage="after"))
             state, kept[event_id] = _start_stage(state, tracked, "after", out)
@@ -921,7 +922,11 @@ def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
         before = state.events.get(event.event_id)
         if before is None:
             phase, effects = _first_sight(event, state)
-            tracked = Tracked(event, phase, boot_id=state.boot_id if phase in PREPARED else "")
+            rule = next(
+                (str(e.fields["rule"]) for e in effects if isinstance(e, Log) and e.name == RULED),
+                "",
+            )
+            tracked = Tracked(event, phase, boot_id=state.boot_id, rule=rule)
             for effect in effects:
                 if isinstance(effect, SpawnHooks):
                     run = state.next_run
@@ -965,7 +970,7 @@ def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
         if gone.phase is Phase.AFTER or gone.pending:
             events[event_id] = replace(gone, in_document=False)
             continue
-        if gone.phase not in PREPARED:
+        if not _prepared(gone):
             out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
             continue
         over = gone.event.status == STARTED or gone.phase in (Phase.APPROVED, Phase.DONE)
@@ -1035,11 +1040,52 @@ def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
                 reason=f"no hooks configured for {event.event_type}; left alone",
             ),
         ]
+    decided = _rule(event, rule, state)
+    if decided is not None:
+        return decided[0], [detected, *decided[1]]
     if rule.before:
         spawn = SpawnHooks(0, event, rule.before, state.incarnation or 0, vm_name)
         return Phase.RUNNING, [detected, spawn]
     phase, note = _approval(event, state)
     return phase, [detected] if note is None else [detected, note]
+
+
+RULED = "event_rule"  # the log record that says which rule decided, and marks the event
+
+
+def _rule(event: Event, rule: EventRule, state: State) -> Optional[tuple[Phase, list[Effect]]]:
+    """Rules that decide before any hook runs: events a person asked for, short Freezes."""
+    user = state.config.user_events
+    if event.source.casefold() == "user" and user is not UserEvents.HOOKS:
+        note = _note(
+            Level.INFO,
+            RULED,
+            event,
+            rule="user",
+            decision=user.value,
+            reason=f"EventSource User and user_events: {user.value}",
+        )
+        if user is UserEvents.IGNORE:
+            return Phase.UNHANDLED, [note]
+        return Phase.APPROVING, [note]
+    duration = event.duration_seconds
+    short = rule.short_seconds
+    if short is not None and duration is not None and 0 <= duration <= short:
+        note = _note(
+            Level.INFO,
+            RULED,
+            event,
+            rule="short",
+            reason=f"DurationInSeconds {duration} <= short_seconds {short}: no hooks",
+        )
+        phase, approval = _approval(event, state)
+        return phase, [note] if approval is None else [note, approval]
+    return None
+
+
+def _prepared(tracked: Tracked) -> bool:
+    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks."""
+    return tracked.phase in PREPARED and not tracked.rule
 
 
 def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
@@ -1092,9 +1138,11 @@ def _with(state: State, event_id: str, tracked: Tracked) -> State:
     return replace(state, events={**state.events, event_id: tracked})
 
 
-def _durable(events: Known) -> dict[str, tuple[Event, Phase, str]]:
+def _durable(events: Known) -> dict[str, tuple[Event, Phase, str, str]]:
     return {
-        k: (t.event, t.phase, t.boot_id) for k, t in events.items() if t.phase is not Phase.NOT_OURS
+        k: (t.event, t.phase, t.boot_id, t.rule)
+        for k, t in events.items()
+        if t.phase is not Phase.NOT_OURS
     }
 
 

@@ -116,7 +116,12 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
     return {
         "version": _VERSION,
         "events": [
-            {"phase": t.phase.value, "event": t.event.to_json(), "boot_id": t.boot_id}
+            {
+                "phase": t.phase.value,
+                "event": t.event.to_json(),
+                "boot_id": t.boot_id,
+                "rule": t.rule,
+            }
             for t in known.values()
         ],
     }
@@ -128,8 +133,8 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
     known: dict[str, Tracked] = {}
     for entry in raw["events"]:
         event = parse_event(entry["event"])
-        boot = entry.get("boot_id", "")
-        if not isinstance(boot, str):
-            raise TypeError(f"boot_id is not a string: {boot!r}"[:120])
-        known[event.event_id] = Tracked(event, Phase(entry["phase"]), boot_id=boot)
+        boot, rule = entry.get("boot_id", ""), entry.get("rule", "")
+        if not isinstance(boot, str) or not isinstance(rule, str):
+            raise TypeError("boot_id and rule must be strings")
+        known[event.event_id] = Tracked(event, Phase(entry["phase"]), boot_id=boot, rule=rule)
     return known

@@ -247,3 +247,18 @@ def test_a_missing_default_hook_fails_check_config(tmp_path):
     assert result.returncode == 2
     assert "hooks (default).drain[0].command[0]: /etc/scheduledeventsd/hooks/drain" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_lifecycle_keys_are_checked_with_their_key_paths(tmp_path, hook):
+    found = problems(
+        tmp_path,
+        f"hooks:\n  h:\n    - command: [{hook}]\n"
+        "user_events: sometimes\n"
+        "events:\n  Reboot:\n    before: [h]\n    after: [nope]\n    approve: maybe\n"
+        "    short_seconds: -1\n    later: [h]\n",
+    )
+    assert any("user_events: must be one of hooks, approve, ignore" in p for p in found)
+    assert any("events.Reboot.after[0]: hook 'nope' is not defined" in p for p in found)
+    assert any("events.Reboot.approve: must be one of sole, always, never" in p for p in found)
+    assert any("events.Reboot.short_seconds: must be a whole number 0..3600" in p for p in found)
+    assert any("events.Reboot.later: unknown key" in p for p in found)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import ApprovePolicy, Config, EventRule, Metadata
+from scheduledeventsd.config import ApprovePolicy, Config, EventRule, Metadata, UserEvents
 from scheduledeventsd.engine import (
     ApprovalFailed,
     ApprovalSent,
@@ -671,3 +671,44 @@ def test_a_per_type_approve_overrides_the_top_level_one():
     m.send(HooksFinished(1, Outcome.SUCCEEDED))
     assert "approve: never" in str(logs(m.effects, "approval_skipped")[0].fields["reason"])
     assert not of(m.effects, PostApproval)
+
+
+def short_freeze(duration, source="Platform"):
+    e = event("F", "Freeze")
+    return dataclasses.replace(e, duration_seconds=duration, source=source)
+
+
+@pytest.mark.parametrize(
+    ("duration", "hooks_run"), [(0, False), (9, False), (10, True), (-1, True)]
+)
+def test_a_short_freeze_is_approved_without_hooks(duration, hooks_run):
+    rules = {"Freeze": EventRule(("checkpoint",), ("after",), short_seconds=9)}
+    m = Machine(config(events=rules, hooks={}))
+    m.fetched(doc(short_freeze(duration)))
+    assert bool(of(m.effects, SpawnHooks)) is hooks_run
+    if not hooks_run:
+        (rule,) = logs(m.effects, "event_rule")
+        assert rule.fields["rule"] == "short"
+        assert of(m.effects, PostApproval)
+        m.send(ApprovalSent("F"))
+        m.fetched(doc(incarnation=3), at=101)
+        assert not of(m.effects, SpawnHooks), "no after-hooks without before-hooks"
+
+
+@pytest.mark.parametrize(
+    ("user_events", "phase", "posted"),
+    [
+        (UserEvents.APPROVE, Phase.APPROVING, True),
+        (UserEvents.IGNORE, Phase.UNHANDLED, False),
+        (UserEvents.HOOKS, Phase.RUNNING, False),
+    ],
+)
+def test_user_events_are_approved_at_once_ignored_or_handled_like_any_other(
+    user_events, phase, posted
+):
+    m = Machine(config(user_events=user_events, approve=ApprovePolicy.NEVER))
+    m.fetched(doc(dataclasses.replace(event(), source="User")))
+    assert m.phase() is phase
+    assert bool(of(m.effects, PostApproval)) is posted
+    if user_events is not UserEvents.HOOKS:
+        assert logs(m.effects, "event_rule")[0].fields["rule"] == "user"

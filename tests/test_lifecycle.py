@@ -104,3 +104,21 @@ def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
     assert hooks.order() == ["drain", "undrain"], "never a second before- or after-run"
     assert not again.logs("event_detected", event_id=event_id)
     again.signal(signal.SIGTERM)
+
+
+def test_a_short_freeze_and_a_user_restart_are_approved_without_hooks(daemons, sim, hooks):
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]},
+        events={"Freeze": {"before": ["a"], "short_seconds": 9}, "Reboot": ["a"]},
+        user_events="approve",
+    )
+    daemon = daemons.start(cfg)
+    freeze = sim.add_event("Freeze", [VM], duration=5)
+    assert daemon.wait_log("event_rule", event_id=freeze)["rule"] == "short"
+    daemon.wait_log("event_approved", event_id=freeze)
+    restart = sim.add_event("Reboot", [VM], source="User")
+    assert daemon.wait_log("event_rule", event_id=restart)["rule"] == "user"
+    daemon.wait_log("event_approved", event_id=restart)
+    long_freeze = sim.add_event("Freeze", [VM], duration=30)
+    daemon.wait_log("event_approved", event_id=long_freeze)
+    assert hooks.order() == ["a"], "only the 30 s Freeze ran its hook"
