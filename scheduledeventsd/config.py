@@ -89,6 +89,7 @@ class EventRule:
     cancelled: tuple[str, ...] = ()  # it left while Scheduled and not approved: undo `before`
     approve: Optional[ApprovePolicy] = None  # None: the top-level `approve`
     short_seconds: Optional[int] = None  # DurationInSeconds 0..this: no hooks, just approve
+    start_before: Optional[float] = None  # start `before` only this many s before NotBefore
 
     def hooks_for(self, stage: str) -> tuple[str, ...]:
         return {"before": self.before, "after": self.after, "cancelled": self.cancelled}[stage]
@@ -142,7 +143,7 @@ TOP_KEYS = (
 )
 METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
 COMMAND_KEYS = ("command", "timeout")
-RULE_KEYS = ("before", "after", "cancelled", "approve", "short_seconds")
+RULE_KEYS = ("before", "after", "cancelled", "approve", "short_seconds", "start_before")
 
 
 def key_paths() -> frozenset[str]:
@@ -375,33 +376,45 @@ def _check_events(
         if not isinstance(entry, dict):
             c.fail(where, f"must be a list of hook names or a mapping of {', '.join(RULE_KEYS)}")
             continue
-        fields = c.mapping(entry, where, RULE_KEYS)
-        before = _hook_names(c, f"{where}.before", fields.get("before"), hooks)
-        after = _hook_names(c, f"{where}.after", fields.get("after"), hooks)
-        cancelled = (
-            _hook_names(c, f"{where}.cancelled", fields["cancelled"], hooks)
-            if "cancelled" in fields
-            else after
-        )
-        approve = None
-        if fields.get("approve") is not None:
-            text = c.string(fields["approve"], f"{where}.approve", "")
-            if text not in APPROVE_POLICIES:
-                c.fail(
-                    f"{where}.approve",
-                    f"must be one of {', '.join(APPROVE_POLICIES)}, got {text!r}",
-                )
-            else:
-                approve = ApprovePolicy(text)
-        short = None
-        if fields.get("short_seconds") is not None:
-            value = fields["short_seconds"]
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
-                c.fail(f"{where}.short_seconds", f"must be a whole number 0..3600, got {value!r}")
-            else:
-                short = value
-        events[event_type] = EventRule(before, after, cancelled, approve, short)
+        events[event_type] = _check_rule(c, where, entry, hooks)
     return events
+
+
+def _check_rule(
+    c: _Checker,
+    where: str,
+    entry: dict[str, Any],
+    hooks: Mapping[str, Hook],
+) -> EventRule:
+    fields = c.mapping(entry, where, RULE_KEYS)
+    before = _hook_names(c, f"{where}.before", fields.get("before"), hooks)
+    after = _hook_names(c, f"{where}.after", fields.get("after"), hooks)
+    cancelled = (
+        _hook_names(c, f"{where}.cancelled", fields["cancelled"], hooks)
+        if "cancelled" in fields
+        else after
+    )
+    approve = None
+    if fields.get("approve") is not None:
+        text = c.string(fields["approve"], f"{where}.approve", "")
+        if text not in APPROVE_POLICIES:
+            c.fail(
+                f"{where}.approve",
+                f"must be one of {', '.join(APPROVE_POLICIES)}, got {text!r}",
+            )
+        else:
+            approve = ApprovePolicy(text)
+    short = None
+    if fields.get("short_seconds") is not None:
+        value = fields["short_seconds"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
+            c.fail(f"{where}.short_seconds", f"must be a whole number 0..3600, got {value!r}")
+        else:
+            short = value
+    start_before = None
+    if fields.get("start_before") is not None:
+        start_before = c.number(fields["start_before"], f"{where}.start_before", 0.0, 0, 7 * 86400)
+    return EventRule(before, after, cancelled, approve, short, start_before)
 
 
 def _hook_names(

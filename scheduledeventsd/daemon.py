@@ -313,7 +313,7 @@ class Daemon:
 
 def _fetch(client: ImdsClient) -> Message:
     try:
-        return DocumentFetched(client.fetch_document())
+        return DocumentFetched(client.fetch_document(), time.time())
     except ImdsError as e:
         return PollFailed(e.kind, e.detail, e.status, e.retry_after)
 

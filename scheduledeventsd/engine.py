@@ -9,6 +9,7 @@ clock, so every rule, backoff and retry is tested with a fake clock in milliseco
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ class Phase(str, enum.Enum):
     NOT_OURS = "not_ours"  # Resources does not name this VM
     UNHANDLED = "unhandled"  # no `events` entry for its type
     MISSED = "missed"  # first seen already Started: no chance to prepare
+    WAITING = "waiting"  # ours, but NotBefore is further away than its type's start_before
     RUNNING = "running"  # hooks are running
     APPROVING = "approving"  # hooks succeeded, StartRequests not yet accepted
     APPROVED = "approved"
@@ -79,6 +81,7 @@ class Tracked:
     pending: str = ""  # a stage (after, cancelled) waiting for its before-run to stop
     stage: str = ""  # the stage of the run in AFTER: after | cancelled
     rule: str = ""  # short | user: decided without before-hooks, so no after-hooks either
+    start_at: float = 0.0  # WAITING: when its before-hooks start (monotonic); not persisted
     in_document: bool = True  # False once it left the document (kept for its after-run)
 
 
@@ -99,6 +102,7 @@ class Boot:
 @dataclass(frozen=True)
 class DocumentFetched:
     document: Document
+    wall: Optional[float] = None  # time.time() when it was fetched, to place NotBefore
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,7 @@ class State:
     watchdog_at: float = 0.0
     status_sent: str = ""
     stopping: Optional[Stopping] = None
+    wall_offset: Optional[float] = None  # wall clock minus monotonic, from the last document
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None) -> State:
@@ -387,6 +392,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
                 )
             )
             kept[event_id] = replace(tracked, phase=Phase.OVER)
+        elif tracked.phase is Phase.WAITING:
+            # Its lead time is placed again by the next document (the clock may have jumped).
+            kept[event_id] = replace(tracked, start_at=float("inf"))
         else:
             kept[event_id] = tracked
     state = replace(state, events=kept)
@@ -489,7 +497,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
             Log(Level.WARNING, "event_skipped", {"incarnation": doc.incarnation, "reason": problem})
         )
     state = replace(state, incarnation=doc.incarnation)
-    return _on_document(state, doc, out)
+    if msg.wall is not None:
+        state = replace(state, wall_offset=msg.wall - now)
+    return _on_document(state, doc, now, out)
 
 
 def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -> State:
@@ -806,7 +816,21 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
     ):
         out.append(ResolveName())
         state = replace(state, resolving=True)
+    state = _start_waiting(state, now, out)
     return _retry_approvals(state, now, out)
+
+
+def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
+    """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
+    for event_id, t in state.events.items():
+        if t.phase is not Phase.WAITING or t.start_at > now:
+            continue
+        rule = state.config.events.get(t.event.event_type, EventRule())
+        run = state.next_run
+        out.append(SpawnHooks(run, t.event, rule.before, state.incarnation or 0, state.vm_name))
+        state = replace(state, runs={**state.runs, run: event_id}, next_run=run + 1)
+        state = _with(state, event_id, replace(t, phase=Phase.RUNNING, run=run, start_at=0.0))
+    return state
 
 
 def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
@@ -909,24 +933,28 @@ def next_wakeup(state: State, now: float) -> float:
     for event_id, t in state.events.items():
         if t.phase is Phase.APPROVING and event_id not in state.approvals.posting:
             times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
+        if t.phase is Phase.WAITING and state.stopping is None:
+            times.append(t.start_at)
     return max(now, min(times)) if times else now + 3600.0
 
 
 # ---- the events of a document --------------------------------------------------------------
 
 
-def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
+def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are over or cancelled."""
     events: dict[str, Tracked] = {}
     for event in doc.events:
         before = state.events.get(event.event_id)
         if before is None:
-            phase, effects = _first_sight(event, state)
+            phase, effects = _first_sight(event, state, now)
             rule = next(
                 (str(e.fields["rule"]) for e in effects if isinstance(e, Log) and e.name == RULED),
                 "",
             )
             tracked = Tracked(event, phase, boot_id=state.boot_id, rule=rule)
+            if phase is Phase.WAITING:
+                tracked = replace(tracked, start_at=_lead(event, state, now))
             for effect in effects:
                 if isinstance(effect, SpawnHooks):
                     run = state.next_run
@@ -950,7 +978,10 @@ def _on_document(state: State, doc: Document, out: list[Effect]) -> State:
             )
             if phase is Phase.APPROVING and event.status == STARTED:
                 phase = Phase.DONE
-        events[event.event_id] = replace(before, event=event, phase=phase, in_document=True)
+        tracked = replace(before, event=event, phase=phase, in_document=True)
+        if phase is Phase.WAITING:
+            tracked = _still_waiting(tracked, state, now, out)
+        events[event.event_id] = tracked
     state = _gone(state, events, out)
     failures = {k: f for k, f in state.approvals.failures.items() if k in events}
     return replace(state, events=events, approvals=replace(state.approvals, failures=failures))
@@ -1005,7 +1036,7 @@ def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
     return state
 
 
-def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
+def _first_sight(event: Event, state: State, now: float) -> tuple[Phase, list[Effect]]:
     vm_name = state.vm_name
     if not event.names(vm_name):
         return Phase.NOT_OURS, [
@@ -1043,11 +1074,63 @@ def _first_sight(event: Event, state: State) -> tuple[Phase, list[Effect]]:
     decided = _rule(event, rule, state)
     if decided is not None:
         return decided[0], [detected, *decided[1]]
+    start_at = _start_at(event, rule, state, now)
+    if start_at is not None:
+        return Phase.WAITING, [detected, _waiting(event, rule, start_at, state)]
     if rule.before:
         spawn = SpawnHooks(0, event, rule.before, state.incarnation or 0, vm_name)
         return Phase.RUNNING, [detected, spawn]
     phase, note = _approval(event, state)
     return phase, [detected] if note is None else [detected, note]
+
+
+def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[float]:
+    """When a lead time holds back the before-hooks, the monotonic instant they start; None
+    when they start now (no start_before, no NotBefore, or NotBefore already close enough)."""
+    if rule.start_before is None or event.not_before is None or not rule.before:
+        return None
+    if state.wall_offset is None:
+        return None
+    start_at = event.not_before.timestamp() - rule.start_before - state.wall_offset
+    return start_at if start_at > now else None
+
+
+def _waiting(event: Event, rule: EventRule, start_at: float, state: State) -> Log:
+    wall = start_at + (state.wall_offset or 0.0)
+    return _note(
+        Level.INFO,
+        "event_waiting",
+        event,
+        hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        start_before=rule.start_before,
+        reason=f"NotBefore is more than start_before ({rule.start_before:g} s) away",
+    )
+
+
+def _lead(event: Event, state: State, now: float) -> float:
+    rule = state.config.events.get(event.event_type, EventRule())
+    start_at = _start_at(event, rule, state, now)
+    return now if start_at is None else start_at
+
+
+def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]) -> Tracked:
+    """A NotBefore that moves is followed; an event that starts meanwhile was missed."""
+    event = tracked.event
+    if event.status == STARTED:
+        out.append(
+            _note(
+                Level.WARNING,
+                "event_missed",
+                event,
+                reason="it started while its hooks waited for their lead time",
+            )
+        )
+        return replace(tracked, phase=Phase.MISSED)
+    start_at = _lead(event, state, now)
+    if abs(start_at - tracked.start_at) > 1 and start_at > now:
+        rule = state.config.events.get(event.event_type, EventRule())
+        out.append(_waiting(event, rule, start_at, state))
+    return replace(tracked, start_at=start_at)
 
 
 RULED = "event_rule"  # the log record that says which rule decided, and marks the event

@@ -3,6 +3,7 @@ Azure cancels it, and after-hooks after a reboot (a new boot id), with real hook
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import uuid
@@ -122,3 +123,21 @@ def test_a_short_freeze_and_a_user_restart_are_approved_without_hooks(daemons, s
     long_freeze = sim.add_event("Freeze", [VM], duration=30)
     daemon.wait_log("event_approved", event_id=long_freeze)
     assert hooks.order() == ["a"], "only the 30 s Freeze ran its hook"
+
+
+def test_start_before_delays_the_hooks_then_starts_them_on_time(daemons, sim, hooks):
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]},
+        events={"Reboot": {"before": ["a"], "start_before": 898}},
+    )
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=900)  # hooks due in about 2 s
+    waiting = daemon.wait_log("event_waiting", event_id=event_id)
+    assert waiting["hooks_start_at"].endswith("Z")
+    assert not hooks.order()
+    started = daemon.wait_log("hook_started", event_id=event_id, timeout=10)
+    due = dt.datetime.fromisoformat(waiting["hooks_start_at"].replace("Z", "+00:00"))
+    began = dt.datetime.fromisoformat(started["timestamp"].replace("Z", "+00:00"))
+    # NotBefore has whole seconds: the hook starts at its lead time, give or take a poll.
+    assert abs((began - due).total_seconds()) <= 1.0 + 0.25
+    daemon.wait_log("event_approved", event_id=event_id)
