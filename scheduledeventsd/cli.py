@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
     _add_config(p)
     _add_logging(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="log every decision, run no hook, post no approval, write no state, take no lock",
+    )
 
     p = sub.add_parser("check-config", help="validate the configuration and summarise it")
     _add_config(p)
@@ -101,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if warning:
         log.get().warning("journal_unavailable", reason=warning)
-    return run_daemon(cfg)
+    return run_daemon(cfg, dry_run=args.dry_run)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -104,10 +104,13 @@ class Lane:
 
 
 class Daemon:
-    def __init__(self, config: Config, *, notifier: Optional[Notifier] = None) -> None:
+    def __init__(
+        self, config: Config, *, notifier: Optional[Notifier] = None, dry_run: bool = False
+    ) -> None:
         self.config = config
+        self.dry_run = dry_run
         self.notifier = notifier or Notifier()
-        self.log = log.get()
+        self.log = log.get().bind(dry_run=True) if dry_run else log.get()
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.runner = ProcessRunner()
         self.store = StateStore(config.state_dir)
@@ -141,7 +144,8 @@ class Daemon:
         problem = ""
         try:
             try:
-                self.store.lock()
+                if not self.dry_run:  # beside the service, on its state directory
+                    self.store.lock()
             except StateError as e:
                 self.log.error("state_unavailable", error=str(e))
                 return 1
@@ -207,6 +211,8 @@ class Daemon:
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
         elif isinstance(effect, Fetch):
             self._poller.submit(_fetch, _poll_error)
+        elif self.dry_run and isinstance(effect, (SpawnHooks, PostApproval, Persist)):
+            self._pretend(effect)
         elif isinstance(effect, PostApproval):
             event_id = effect.event.event_id
             self._approver.submit(
@@ -222,14 +228,30 @@ class Daemon:
         elif isinstance(effect, WakeAt):
             self._wake_at = effect.at
         elif isinstance(effect, CancelRuns):
-            for run in effect.runs:
-                self.runner.cancel(run)
+            self.runner.cancel(*effect.runs)
         elif isinstance(effect, ResolveName):
             self._namer.submit(_resolve, _name_error)
         elif isinstance(effect, UseConfig):
             self._use_config(effect.config)
         elif isinstance(effect, Exit):
             self._exit = effect.status
+
+    def _pretend(self, effect: Union[SpawnHooks, PostApproval, Persist]) -> None:
+        """--dry-run: say what would be done and report it done, so every later decision
+        (approval after hooks, after-hooks once it is over) shows in the log too."""
+        if isinstance(effect, SpawnHooks):
+            self.log.info(
+                "would_run_hooks",
+                **engine.event_fields(effect.event),
+                hooks=" ".join(effect.hooks),
+                stage=effect.stage,
+            )
+            self.inbox.put(HooksFinished(effect.run, Outcome.SUCCEEDED))
+        elif isinstance(effect, PostApproval):
+            self.log.info("would_approve", **engine.event_fields(effect.event))
+            self.inbox.put(ApprovalSent(effect.event.event_id))
+        else:
+            self.inbox.put(Persisted(""))
 
     def _persist(self, effect: Persist) -> None:
         try:
@@ -361,7 +383,7 @@ def _client(config: Config) -> ImdsClient:
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
 
 
-def run_daemon(config: Config) -> int:
-    daemon = Daemon(config)
+def run_daemon(config: Config, *, dry_run: bool = False) -> int:
+    daemon = Daemon(config, dry_run=dry_run)
     daemon.install_signal_handlers()
     return daemon.run()

@@ -84,11 +84,11 @@ class ProcessRunner:
         self._live: set[_Running] = set()
         self._cancelled: set[Optional[int]] = set()
 
-    def cancel(self, run: Optional[int]) -> None:
-        """Stop the run's processes; its commands not yet started will not start."""
+    def cancel(self, *runs: Optional[int]) -> None:
+        """Stop the runs' processes; their commands not yet started will not start."""
         with self._lock:
-            self._cancelled.add(run)
-            live = [r for r in self._live if r.run == run]
+            self._cancelled.update(runs)
+            live = [r for r in self._live if r.run in runs]
         for running in live:
             running.stop("cancel")
 

@@ -134,7 +134,11 @@ class Daemon:
     """`scheduledeventsd run` as a subprocess, its JSON log lines collected as they come."""
 
     def __init__(
-        self, config_path: Path, env: dict[str, str], prefix: tuple[str, ...] = ()
+        self,
+        config_path: Path,
+        env: dict[str, str],
+        prefix: tuple[str, ...] = (),
+        args: tuple[str, ...] = (),
     ) -> None:
         self.config_path = config_path
         self.records: list[dict[str, Any]] = []
@@ -155,6 +159,7 @@ class Daemon:
                 "console",
                 "--log-level",
                 "debug",
+                *args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -236,8 +241,8 @@ class DaemonFactory:
                 cfg[key] = value
         return cfg
 
-    def write_config(self, cfg: dict[str, Any]) -> Path:
-        path = self.tmp_path / "config.yaml"
+    def write_config(self, cfg: dict[str, Any], name: str = "config.yaml") -> Path:
+        path = self.tmp_path / name
         path.write_text(yaml.safe_dump(cfg))
         return path
 
@@ -247,12 +252,14 @@ class DaemonFactory:
         env: dict[str, str] | None = None,
         ready: bool = True,
         prefix: tuple[str, ...] = (),
+        args: tuple[str, ...] = (),
+        config_name: str = "config.yaml",
     ) -> Daemon:
         """`prefix` runs the daemon through a wrapper, e.g. `unshare -m sh -c '...' sh`."""
-        path = self.write_config(cfg if cfg is not None else self.config())
+        path = self.write_config(cfg if cfg is not None else self.config(), config_name)
         full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
         full_env.update(env or {})
-        daemon = Daemon(path, full_env, prefix)
+        daemon = Daemon(path, full_env, prefix, args)
         self.started.append(daemon)
         if ready:
             daemon.wait_log("document_changed")

@@ -141,3 +141,30 @@ def test_start_before_delays_the_hooks_then_starts_them_on_time(daemons, sim, ho
     # NotBefore has whole seconds: the hook starts at its lead time, give or take a poll.
     assert abs((began - due).total_seconds()) <= 1.0 + 0.25
     daemon.wait_log("event_approved", event_id=event_id)
+
+
+def test_dry_run_logs_its_decisions_and_touches_nothing(daemons, sim, hooks):
+    daemon = daemons.start(lifecycle(daemons, hooks), args=("--dry-run",))
+    event_id = sim.add_event("Reboot", [VM])
+    would = daemon.wait_log("would_run_hooks", event_id=event_id)
+    assert (would["dry_run"], would["hooks"], would["stage"]) == (True, "drain", "before")
+    daemon.wait_log("would_approve", event_id=event_id)
+    sim.remove_event(event_id)
+    daemon.wait_log("would_run_hooks", event_id=event_id, stage="after")
+    daemon.polls_seen(sim)
+    assert hooks.order() == []
+    assert not sim.approvals
+    assert not daemons.state_dir.exists(), "no state written, no lock taken"
+    assert all(r.get("dry_run") is True for r in daemon.records if "event" in r)
+
+
+def test_dry_run_runs_beside_the_service_on_its_state_directory(daemons, sim, hooks):
+    cfg = lifecycle(daemons, hooks)
+    service = daemons.start(cfg)
+    beside = daemons.start(cfg, args=("--dry-run",), config_name="dry.yaml")
+    event_id = sim.add_event("Reboot", [VM])
+    service.wait_log("event_approved", event_id=event_id)
+    beside.wait_log("would_approve", event_id=event_id)
+    assert beside.proc.poll() is None
+    assert [a.event_id for a in sim.approvals] == [event_id], "only the service approved"
+    assert hooks.order()[:1] == ["drain"]
