@@ -10,8 +10,8 @@ demo: bootstrap
 	$(PY) -m scheduledeventsd demo --hooks-dir etc/scheduledeventsd/hooks
 
 lint: bootstrap
-	$(VENV)/bin/ruff check scheduledeventsd tests bench
-	$(VENV)/bin/ruff format --check scheduledeventsd tests bench
+	$(VENV)/bin/ruff check scheduledeventsd tests bench docs
+	$(VENV)/bin/ruff format --check scheduledeventsd tests bench docs
 	$(VENV)/bin/mypy
 
 # Most tests wait on real processes and sockets, not the CPU: four workers on two cores.
