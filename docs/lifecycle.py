@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+import matplotlib.pyplot as plt
 
 OUT = Path(__file__).with_name("lifecycle.svg")
 
