@@ -123,6 +123,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     )
     print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")
     print(f"  approve:   {cfg.approve.value}")
+    print(f"  users:     {cfg.user_events.value} (user_events)")
     print(f"  state:     {cfg.state_dir}")
     for event_type, rule in cfg.events.items():
         chain = " -> ".join(rule.before) if rule.before else "(no hooks; approve at once)"
@@ -133,6 +134,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         ]
         if rule.approve is not None:
             extra.append(f"approve: {rule.approve.value}")
+        if rule.start_before is not None:
+            extra.append(f"start_before: {rule.start_before:g}s")
+        if rule.short_seconds is not None:
+            extra.append(f"short_seconds: {rule.short_seconds}")
         print(f"  {event_type + ':':<10} {chain}" + (f"  ({'; '.join(extra)})" if extra else ""))
     for hook in cfg.hooks.values():
         for cmd in hook.commands:
@@ -160,9 +165,9 @@ def cmd_events(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.json:
-        print(report.as_json(doc, identity.name))
+        print(report.as_json(doc, identity.name, cfg.events))
     else:
-        print(report.table(doc, identity.name, dt.datetime.now(dt.timezone.utc)))
+        print(report.table(doc, identity.name, dt.datetime.now(dt.timezone.utc), cfg.events))
     return 0
 
 

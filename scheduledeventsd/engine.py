@@ -1245,6 +1245,9 @@ def status_text(state: State) -> str:
         f"incarnation {incarnation}; {ours} event(s) for {state.vm_name or '?'}; "
         f"{len(state.runs)} running hook run(s); last poll {state.poll.last}"
     )
+    waiting = [t for t in state.events.values() if t.phase is Phase.WAITING]
+    if waiting:
+        text += f"; {len(waiting)} waiting for their lead time"
     if state.poll.rejected:
         text += f"; IMDS REJECTS OUR REQUEST: {state.poll.rejected[:120]}"
     if state.state_problem:

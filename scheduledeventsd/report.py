@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from typing import Optional
 
-from .model import Document, Event
+from .config import EventRule
+from .model import Document, Event, iso_utc
+
+Rules = Mapping[str, EventRule]
+
+
+def hooks_start(event: Event, rules: Rules) -> Optional[dt.datetime]:
+    """When `start_before` holds the before-hooks back: the instant they start."""
+    rule = rules.get(event.event_type)
+    if rule is None or rule.start_before is None or event.not_before is None:
+        return None
+    return event.not_before - dt.timedelta(seconds=rule.start_before)
 
 
 def countdown(not_before: Optional[dt.datetime], now: dt.datetime) -> str:
@@ -26,10 +38,11 @@ def _local(when: Optional[dt.datetime]) -> str:
     return "-" if when is None else when.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def table(doc: Document, vm_name: str, now: dt.datetime) -> str:
-    header = ("OURS", "EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "IN", "RESOURCES")
+def table(doc: Document, vm_name: str, now: dt.datetime, rules: Rules) -> str:
+    header = ("OURS", "EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "IN", "HOOKS IN", "RESOURCES")
     rows = [header]
     for event in doc.events:
+        start = hooks_start(event, rules) if event.names(vm_name) else None
         rows.append(
             (
                 "yes" if event.names(vm_name) else "no",
@@ -38,6 +51,7 @@ def table(doc: Document, vm_name: str, now: dt.datetime) -> str:
                 event.status,
                 _local(event.not_before),
                 countdown(event.not_before, now),
+                "-" if start is None or start <= now else countdown(start, now),
                 ", ".join(event.resources),
             )
         )
@@ -51,9 +65,14 @@ def table(doc: Document, vm_name: str, now: dt.datetime) -> str:
     return "\n".join(lines)
 
 
-def as_json(doc: Document, vm_name: str) -> str:
+def as_json(doc: Document, vm_name: str, rules: Rules) -> str:
     def one(event: Event) -> dict[str, object]:
-        return dict(event.to_json(), ForThisVM=event.names(vm_name))
+        start = hooks_start(event, rules) if event.names(vm_name) else None
+        return dict(
+            event.to_json(),
+            ForThisVM=event.names(vm_name),
+            HooksStartAt=None if start is None else iso_utc(start),
+        )
 
     return json.dumps(
         {

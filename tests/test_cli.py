@@ -34,6 +34,23 @@ def test_events_shows_which_events_affect_this_vm(sim, daemons):
     assert {e["EventId"]: e["ForThisVM"] for e in as_json["Events"]} == {ours: True, theirs: False}
 
 
+def test_events_shows_when_the_hooks_of_a_waiting_event_will_start(sim, daemons, hooks):
+    ours = sim.add_event("Reboot", [VM], not_before_in=7200)
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]},
+        events={"Reboot": {"before": ["a"], "start_before": 3600}},
+    )
+    path = daemons.write_config(cfg)
+    table = cli("events", "--config", str(path))
+    assert "HOOKS IN" in table.stdout
+    row = next(line for line in table.stdout.splitlines() if ours in line)
+    assert "1h59m" in row or "2h00m" in row
+    assert "59m" in row.split("1h59m")[-1] or "1h00m" in row
+    as_json = json.loads(cli("events", "--config", str(path), "--json").stdout)
+    (event,) = as_json["Events"]
+    assert event["HooksStartAt"].endswith("Z")
+
+
 def test_events_reports_an_unreachable_imds_without_a_traceback(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(
