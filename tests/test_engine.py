@@ -714,22 +714,24 @@ def test_user_events_are_approved_at_once_ignored_or_handled_like_any_other(
         assert logs(m.effects, "event_rule")[0].fields["rule"] == "user"
 
 
+WALL0 = 1_800_000_000.0  # the wall clock at monotonic 100 in the lead-time tests
+LEAD = {"Reboot": EventRule(("drain",), start_before=900)}
+
+
+def due_in(seconds, event_id="E1"):
+    """A Reboot whose NotBefore is `seconds` after WALL0 (None: no NotBefore)."""
+    when = None if seconds is None else dt.datetime.fromtimestamp(WALL0 + seconds, dt.timezone.utc)
+    return dataclasses.replace(event(event_id), not_before=when)
+
+
 def test_start_before_holds_the_hooks_until_the_lead_time_and_follows_a_moving_not_before():
-    wall0 = 1_800_000_000.0  # the wall clock at monotonic 100
-    lead = {"Reboot": EventRule(("drain",), start_before=900)}
-    m = Machine(config(events=lead))
-    days_ahead = dataclasses.replace(
-        event(), not_before=dt.datetime.fromtimestamp(wall0 + 3 * 86400, dt.timezone.utc)
-    )
-    m.send(DocumentFetched(doc(days_ahead), wall0), at=100)
+    m = Machine(config(events=LEAD))
+    m.send(DocumentFetched(doc(due_in(3 * 86400)), WALL0), at=100)
     assert m.phase() is Phase.WAITING
     (waiting,) = logs(m.effects, "event_waiting")
     assert waiting.fields["hooks_start_at"] == "2027-01-18T07:45:00Z"
     assert not of(m.effects, SpawnHooks)
-    moved = dataclasses.replace(
-        days_ahead, not_before=dt.datetime.fromtimestamp(wall0 + 2000, dt.timezone.utc)
-    )
-    m.send(DocumentFetched(doc(moved, incarnation=3), wall0 + 1), at=101)
+    m.send(DocumentFetched(doc(due_in(2000), incarnation=3), WALL0 + 1), at=101)
     assert logs(m.effects, "event_waiting"), "the new start is logged"
     due = 100 + 2000 - 900
     assert m.state.events["E1"].start_at == due
@@ -739,26 +741,15 @@ def test_start_before_holds_the_hooks_until_the_lead_time_and_follows_a_moving_n
 
 
 def test_an_event_without_not_before_or_already_close_starts_at_once():
-    wall0 = 1_800_000_000.0
-    lead = {"Reboot": EventRule(("drain",), start_before=900)}
-    m = Machine(config(events=lead))
-    soon = dataclasses.replace(
-        event(), not_before=dt.datetime.fromtimestamp(wall0 + 600, dt.timezone.utc)
-    )
-    none = dataclasses.replace(event("E2"), not_before=None)
-    m.send(DocumentFetched(doc(soon, none), wall0), at=100)
+    m = Machine(config(events=LEAD))
+    m.send(DocumentFetched(doc(due_in(600), due_in(None, "E2")), WALL0), at=100)
     assert len(of(m.effects, SpawnHooks)) == 2
 
 
 def test_a_waiting_event_that_starts_is_missed_and_never_approved():
-    wall0 = 1_800_000_000.0
-    lead = {"Reboot": EventRule(("drain",), start_before=900)}
-    m = Machine(config(events=lead))
-    far = dataclasses.replace(
-        event(), not_before=dt.datetime.fromtimestamp(wall0 + 86400, dt.timezone.utc)
-    )
-    m.send(DocumentFetched(doc(far), wall0), at=100)
-    m.send(DocumentFetched(doc(event(status="Started"), incarnation=3), wall0 + 1), at=101)
+    m = Machine(config(events=LEAD))
+    m.send(DocumentFetched(doc(due_in(86400)), WALL0), at=100)
+    m.send(DocumentFetched(doc(event(status="Started"), incarnation=3), WALL0 + 1), at=101)
     assert m.phase() is Phase.MISSED
     assert logs(m.effects, "event_missed")
     assert not of(m.tick(100 + 86400), SpawnHooks)
@@ -766,13 +757,9 @@ def test_a_waiting_event_that_starts_is_missed_and_never_approved():
 
 
 def test_after_a_restart_a_waiting_event_waits_for_the_next_document():
-    wall0 = 1_800_000_000.0
-    lead = {"Reboot": EventRule(("drain",), start_before=900)}
-    far = dataclasses.replace(
-        event(), not_before=dt.datetime.fromtimestamp(wall0 + 86400, dt.timezone.utc)
-    )
-    m = Machine(config(events=lead), loaded={"E1": Tracked(far, Phase.WAITING)})
+    far = due_in(86400)
+    m = Machine(config(events=LEAD), loaded={"E1": Tracked(far, Phase.WAITING)})
     assert not of(m.tick(101), SpawnHooks)
-    m.send(DocumentFetched(doc(far), wall0 + 5), at=105)
+    m.send(DocumentFetched(doc(far), WALL0 + 5), at=105)
     assert m.phase() is Phase.WAITING
     assert not of(m.effects, SpawnHooks)
