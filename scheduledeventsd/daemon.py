@@ -51,6 +51,7 @@ from .notify import Notifier
 from .state import StateError, StateStore
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class Daemon:
 
     def _receive(self) -> list[Message]:
         """Wait for messages until the engine's next timer; a burst of signals counts once."""
-        timeout = max(0.0, self._wake_at - time.monotonic())
+        timeout = min(max(0.0, self._wake_at - time.monotonic()), MAX_WAIT)
         try:
             first = self.inbox.get(timeout=timeout)
         except queue.Empty:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
@@ -935,7 +936,8 @@ def next_wakeup(state: State, now: float) -> float:
             times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
         if t.phase is Phase.WAITING and state.stopping is None:
             times.append(t.start_at)
-    return max(now, min(times)) if times else now + 3600.0
+    due = [t for t in times if math.isfinite(t)]  # an event waiting for a document is not
+    return max(now, min(due)) if due else now + 3600.0
 
 
 # ---- the events of a document --------------------------------------------------------------

@@ -763,3 +763,10 @@ def test_after_a_restart_a_waiting_event_waits_for_the_next_document():
     m.send(DocumentFetched(doc(far), WALL0 + 5), at=105)
     assert m.phase() is Phase.WAITING
     assert not of(m.effects, SpawnHooks)
+
+
+def test_a_waiting_event_loaded_before_the_name_is_known_asks_for_no_infinite_wait():
+    m = Machine(
+        config(vm_name=None, events=LEAD), loaded={"E1": Tracked(due_in(86400), Phase.WAITING)}
+    )
+    assert m.wake() == m.now + 3600.0
