@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config
-from scheduledeventsd.model import Document, DocumentError, parse_document
+from scheduledeventsd import config, engine
+from scheduledeventsd.engine import (
+    ApprovalFailed,
+    ApprovalSent,
+    Boot,
+    DocumentFetched,
+    HooksFinished,
+    Outcome,
+    Persist,
+    PollFailed,
+    PostApproval,
+    SpawnHooks,
+    Tick,
+    Tracked,
+)
+from scheduledeventsd.model import Document, DocumentError, Event, parse_document
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(
@@ -101,3 +117,147 @@ def test_any_yaml_value_is_a_config_or_errors_that_name_the_source(raw):
         return
     assert problems
     assert all(p.startswith("fuzz.yaml: ") for p in problems)
+
+
+# ---- the state machine under random histories ---------------------------------------------
+
+VM = "vm-a"
+RULES = {
+    "Reboot": config.EventRule(("drain",), ("undrain",), ("restore",)),
+    "Freeze": config.EventRule((), ("thaw",)),
+    "Preempt": config.EventRule(("shutdown",), short_seconds=5),
+}
+CONFIG = config.Config(
+    vm_name=VM,
+    state_dir=Path("/unused"),
+    approve=config.ApprovePolicy.ALWAYS,  # shared events are approved too: more to check
+    hooks={},
+    events=RULES,
+    shutdown_grace=5.0,
+)
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.sampled_from(sorted(RULES)),
+            st.sampled_from([(VM,), ("vm-b",), (VM, "vm-b")]),
+            st.sampled_from(["Scheduled", "Started"]),
+            st.sampled_from([None, 3, 30]),
+        ),
+        st.tuples(st.just("start"), st.integers(0, 9)),
+        st.tuples(st.just("remove"), st.integers(0, 9)),
+        st.tuples(st.just("finish"), st.integers(0, 9), st.sampled_from(list(Outcome))),
+        st.tuples(st.just("approval"), st.integers(0, 9), st.booleans()),
+        st.tuples(
+            st.just("poll_fails"),
+        ),
+        st.tuples(st.just("wait"), st.floats(0.1, 20)),
+        st.tuples(st.just("restart"), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+class History:
+    """Drives the engine through a random history, restarts included, checking invariants on
+    every effect: the daemon's promise, proven on the pure state machine."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.doc: dict[str, Event] = {}
+        self.incarnation = 1
+        self.next_id = 0
+        self.boot = "boot-0"
+        self.saved: dict[str, Tracked] = {}
+        self.succeeded_runs: set[int] = set()
+        self.run_of: dict[int, tuple[str, str]] = {}  # run -> (event id, stage)
+        self.stage_runs: dict[str, int] = {}  # event id -> after/cancelled runs started
+        self.before_ok: set[str] = set()  # events whose current before-run succeeded
+        self.posting: list[str] = []
+        self.state = engine.initial(CONFIG)
+        self.feed(Boot({}, "", self.boot))
+
+    def feed(self, message) -> None:
+        self.state, effects = engine.step(self.state, message, self.now)
+        for effect in effects:
+            self.check(effect)
+
+    def check(self, effect) -> None:
+        if isinstance(effect, SpawnHooks):
+            assert effect.event.names(VM), "hooks for an event not ours"
+            self.run_of[effect.run] = (effect.event.event_id, effect.stage)
+            if effect.stage == "before":
+                self.before_ok.discard(effect.event.event_id)
+            else:
+                n = self.stage_runs.get(effect.event.event_id, 0) + 1
+                self.stage_runs[effect.event.event_id] = n
+                assert n == 1, "after- or cancelled-hooks twice for one event"
+        elif isinstance(effect, PostApproval):
+            event = effect.event
+            assert event.names(VM), "approved an event that is not ours"
+            rule = RULES[event.event_type]
+            short, duration = rule.short_seconds, event.duration_seconds
+            decided = short is not None and duration is not None and 0 <= duration <= short
+            assert not rule.before or event.event_id in self.before_ok or decided, (
+                "approved without a successful run of its before-hooks"
+            )
+            self.posting.append(event.event_id)
+        elif isinstance(effect, Persist):
+            self.saved = dict(effect.events)
+
+    def document(self) -> None:
+        self.incarnation += 1
+        doc = Document(self.incarnation, tuple(self.doc.values()))
+        self.feed(DocumentFetched(doc, self.now + 1_800_000_000.0))
+
+    def apply(self, step) -> None:
+        kind = step[0]
+        ids = list(self.doc)
+        if kind == "add":
+            _, event_type, resources, status, duration = step
+            event_id = f"E{self.next_id}"
+            self.next_id += 1
+            self.doc[event_id] = Event(
+                event_id, event_type, status, "VirtualMachine", resources, None, "", "", duration
+            )
+            self.document()
+        elif kind in ("start", "remove") and ids:
+            event_id = ids[step[1] % len(ids)]
+            if kind == "remove":
+                del self.doc[event_id]
+            else:
+                self.doc[event_id] = dataclasses.replace(self.doc[event_id], status="Started")
+            self.document()
+        elif kind == "finish" and self.state.runs:
+            runs = sorted(self.state.runs)
+            run = runs[step[1] % len(runs)]
+            event_id, stage = self.run_of[run]
+            if step[2] is Outcome.SUCCEEDED and stage == "before":
+                tracked = self.state.events.get(event_id)
+                if tracked is not None and tracked.run == run:
+                    self.before_ok.add(event_id)
+            self.feed(HooksFinished(run, step[2]))
+        elif kind == "approval" and self.posting:
+            event_id = self.posting.pop(step[1] % len(self.posting))
+            self.feed(ApprovalSent(event_id) if step[2] else ApprovalFailed(event_id, "x", "x"))
+        elif kind == "poll_fails":
+            self.feed(PollFailed("timeout", "timed out"))
+        elif kind == "wait":
+            self.now += step[1]
+            self.feed(Tick())
+        elif kind == "restart":
+            if step[1]:
+                self.boot = f"boot-{self.next_id}"
+            self.posting.clear()  # before_ok stays: an APPROVING event is posted again
+            self.state = engine.initial(CONFIG)
+            self.feed(Boot(self.saved, "", self.boot))
+            self.document()
+
+
+@settings(max_examples=1500, deadline=None)
+@given(steps)
+def test_no_history_approves_what_is_not_ours_or_unprepared_or_runs_after_hooks_twice(history):
+    h = History()
+    for step in history:
+        h.apply(step)
