@@ -128,9 +128,6 @@ class Daemon:
     def request_stop(self) -> None:
         self.inbox.put(Signalled(signal.SIGTERM))
 
-    def request_reload(self) -> None:
-        self.inbox.put(Signalled(signal.SIGHUP))
-
     def install_signal_handlers(self) -> None:
         def handler(signo: int, _frame: Optional[FrameType]) -> None:
             self.inbox.put(Signalled(signo))

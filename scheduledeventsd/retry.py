@@ -8,8 +8,7 @@ persisting fault is logged a few times an hour, never each second.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import dataclass
 
 REMINDER = 300.0  # a persisting failure is logged again this often (seconds)
 
@@ -65,9 +64,3 @@ class Failures:
             ),
             log,
         )
-
-    def succeeded(self) -> Failures:
-        return Failures()
-
-    def delayed(self, retry_at: Optional[float]) -> Failures:
-        return replace(self, retry_at=self.retry_at if retry_at is None else retry_at)
