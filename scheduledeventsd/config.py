@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import yaml
 
@@ -36,15 +36,15 @@ class ApprovePolicy(str, enum.Enum):
     NEVER = "never"
 
 
-APPROVE_POLICIES = tuple(p.value for p in ApprovePolicy)
-
-
 class UserEvents(str, enum.Enum):
     """What to do with events a person asked for (EventSource User: a restart from the portal)."""
 
     HOOKS = "hooks"  # like any other event
     APPROVE = "approve"  # at once, no hooks: someone is waiting for it
     IGNORE = "ignore"  # left alone; it proceeds at NotBefore
+
+
+E = TypeVar("E", ApprovePolicy, UserEvents)
 
 
 class ConfigError(Exception):
@@ -221,6 +221,16 @@ class _Checker:
             return default
         return float(value)
 
+    def choice(self, value: Any, where: str, default: E) -> E:  # noqa: ANN401
+        """One of an enum's values, e.g. `approve: sole`; the default when absent or wrong."""
+        kind = type(default)
+        text = self.string(value, where, default.value)
+        if text not in {member.value for member in kind}:
+            allowed = ", ".join(member.value for member in kind)
+            self.fail(where, f"must be one of {allowed}, got {text!r}")
+            return default
+        return kind(text)
+
     def string(self, value: Any, where: str, default: str) -> str:  # noqa: ANN401
         if value is None:
             return default
@@ -396,14 +406,7 @@ def _check_rule(
     )
     approve = None
     if fields.get("approve") is not None:
-        text = c.string(fields["approve"], f"{where}.approve", "")
-        if text not in APPROVE_POLICIES:
-            c.fail(
-                f"{where}.approve",
-                f"must be one of {', '.join(APPROVE_POLICIES)}, got {text!r}",
-            )
-        else:
-            approve = ApprovePolicy(text)
+        approve = c.choice(fields["approve"], f"{where}.approve", ApprovePolicy.SOLE)
     short = None
     if fields.get("short_seconds") is not None:
         value = fields["short_seconds"]
@@ -481,17 +484,8 @@ def parse(
     state_dir = c.string(top.get("state_dir"), "state_dir", str(defaults.state_dir))
     if not os.path.isabs(state_dir):
         c.fail("state_dir", f"must be an absolute path, got {state_dir!r}")
-    approve = c.string(top.get("approve"), "approve", defaults.approve.value)
-    if approve not in APPROVE_POLICIES:
-        c.fail("approve", f"must be one of {', '.join(APPROVE_POLICIES)}, got {approve!r}")
-        approve = defaults.approve.value
-    user_events = c.string(top.get("user_events"), "user_events", UserEvents.HOOKS.value)
-    if user_events not in {u.value for u in UserEvents}:
-        c.fail(
-            "user_events",
-            f"must be one of {', '.join(u.value for u in UserEvents)}, got {user_events!r}",
-        )
-        user_events = UserEvents.HOOKS.value
+    approve = c.choice(top.get("approve"), "approve", defaults.approve)
+    user_events = c.choice(top.get("user_events"), "user_events", defaults.user_events)
     metadata = _check_metadata(c, top.get("metadata"))
     hooks = _check_hooks(c, top.get("hooks"))
     events = _check_events(c, top.get("events"), hooks)
@@ -504,8 +498,8 @@ def parse(
         metadata=metadata,
         vm_name=None if vm_name == "auto" else vm_name,
         state_dir=Path(state_dir),
-        approve=ApprovePolicy(approve),
-        user_events=UserEvents(user_events),
+        approve=approve,
+        user_events=user_events,
         hooks=_frozen(hooks),
         events=_frozen(events),
         environment=_frozen(environment),
