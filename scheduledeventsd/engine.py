@@ -335,7 +335,9 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     out: list[Effect] = []
     new = _HANDLERS[type(message)](state, message, now, out)
     new = _timers(new, now, out)
-    changed = new.events is not state.events and _durable(new.events) != _durable(state.events)
+    changed = new.events is not state.events and durable_events(new.events) != durable_events(
+        state.events
+    )
     if changed and not any(isinstance(e, Persist) for e in out):
         # Written ahead of any hook it starts, so a crash mid-hook is always known after the
         # restart (hooks_interrupted); written after an approval's POST, which need not wait.
@@ -1223,18 +1225,10 @@ def _with(state: State, event_id: str, tracked: Tracked) -> State:
     return replace(state, events={**state.events, event_id: tracked})
 
 
-def _durable(events: Known) -> dict[str, tuple[Event, Phase, str, str]]:
-    return {
-        k: (t.event, t.phase, t.boot_id, t.rule)
-        for k, t in events.items()
-        if t.phase is not Phase.NOT_OURS
-    }
-
-
 def durable_events(events: Known) -> Known:
     """What the state file keeps: events for other VMs cost a write a second under churn."""
     return {
-        k: replace(t, run=None, pending="", stage="", in_document=True)
+        k: replace(t, run=None, pending="", stage="", in_document=True, start_at=0.0)
         for k, t in events.items()
         if t.phase is not Phase.NOT_OURS
     }

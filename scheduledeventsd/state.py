@@ -83,12 +83,9 @@ class StateStore:
         return f"{self.path}: {problem}; moved to {aside}, starting with no state"
 
     def save(self, known: Known) -> None:
-        """Write only what changed and matters after a restart; raise OSError if it cannot.
-
-        Events for other VMs are left out: forgetting them costs one log line after a restart,
-        while keeping them made a busy document cost an fsync every second.
-        """
-        durable = {k: t for k, t in known.items() if t.phase is not Phase.NOT_OURS}
+        """Write `known` (the engine chose what is durable) unless it is what was last written;
+        raise OSError if it cannot."""
+        durable = dict(known)
         if self._saved is not None and durable == self._saved:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -232,6 +232,14 @@ def test_events_not_naming_us_are_ignored_once_and_never_written():
     ]
 
 
+def test_the_state_written_holds_only_our_events_and_no_process_bound_fields():
+    m = Machine()
+    m.fetched(doc(event(), event("X", resources=("vm-b",))))
+    (persist,) = of(m.effects, Persist)
+    assert set(persist.events) == {"E1"}, "events for other VMs are never written"
+    assert persist.events["E1"].run is None
+
+
 def test_matching_the_vm_name_is_case_insensitive():
     m = Machine()
     m.fetched(doc(event(resources=("VM-A",))))
