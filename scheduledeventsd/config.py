@@ -32,6 +32,7 @@ class ApprovePolicy(str, enum.Enum):
     """Approving lets an event proceed for every VM it names: `sole` never rushes a neighbour."""
 
     SOLE = "sole"
+    ALL = "all"  # a shared event once every VM it names is ready (through `coordination`)
     ALWAYS = "always"
     NEVER = "never"
 
@@ -74,6 +75,37 @@ class HookCommand:
 class Hook:
     name: str
     commands: tuple[HookCommand, ...]
+
+
+@dataclass(frozen=True)
+class Etcd:
+    """An etcd cluster the VMs of a fleet share; the password is read from its file when used,
+    so it never sits in the config (or in anything that logs it)."""
+
+    endpoints: tuple[str, ...]
+    prefix: str = "/scheduledeventsd"
+    timeout: float = 5.0
+    ca_file: Optional[Path] = None
+    cert_file: Optional[Path] = None
+    key_file: Optional[Path] = None
+    username: Optional[str] = None
+    password_file: Optional[Path] = None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A command that says whether a shared event may be approved now (0), later (75), never."""
+
+    command: HookCommand
+    interval: float = 10.0
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """Exactly one of the two is set."""
+
+    etcd: Optional[Etcd] = None
+    gate: Optional[Gate] = None
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -126,6 +158,12 @@ class Config:
     events: Mapping[str, EventRule] = field(default_factory=lambda: DEFAULT_EVENTS)
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     shutdown_grace: float = 120.0
+    coordination: Optional[Coordination] = None
+
+    def policy(self, event_type: str) -> ApprovePolicy:
+        """An event type's own `approve`, else the top-level one."""
+        rule = self.events.get(event_type)
+        return rule.approve if rule is not None and rule.approve is not None else self.approve
 
 
 # The keys the validator accepts: the one source of the configuration reference. The README,
@@ -140,7 +178,20 @@ TOP_KEYS = (
     "events",
     "environment",
     "shutdown_grace",
+    "coordination",
 )
+COORDINATION_KEYS = ("etcd", "gate")
+ETCD_KEYS = (
+    "endpoints",
+    "prefix",
+    "timeout",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "username",
+    "password_file",
+)
+GATE_KEYS = ("command", "timeout", "interval")
 METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
 COMMAND_KEYS = ("command", "timeout")
 RULE_KEYS = ("before", "after", "cancelled", "approve", "short_seconds", "start_before")
@@ -154,6 +205,9 @@ def key_paths() -> frozenset[str]:
             *(f"metadata.{k}" for k in METADATA_KEYS),
             *(f"hooks.*.{k}" for k in COMMAND_KEYS),
             *(f"events.*.{k}" for k in RULE_KEYS),
+            *(f"coordination.{k}" for k in COORDINATION_KEYS),
+            *(f"coordination.etcd.{k}" for k in ETCD_KEYS),
+            *(f"coordination.gate.{k}" for k in GATE_KEYS),
         ]
     )
 
@@ -342,8 +396,14 @@ def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
     return hooks
 
 
-def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]:  # noqa: ANN401
-    fields = c.mapping(entry, where, COMMAND_KEYS)
+def _check_command(
+    c: _Checker,
+    where: str,
+    entry: Any,  # noqa: ANN401 - YAML
+    keys: tuple[str, ...] = COMMAND_KEYS,
+    default_timeout: float = 300.0,
+) -> Optional[HookCommand]:
+    fields = c.mapping(entry, where, keys)
     if not isinstance(entry, dict):
         return None
     argv = fields.get("command")
@@ -360,7 +420,7 @@ def _check_command(c: _Checker, where: str, entry: Any) -> Optional[HookCommand]
         c.fail(f"{where}.command", "contains a NUL character")
         return None
     _check_executable(c, f"{where}.command[0]", argv[0])
-    timeout = c.number(fields.get("timeout"), f"{where}.timeout", 300.0, 0.1, 86400)
+    timeout = c.number(fields.get("timeout"), f"{where}.timeout", default_timeout, 0.1, 86400)
     return HookCommand(tuple(argv), timeout)
 
 
@@ -461,6 +521,103 @@ def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN
     return env
 
 
+def _check_coordination(c: _Checker, raw: Any) -> Optional[Coordination]:  # noqa: ANN401
+    if raw is None:
+        return None
+    fields = c.mapping(raw, "coordination", COORDINATION_KEYS)
+    chosen = [k for k in COORDINATION_KEYS if fields.get(k) is not None]
+    if len(chosen) != 1:
+        got = " and ".join(chosen) if chosen else "neither"
+        c.fail("coordination", f"must set exactly one of etcd or gate, got {got}")
+        return None
+    if chosen == ["gate"]:
+        where = "coordination.gate"
+        command = _check_command(c, where, fields["gate"], GATE_KEYS, default_timeout=60.0)
+        if command is None:
+            return None
+        gate_fields = fields["gate"]
+        interval = c.number(gate_fields.get("interval"), f"{where}.interval", 10.0, 1, 3600)
+        return Coordination(gate=Gate(command, interval))
+    return Coordination(etcd=_check_etcd(c, fields["etcd"]))
+
+
+def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
+    where = "coordination.etcd"
+    fields = c.mapping(raw, where, ETCD_KEYS)
+    endpoints = fields.get("endpoints")
+    if not isinstance(endpoints, list) or not endpoints:
+        c.fail(f"{where}.endpoints", f"must be a non-empty list of URLs, got {_kind(endpoints)}")
+        endpoints = []
+    urls: list[str] = []
+    for i, url in enumerate(endpoints):
+        text = url if isinstance(url, str) else ""
+        parts = urllib.parse.urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            c.fail(f"{where}.endpoints[{i}]", f"must be an http(s):// URL with a host, got {url!r}")
+        elif parts.path.strip("/") or parts.query or parts.fragment or parts.username:
+            c.fail(
+                f"{where}.endpoints[{i}]",
+                f"must be scheme://host:port only (no path, query or credentials), got {url!r}",
+            )
+        else:
+            urls.append(text.rstrip("/"))
+    prefix = c.string(fields.get("prefix"), f"{where}.prefix", "/scheduledeventsd")
+    if not prefix.startswith("/") or any(ch.isspace() for ch in prefix) or len(prefix) > 200:
+        c.fail(f"{where}.prefix", f"must start with / and hold no white space, got {prefix!r}")
+    timeout = c.number(fields.get("timeout"), f"{where}.timeout", 5.0, 0.1, 60)
+    files: dict[str, Optional[Path]] = {}
+    for key in ("ca_file", "cert_file", "key_file", "password_file"):
+        files[key] = _check_readable(c, f"{where}.{key}", fields.get(key), secret=key != "ca_file")
+    if (files["cert_file"] is None) != (files["key_file"] is None):
+        c.fail(f"{where}.cert_file", "cert_file and key_file go together (mutual TLS)")
+    username = fields.get("username")
+    if username is not None:
+        username = c.string(username, f"{where}.username", "")
+    if bool(username) != (files["password_file"] is not None):
+        c.fail(f"{where}.username", "username and password_file go together")
+    return Etcd(
+        endpoints=tuple(urls),
+        prefix=prefix.rstrip("/") or "/",
+        timeout=timeout,
+        ca_file=files["ca_file"],
+        cert_file=files["cert_file"],
+        key_file=files["key_file"],
+        username=username or None,
+        password_file=files["password_file"],
+    )
+
+
+def _check_readable(
+    c: _Checker,
+    where: str,
+    value: Any,  # noqa: ANN401 - YAML
+    *,
+    secret: bool,
+) -> Optional[Path]:
+    """An absolute path to a file the daemon can read; a secret must be private to root."""
+    if value is None:
+        return None
+    text = c.string(value, where, "")
+    if not text:
+        return None
+    if not os.path.isabs(text):
+        c.fail(where, f"must be an absolute path, got {text!r}")
+        return None
+    if c.check_files:
+        try:
+            st = os.stat(text)
+            with open(text, "rb"):
+                pass
+        except OSError as e:
+            c.fail(where, f"{text}: {e.strerror.lower() if e.strerror else e}")
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            c.fail(where, f"{text}: not a regular file")
+        elif secret and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            c.fail(where, f"{text}: readable by group or others; it holds a secret (chmod 600)")
+    return Path(text)
+
+
 def parse(
     raw: Any,  # noqa: ANN401 - YAML
     source: str,
@@ -491,6 +648,21 @@ def parse(
     events = _check_events(c, top.get("events"), hooks)
     environment = _check_environment(c, top.get("environment"))
     grace = c.number(top.get("shutdown_grace"), "shutdown_grace", defaults.shutdown_grace, 0, 3600)
+    coordination = _check_coordination(c, top.get("coordination"))
+    wants_all = [
+        where
+        for where, policy in [
+            ("approve", approve),
+            *((f"events.{t}.approve", r.approve) for t, r in events.items()),
+        ]
+        if policy is ApprovePolicy.ALL
+    ]
+    if wants_all and top.get("coordination") is None:
+        c.fail(
+            wants_all[0],
+            "approve: all needs a coordination section (etcd or gate) to learn when the other "
+            "VMs an event names are ready",
+        )
     if c.problems:
         raise ConfigError(c.problems)
     return Config(
@@ -504,6 +676,7 @@ def parse(
         events=_frozen(events),
         environment=_frozen(environment),
         shutdown_grace=grace,
+        coordination=coordination,
     )
 
 

@@ -20,33 +20,41 @@ from typing import Callable, Optional, Union
 
 from . import config as config_mod
 from . import engine, log
-from .config import Config
+from .config import Config, Hook
+from .coordination import EtcdCoordinator
 from .engine import (
     ApprovalFailed,
     ApprovalSent,
+    AskGate,
     CancelRuns,
+    Coordinate,
+    CoordinationFailed,
     DocumentFetched,
     Effect,
     Exit,
     Fetch,
+    GateAnswered,
     HooksFinished,
     Log,
     Message,
     NameResolved,
     Notify,
     Outcome,
+    PeersChanged,
     Persist,
     Persisted,
     PollFailed,
     PostApproval,
     ResolveName,
     SpawnHooks,
+    StopCoordinating,
     UseConfig,
     WakeAt,
 )
 from .hooks import CommandResult, ProcessRunner, run_hooks
 from .identity import hostname, resolve
 from .imds import ImdsClient, ImdsError
+from .model import Event
 from .notify import Notifier
 from .state import StateError, StateStore
 
@@ -60,6 +68,8 @@ class Signalled:
 
 
 Inbound = Union[Message, Signalled]
+Pretended = Union[SpawnHooks, PostApproval, Persist, Coordinate, AskGate]
+_PRETENDED = (SpawnHooks, PostApproval, Persist, Coordinate, AskGate)  # what --dry-run skips
 Job = Callable[[], Message]
 Call = Callable[[ImdsClient], Message]
 
@@ -120,6 +130,7 @@ class Daemon:
         self._poller = Lane("imds-poll", self.inbox, _client(config))
         self._approver = Lane("imds-approve", self.inbox, _client(config))
         self._namer = Lane("imds-name", self.inbox, _client(config))
+        self._coordinator = _coordinator(config, self.inbox.put)
         self._wake_at = 0.0
         self._exit: Optional[int] = None
 
@@ -159,6 +170,8 @@ class Daemon:
         finally:
             for lane in (self._poller, self._approver, self._namer):
                 lane.stop()
+            if self._coordinator is not None:
+                self._coordinator.stop_all()
             self.store.unlock()
             self.notifier.close()
         return self._exit if self._exit is not None else 1
@@ -205,20 +218,17 @@ class Daemon:
     # ---- effects --------------------------------------------------------------------------
 
     def _do(self, effect: Effect) -> None:
+        if self.dry_run and isinstance(effect, _PRETENDED):
+            self._pretend(effect)
+            return
         if isinstance(effect, Log):
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
-        elif isinstance(effect, Fetch):
-            self._poller.submit(_fetch, _poll_error)
-        elif self.dry_run and isinstance(effect, (SpawnHooks, PostApproval, Persist)):
-            self._pretend(effect)
-        elif isinstance(effect, PostApproval):
-            event_id = effect.event.event_id
-            self._approver.submit(
-                functools.partial(_approve, event_id=event_id),
-                lambda detail: ApprovalFailed(event_id, "internal", detail),
-            )
+        elif isinstance(effect, (Fetch, PostApproval, ResolveName)):
+            self._ask_imds(effect)
         elif isinstance(effect, SpawnHooks):
             self._spawn(effect)
+        elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
+            self._coordinate(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
         elif isinstance(effect, Notify):
@@ -227,17 +237,51 @@ class Daemon:
             self._wake_at = effect.at
         elif isinstance(effect, CancelRuns):
             self.runner.cancel(*effect.runs)
-        elif isinstance(effect, ResolveName):
-            self._namer.submit(_resolve, _name_error)
         elif isinstance(effect, UseConfig):
             self._use_config(effect.config)
         elif isinstance(effect, Exit):
             self._exit = effect.status
 
-    def _pretend(self, effect: Union[SpawnHooks, PostApproval, Persist]) -> None:
+    def _ask_imds(self, effect: Union[Fetch, PostApproval, ResolveName]) -> None:
+        """Each on its own lane, so a GET hanging for its timeout delays no approval."""
+        if isinstance(effect, Fetch):
+            self._poller.submit(_fetch, _poll_error)
+        elif isinstance(effect, ResolveName):
+            self._namer.submit(_resolve, _name_error)
+        else:
+            event_id = effect.event.event_id
+            self._approver.submit(
+                functools.partial(_approve, event_id=event_id),
+                lambda detail: ApprovalFailed(event_id, "internal", detail),
+            )
+
+    def _coordinate(self, effect: Union[Coordinate, StopCoordinating, AskGate]) -> None:
+        if isinstance(effect, AskGate):
+            self._ask_gate(effect)
+        elif self._coordinator is None:
+            if isinstance(effect, Coordinate):
+                event_id = effect.event.event_id
+                self.inbox.put(CoordinationFailed(event_id, "internal", "no etcd configured"))
+        elif isinstance(effect, Coordinate):
+            self._coordinator.start(effect)
+        else:
+            self._coordinator.stop(*effect.event_ids)
+
+    def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
-        (approval after hooks, after-hooks once it is over) shows in the log too."""
-        if isinstance(effect, SpawnHooks):
+        (approval after hooks, after-hooks once it is over) shows in the log too. The other
+        VMs of a shared event are taken as ready."""
+        if isinstance(effect, Coordinate):
+            self.log.info(
+                "would_coordinate", **engine.event_fields(effect.event), ready=effect.ready
+            )
+            if effect.ready:
+                names = {r.casefold(): "ready" for r in effect.event.resources}
+                self.inbox.put(PeersChanged(effect.event.event_id, names))
+        elif isinstance(effect, AskGate):
+            self.log.info("would_ask_gate", **engine.event_fields(effect.event))
+            self.inbox.put(GateAnswered(effect.run, 0))
+        elif isinstance(effect, SpawnHooks):
             self.log.info(
                 "would_run_hooks",
                 **engine.event_fields(effect.event),
@@ -264,14 +308,72 @@ class Daemon:
         if new.metadata != old.metadata:
             for lane in (self._poller, self._approver, self._namer):
                 lane.use(_client(new))
+        if new.coordination != old.coordination:
+            if self._coordinator is not None:
+                self._coordinator.stop_all()
+            self._coordinator = _coordinator(new, self.inbox.put)
 
     def _spawn(self, effect: SpawnHooks) -> None:
-        run, event = effect.run, effect.event
+        def finish(failure: Optional[CommandResult], detail: str) -> Message:
+            if detail:
+                return HooksFinished(effect.run, Outcome.FAILED, detail)
+            if failure is None:
+                return HooksFinished(effect.run, Outcome.SUCCEEDED)
+            if failure.cancelled:
+                return HooksFinished(effect.run, Outcome.CANCELLED)
+            return HooksFinished(effect.run, Outcome.FAILED)
+
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
-        extra_env = self.config.environment
-        bound = self.log.bind(
-            event_id=event.event_id, event_type=event.event_type, stage=effect.stage
+        self._run_commands(
+            effect.run,
+            effect.event,
+            effect.stage,
+            hooks,
+            effect.incarnation,
+            effect.vm_name,
+            finish,
+            rebooted=effect.rebooted,
         )
+
+    def _ask_gate(self, effect: AskGate) -> None:
+        gate = self.config.coordination.gate if self.config.coordination else None
+        if gate is None:
+            self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))
+            return
+
+        def finish(failure: Optional[CommandResult], detail: str) -> Message:
+            if detail:
+                return GateAnswered(effect.run, None, detail=detail)
+            if failure is None:
+                return GateAnswered(effect.run, 0)
+            return GateAnswered(
+                effect.run,
+                failure.exit_status,
+                timed_out=failure.timed_out,
+                cancelled=failure.cancelled,
+                detail=failure.error,
+            )
+
+        hook = Hook("gate", (gate.command,))
+        self._run_commands(
+            effect.run, effect.event, "gate", (hook,), effect.incarnation, effect.vm_name, finish
+        )
+
+    def _run_commands(  # noqa: PLR0917 - one call site per kind of run
+        self,
+        run: int,
+        event: Event,
+        stage: str,
+        hooks: tuple[Hook, ...],
+        incarnation: int,
+        vm_name: str,
+        finish: Callable[[Optional[CommandResult], str], Message],
+        *,
+        rebooted: bool = False,
+    ) -> None:
+        """Hooks (or the gate) on a thread of their own; exactly one message when they end."""
+        extra_env = self.config.environment
+        bound = self.log.bind(event_id=event.event_id, event_type=event.event_type, stage=stage)
 
         def started(hook: str, argv: tuple[str, ...]) -> None:
             bound.info("hook_started", hook=hook, command=" ".join(argv), run=run)
@@ -289,6 +391,8 @@ class Daemon:
                 bound.error("hook_timed_out", **fields, error="killed with its process group")
             elif result.cancelled:
                 bound.warning("hook_cancelled", **fields, error=result.error or None)
+            elif stage == "gate":
+                bound.info("gate_answered", **fields, error=result.error or None)
             else:
                 bound.error("hook_failed", **fields, error=result.error or None)
 
@@ -296,36 +400,33 @@ class Daemon:
             bound.info("hook_output", hook=hook, stream=stream, line=line)
 
         def work() -> None:
-            outcome, detail = Outcome.FAILED, ""
+            message: Optional[Message] = None
             try:
                 failure = run_hooks(
                     self.runner,
                     run=run,
-                    stage=effect.stage,
-                    rebooted=effect.rebooted,
+                    stage=stage,
+                    rebooted=rebooted,
                     hooks=hooks,
                     event=event,
-                    incarnation=effect.incarnation,
-                    vm_name=effect.vm_name,
+                    incarnation=incarnation,
+                    vm_name=vm_name,
                     extra_env=extra_env,
                     on_started=started,
                     on_finished=finished,
                     on_output=output,
                 )
-                if failure is None:
-                    outcome = Outcome.SUCCEEDED
-                elif failure.cancelled:
-                    outcome = Outcome.CANCELLED
+                message = finish(failure, "")
             except Exception as e:  # noqa: BLE001 - the run must end in exactly one result
-                detail = f"internal error: {e!r}"
+                message = finish(None, f"internal error: {e!r}")
             finally:
                 self.runner.forget(run)
-                self.inbox.put(HooksFinished(run, outcome, detail))
+                self.inbox.put(message or finish(None, "internal error"))
 
         try:
             threading.Thread(target=work, name=f"hooks-{run}", daemon=True).start()
         except RuntimeError as e:  # "can't start new thread"
-            self.inbox.put(HooksFinished(run, Outcome.FAILED, f"cannot start a thread: {e}"))
+            self.inbox.put(finish(None, f"cannot start a thread: {e}"))
 
 
 # ---- jobs for the worker threads (I/O, then one message) -----------------------------------
@@ -379,6 +480,11 @@ def boot_id(path: str = BOOT_ID) -> str:
 def _client(config: Config) -> ImdsClient:
     md = config.metadata
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
+
+
+def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:
+    etcd = config.coordination.etcd if config.coordination else None
+    return None if etcd is None else EtcdCoordinator(etcd, send)
 
 
 def run_daemon(config: Config, *, dry_run: bool = False) -> int:

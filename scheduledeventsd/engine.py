@@ -24,6 +24,10 @@ POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for
 APPROVAL_BACKOFF = Backoff(0.5, 8.0)
 # At boot IMDS is often unreachable for a few seconds: ask for the name again soon, then rarely.
 NAME_BACKOFF = Backoff(2.0, 60.0)
+# etcd without quorum or a gate timing out: ask again soon, never more than every 10 s, so a
+# cluster back before NotBefore is used at once.
+COORDINATION_BACKOFF = Backoff(0.5, 10.0)
+GATE_LATER = 75  # EX_TEMPFAIL: "not yet"
 KILL_WAIT = 7.0  # after cancelling hooks at shutdown: the runner's SIGKILL comes 5 s after SIGTERM
 # A fetch in flight this much longer than its own timeouts means its worker is wedged: the
 # watchdog is no longer pinged, so systemd restarts the daemon.
@@ -38,6 +42,7 @@ class Phase(str, enum.Enum):
     MISSED = "missed"  # first seen already Started: no chance to prepare
     WAITING = "waiting"  # ours, but NotBefore is further away than its type's start_before
     RUNNING = "running"  # hooks are running
+    COORDINATING = "coordinating"  # hooks succeeded; a shared event waits for the others' ready
     APPROVING = "approving"  # hooks succeeded, StartRequests not yet accepted
     APPROVED = "approved"
     NOT_APPROVED = "not_approved"  # hooks succeeded, policy says it proceeds at NotBefore
@@ -51,6 +56,7 @@ class Phase(str, enum.Enum):
 PREPARED = frozenset(
     {
         Phase.RUNNING,
+        Phase.COORDINATING,
         Phase.APPROVING,
         Phase.APPROVED,
         Phase.NOT_APPROVED,
@@ -171,6 +177,30 @@ class StopRequested:
     signal: str = "SIGTERM"
 
 
+@dataclass(frozen=True)
+class PeersChanged:
+    """What the fleet's keys say now for one shared event: VM name (lower case) -> state."""
+
+    event_id: str
+    states: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CoordinationFailed:
+    event_id: str
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class GateAnswered:
+    run: int
+    exit_status: Optional[int]  # None: it could not start, timed out or was stopped
+    timed_out: bool = False
+    cancelled: bool = False
+    detail: str = ""
+
+
 Message = Union[
     Boot,
     DocumentFetched,
@@ -185,6 +215,9 @@ Message = Union[
     Reloaded,
     ReloadFailed,
     StopRequested,
+    PeersChanged,
+    CoordinationFailed,
+    GateAnswered,
 ]
 
 # ---- effects: what the daemon must do ------------------------------------------------------
@@ -250,6 +283,32 @@ class UseConfig:
 
 
 @dataclass(frozen=True)
+class Coordinate:
+    """Write this VM's state for a shared event (etcd); when ready, watch the other VMs' keys
+    and report them as PeersChanged until StopCoordinating (or CoordinationFailed)."""
+
+    event: Event
+    vm_name: str
+    ready: bool
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class StopCoordinating:
+    event_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AskGate:
+    """Run the gate command for a shared event; GateAnswered(run) comes back."""
+
+    run: int
+    event: Event
+    incarnation: int
+    vm_name: str
+
+
+@dataclass(frozen=True)
 class WakeAt:
     at: float
 
@@ -269,6 +328,9 @@ Effect = Union[
     Log,
     Notify,
     UseConfig,
+    Coordinate,
+    StopCoordinating,
+    AskGate,
     WakeAt,
     Exit,
 ]
@@ -291,6 +353,17 @@ class Poll:
 class Approvals:
     failures: Mapping[str, Failures] = field(default_factory=dict)
     posting: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Peers:
+    """A shared event waiting for the other VMs it names; not persisted (asked again after a
+    restart: writing our own ready twice is harmless)."""
+
+    asking: bool = False  # a watch (etcd) or a gate run is in progress
+    next_at: float = 0.0  # when to ask (again)
+    ready: tuple[str, ...] = ()  # the names last seen ready, to log only changes
+    not_yet: int = 0  # how many times the gate said "not yet"
 
 
 @dataclass(frozen=True)
@@ -320,6 +393,8 @@ class State:
     status_sent: str = ""
     stopping: Optional[Stopping] = None
     wall_offset: Optional[float] = None  # wall clock minus monotonic, from the last document
+    peers: Mapping[str, Peers] = field(default_factory=dict)  # COORDINATING events
+    coordination: Failures = field(default_factory=Failures)  # etcd or the gate, all events
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None) -> State:
@@ -597,6 +672,9 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
             )
         )
+        if _approval(event, state)[0] is Phase.COORDINATING and _etcd(state):
+            # The others stop waiting for us (a VM that never writes is waited out the same).
+            out.append(Coordinate(event, state.vm_name, False, state.incarnation or 0))
         return _with(state, event_id, replace(tracked, phase=Phase.HOOKS_FAILED, run=None))
     phase, note = _approval(event, state)
     if note is not None:
@@ -730,6 +808,12 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
             out,
         )
     out.append(UseConfig(new))
+    if new.coordination != old.coordination:
+        # Shared events still waiting ask again, through the new etcd or gate.
+        for event_id, t in state.events.items():
+            if t.phase is Phase.COORDINATING:
+                state, t = _stop_asking(state, t, out)  # noqa: PLW2901
+                state = _with(state, event_id, t)
     state = replace(state, config=new)
     if new.metadata != old.metadata:
         # A fixed url/api_version is tried at once, not after the rejected request's backoff.
@@ -783,6 +867,159 @@ def _stop_requested(state: State, msg: StopRequested, now: float, out: list[Effe
     return replace(state, stopping=Stopping(grace_until=now + grace))
 
 
+def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect]) -> State:
+    """Approve a shared event once every VM it names wrote ready; one failed: nobody does."""
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.phase is not Phase.COORDINATING:
+        return state
+    state = _coordination_works(state, out)
+    event = tracked.event
+    names = sorted({r.casefold() for r in event.resources})
+    states = {k.casefold(): v for k, v in msg.states.items()}
+    failed = [n for n in names if states.get(n) == "failed"]
+    ready = tuple(n for n in names if states.get(n) == "ready")
+    if failed:
+        out.append(
+            _note(
+                Level.WARNING,
+                "event_not_approved",
+                event,
+                failed=" ".join(failed),
+                reason="another VM's hooks failed; nobody approves, it proceeds at NotBefore",
+            )
+        )
+        state, tracked = _stop_asking(state, tracked, out)
+        return _with(state, msg.event_id, replace(tracked, phase=Phase.NOT_APPROVED))
+    if len(ready) == len(names):
+        out.append(_note(Level.INFO, "peers_ready", event, ready=" ".join(ready)))
+        state, tracked = _stop_asking(state, tracked, out)
+        return _with(state, msg.event_id, replace(tracked, phase=Phase.APPROVING))
+    peers = state.peers.get(msg.event_id, Peers(asking=True))
+    if ready != peers.ready:
+        out.append(
+            _note(
+                Level.INFO,
+                "peers_waiting",
+                event,
+                ready=" ".join(ready),
+                waiting_for=" ".join(n for n in names if n not in ready),
+            )
+        )
+    return replace(state, peers={**state.peers, msg.event_id: replace(peers, ready=ready)})
+
+
+def _coordination_failed(
+    state: State, msg: CoordinationFailed, now: float, out: list[Effect]
+) -> State:
+    """Never a reason to approve: the event waits, asked again with backoff, or proceeds at
+    NotBefore."""
+    failures, log = state.coordination.failed(msg.kind, now, COORDINATION_BACKOFF)
+    state = replace(state, coordination=failures)
+    tracked = state.events.get(msg.event_id)
+    if log:
+        fields: dict[str, object] = (
+            event_fields(tracked.event) if tracked is not None else {"event_id": msg.event_id}
+        )
+        out.append(
+            Log(
+                Level.WARNING,
+                "coordination_failed",
+                {
+                    **fields,
+                    "kind": msg.kind,
+                    "error": msg.detail,
+                    "failures": failures.count,
+                    "retry_in_s": round(failures.retry_at - now, 2),
+                    "reason": "not approved while the other VMs cannot be asked",
+                },
+            )
+        )
+    if tracked is None or tracked.phase is not Phase.COORDINATING:
+        return state
+    peers = state.peers.get(msg.event_id, Peers())
+    peers = replace(peers, asking=False, next_at=failures.retry_at)
+    if tracked.run is not None:
+        state = replace(state, runs={r: e for r, e in state.runs.items() if r != tracked.run})
+        state = _with(state, msg.event_id, replace(tracked, run=None))
+    return replace(state, peers={**state.peers, msg.event_id: peers})
+
+
+def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect]) -> State:
+    """0: approve now; 75 (EX_TEMPFAIL): ask again after `interval`; anything else: never."""
+    event_id = state.runs.get(msg.run, "")
+    tracked = state.events.get(event_id)
+    if tracked is None or tracked.run != msg.run or tracked.phase is not Phase.COORDINATING:
+        return state
+    if msg.cancelled:
+        return state
+    if msg.exit_status is None:
+        reason = "timed out" if msg.timed_out else msg.detail or "did not run"
+        return _coordination_failed(
+            state,
+            CoordinationFailed(event_id, "gate_timeout" if msg.timed_out else "gate", reason),
+            now,
+            out,
+        )
+    state = _coordination_works(state, out)
+    state = replace(state, runs={r: e for r, e in state.runs.items() if r != msg.run})
+    tracked = replace(tracked, run=None)
+    event = tracked.event
+    if msg.exit_status == 0:
+        out.append(_note(Level.INFO, "gate_approved", event))
+        state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+        return _with(state, event_id, replace(tracked, phase=Phase.APPROVING))
+    if msg.exit_status == GATE_LATER:
+        gate = state.config.coordination.gate if state.config.coordination else None
+        interval = gate.interval if gate is not None else COORDINATION_BACKOFF.cap
+        peers = state.peers.get(event_id, Peers())
+        level = Level.DEBUG if peers.not_yet else Level.INFO
+        out.append(_note(level, "gate_not_yet", event, ask_again_in_s=interval))
+        peers = Peers(asking=False, next_at=now + interval, not_yet=peers.not_yet + 1)
+        state = replace(state, peers={**state.peers, event_id: peers})
+        return _with(state, event_id, tracked)
+    out.append(
+        _note(
+            Level.WARNING,
+            "event_not_approved",
+            event,
+            exit_status=msg.exit_status,
+            reason="the gate command said never; it proceeds at NotBefore",
+        )
+    )
+    state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+    return _with(state, event_id, replace(tracked, phase=Phase.NOT_APPROVED))
+
+
+def _coordination_works(state: State, out: list[Effect]) -> State:
+    failures = state.coordination
+    if failures.count:
+        out.append(
+            Log(
+                Level.INFO,
+                "coordination_recovered",
+                {"failures": failures.count, "kind": failures.kind},
+            )
+        )
+        state = replace(state, coordination=Failures())
+    return state
+
+
+def _stop_asking(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
+    """A COORDINATING event that is decided, started or gone: end its watch or gate run."""
+    event_id = tracked.event.event_id
+    if tracked.run is not None:
+        out.append(CancelRuns((tracked.run,)))
+        state = replace(state, runs={r: e for r, e in state.runs.items() if r != tracked.run})
+    elif event_id in state.peers and _etcd(state):
+        out.append(StopCoordinating((event_id,)))
+    state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+    return state, replace(tracked, run=None)
+
+
+def _etcd(state: State) -> bool:
+    return state.config.coordination is not None and state.config.coordination.etcd is not None
+
+
 _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     Boot: _boot,
     DocumentFetched: _document_fetched,
@@ -797,6 +1034,9 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     Reloaded: _reloaded,
     ReloadFailed: _reload_failed,
     StopRequested: _stop_requested,
+    PeersChanged: _peers_changed,
+    CoordinationFailed: _coordination_failed,
+    GateAnswered: _gate_answered,
 }
 
 
@@ -820,7 +1060,31 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
         out.append(ResolveName())
         state = replace(state, resolving=True)
     state = _start_waiting(state, now, out)
+    state = _coordinate(state, now, out)
     return _retry_approvals(state, now, out)
+
+
+def _coordinate(state: State, now: float, out: list[Effect]) -> State:
+    """Shared events waiting for the other VMs: start (or restart) the watch or the gate."""
+    coordination = state.config.coordination
+    if coordination is None:
+        return state
+    for event_id, t in state.events.items():
+        if t.phase is not Phase.COORDINATING:
+            continue
+        peers = state.peers.get(event_id, Peers())
+        if peers.asking or now < peers.next_at:
+            continue
+        incarnation = state.incarnation or 0
+        if coordination.etcd is not None:
+            out.append(Coordinate(t.event, state.vm_name, True, incarnation))
+        else:
+            run = state.next_run
+            out.append(AskGate(run, t.event, incarnation, state.vm_name))
+            state = replace(state, runs={**state.runs, run: event_id}, next_run=run + 1)
+            state = _with(state, event_id, replace(t, run=run))
+        state = replace(state, peers={**state.peers, event_id: replace(peers, asking=True)})
+    return state
 
 
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
@@ -938,6 +1202,12 @@ def next_wakeup(state: State, now: float) -> float:
             times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
         if t.phase is Phase.WAITING and state.stopping is None:
             times.append(t.start_at)
+        peers = state.peers.get(event_id)
+        if t.phase is Phase.COORDINATING and state.stopping is None:
+            if peers is None:
+                times.append(now)
+            elif not peers.asking:
+                times.append(peers.next_at)
     due = [t for t in times if math.isfinite(t)]  # an event waiting for a document is not
     return max(now, min(due)) if due else now + 3600.0
 
@@ -980,7 +1250,9 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
                     previous_status=before.event.status,
                 )
             )
-            if phase is Phase.APPROVING and event.status == STARTED:
+            if phase in (Phase.APPROVING, Phase.COORDINATING) and event.status == STARTED:
+                if phase is Phase.COORDINATING:
+                    state, before = _stop_asking(state, before, out)
                 phase = Phase.DONE
         tracked = replace(before, event=event, phase=phase, in_document=True)
         if phase is Phase.WAITING:
@@ -1005,6 +1277,8 @@ def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
         if gone.phase is Phase.AFTER or gone.pending:
             events[event_id] = replace(gone, in_document=False)
             continue
+        if gone.phase is Phase.COORDINATING:
+            state, gone = _stop_asking(state, gone, out)  # noqa: PLW2901
         if not _prepared(gone):
             out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
             continue
@@ -1180,8 +1454,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
 
     APPROVING events are posted by `_retry_approvals`, the one place approvals go out.
     """
-    rule = state.config.events.get(event.event_type)
-    policy = rule.approve if rule is not None and rule.approve is not None else state.config.approve
+    policy = state.config.policy(event.event_type)
     if event.status != SCHEDULED:
         return Phase.DONE, _note(Level.INFO, "approval_not_needed", event, reason="already started")
     if policy is ApprovePolicy.NEVER:
@@ -1192,7 +1465,17 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
             reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
     others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
-    if policy is ApprovePolicy.SOLE and others:
+    coordination = state.config.coordination
+    if policy is ApprovePolicy.ALL and others and coordination is not None:
+        return Phase.COORDINATING, _note(
+            Level.INFO,
+            "event_coordinating",
+            event,
+            via="etcd" if coordination.etcd is not None else "gate",
+            other_resources=" ".join(others),
+            reason="shared: approved once every VM it names is ready",
+        )
+    if policy in (ApprovePolicy.SOLE, ApprovePolicy.ALL) and others:
         return Phase.NOT_APPROVED, _note(
             Level.INFO,
             "approval_skipped",
@@ -1244,6 +1527,11 @@ def status_text(state: State) -> str:
     waiting = [t for t in state.events.values() if t.phase is Phase.WAITING]
     if waiting:
         text += f"; {len(waiting)} waiting for their lead time"
+    coordinating = [t for t in state.events.values() if t.phase is Phase.COORDINATING]
+    if coordinating:
+        text += f"; {len(coordinating)} waiting for the other VMs"
+    if state.coordination.count:
+        text += f"; COORDINATION FAILING: {state.coordination.kind}"
     if state.poll.rejected:
         text += f"; IMDS REJECTS OUR REQUEST: {state.poll.rejected[:120]}"
     if state.state_problem:

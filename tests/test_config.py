@@ -101,7 +101,7 @@ extra: 1
         "metadata.poll_interval: must be between 0.25 and 60",
         "metadata.timeout: must be a number of seconds, got a string",
         "metadata.retries: unknown key",
-        "approve: must be one of sole, always, never",
+        "approve: must be one of sole, all, always, never",
         "state_dir: must be an absolute path",
         "hooks.drain[0].command: must be a list (argv; no shell runs it)",
         "hooks.ok[0].command[0]: must be an absolute path",
@@ -259,6 +259,6 @@ def test_lifecycle_keys_are_checked_with_their_key_paths(tmp_path, hook):
     )
     assert any("user_events: must be one of hooks, approve, ignore" in p for p in found)
     assert any("events.Reboot.after[0]: hook 'nope' is not defined" in p for p in found)
-    assert any("events.Reboot.approve: must be one of sole, always, never" in p for p in found)
+    assert any("events.Reboot.approve: must be one of sole, all, always, never" in p for p in found)
     assert any("events.Reboot.short_seconds: must be a whole number 0..3600" in p for p in found)
     assert any("events.Reboot.later: unknown key" in p for p in found)

@@ -1,0 +1,328 @@
+"""A small client for etcd's v3 JSON gateway (`POST /v3/...` on the client port), with requests.
+
+Knows etcd and HTTP, nothing of events. The gateway is part of every etcd 3.4+ server, so the
+daemon needs no gRPC stack (Debian and Fedora package none that fits). Endpoints are tried in
+turn until one answers, as etcd's own clients do; an unauthenticated answer (the token expired)
+authenticates again once. Never through a proxy, never following a redirect.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import requests
+
+from .config import Etcd
+
+# gRPC status codes etcd answers with (google.golang.org/grpc/codes)
+_UNAUTHENTICATED = 16
+_PERMISSION_DENIED = 7
+_INVALID_AUTH_TOKEN = "invalid auth token"  # noqa: S105 - an error message etcd sends
+
+
+class EtcdError(Exception):
+    """`kind` is a stable label for logs: unreachable, timeout, tls, auth_failed,
+    permission_denied, rejected, watch_cancelled, compacted, bad_answer."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: Optional[bytes]  # None: deleted (in a watch)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _unb64(text: Any) -> bytes:  # noqa: ANN401 - JSON
+    if not isinstance(text, str):
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        return b""
+
+
+def prefix_end(prefix: str) -> str:
+    """etcd's range end for "every key starting with prefix" (its last byte plus one)."""
+    data = prefix.encode("utf-8")
+    return base64.b64encode(data[:-1] + bytes([data[-1] + 1])).decode("ascii")
+
+
+class EtcdClient:
+    """One connection pool, for one thread (a `requests.Session` is not thread-safe)."""
+
+    def __init__(self, settings: Etcd) -> None:
+        self.settings = settings
+        self._session = requests.Session()
+        self._session.trust_env = False  # no proxy, no .netrc from a root daemon's environment
+        self._session.max_redirects = 0
+        if settings.ca_file is not None:
+            self._session.verify = str(settings.ca_file)
+        if settings.cert_file is not None and settings.key_file is not None:
+            self._session.cert = (str(settings.cert_file), str(settings.key_file))
+        self._current = 0
+        self._token: Optional[str] = None
+        self._stream: Optional[requests.Response] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- the calls ----------------------------------------------------------------------
+
+    def grant(self, ttl: int) -> str:
+        """A lease of `ttl` seconds; keys put under it vanish when it expires."""
+        answer = self._call("/v3/lease/grant", {"TTL": ttl})
+        lease = answer.get("ID")
+        if not isinstance(lease, str) or not lease.isdigit():
+            raise EtcdError("bad_answer", f"lease grant without an ID: {answer!r:.200}")
+        return lease
+
+    def put(self, key: str, value: bytes, lease: Optional[str] = None) -> int:
+        """Returns the revision of the write."""
+        body: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
+        if lease is not None:
+            body["lease"] = lease
+        return _revision(self._call("/v3/kv/put", body))
+
+    def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
+        """Every key under `prefix` and the revision they are as of (a linearizable read: it
+        fails without a quorum rather than answering from a stale member)."""
+        answer = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
+        kvs = answer.get("kvs", [])
+        if not isinstance(kvs, list):
+            raise EtcdError("bad_answer", "range: kvs is not a list")
+        found = [
+            KeyValue(_unb64(kv.get("key")).decode("utf-8", "replace"), _unb64(kv.get("value")))
+            for kv in kvs
+            if isinstance(kv, dict)
+        ]
+        return _revision(answer), found
+
+    def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[list[KeyValue]]:
+        """The changes under `prefix` from `start_revision` on, a batch per etcd message.
+
+        Ends (returns) when nothing arrived for `idle` seconds, so the caller can check the
+        cluster still has a quorum (a member cut off from it keeps a watch open but silent).
+        Raises EtcdError when the stream breaks or etcd cancels the watch.
+        """
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": prefix_end(prefix),
+                "start_revision": str(start_revision),
+            }
+        }
+        response = self._open_stream(body, idle)
+        try:
+            for line in response.iter_lines():
+                if not line:
+                    continue
+                result = _decode(line).get("result")
+                if not isinstance(result, dict):
+                    error = _decode(line).get("error")
+                    raise EtcdError("rejected", f"watch: {error!r:.300}")
+                if result.get("canceled"):
+                    reason = str(result.get("cancel_reason", ""))[:300]
+                    if _INVALID_AUTH_TOKEN in reason or "user name is empty" in reason:
+                        self._token = None
+                    compacted = int(result.get("compact_revision", 0) or 0)
+                    raise EtcdError("compacted" if compacted else "watch_cancelled", reason)
+                events = result.get("events", [])
+                if not isinstance(events, list) or not events:
+                    continue  # the "created" message, or a progress notification
+                yield [_change(e) for e in events if isinstance(e, dict)]
+        except requests.exceptions.ConnectionError as e:
+            if self._closed:
+                return
+            if "Read timed out" in str(e):
+                return
+            raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
+        except requests.exceptions.ChunkedEncodingError as e:
+            if self._closed:
+                return
+            raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
+        finally:
+            response.close()
+            with self._lock:
+                self._stream = None
+
+    def close(self) -> None:
+        """From any thread: ends a watch in progress and the connections."""
+        with self._lock:
+            self._closed = True
+            stream = self._stream
+        if stream is not None:
+            _abort(stream)
+        self._session.close()
+
+    # ---- HTTP ---------------------------------------------------------------------------
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in (1, 2):
+            response = self._post(path, body, stream=False, read_timeout=self.settings.timeout)
+            answer = _decode(response.content)
+            if response.status_code == 200:
+                return answer
+            if attempt == 1 and self._auth_expired(answer):
+                self._token = None
+                continue
+            raise _error(path, response.status_code, answer)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _open_stream(self, body: dict[str, Any], idle: float) -> requests.Response:
+        response = self._post("/v3/watch", body, stream=True, read_timeout=idle)
+        if response.status_code != 200:
+            answer = _decode(response.content)
+            response.close()
+            raise _error("/v3/watch", response.status_code, answer)
+        with self._lock:
+            if self._closed:
+                response.close()
+                raise EtcdError("unreachable", "client closed")
+            self._stream = response
+        return response
+
+    def _post(
+        self, path: str, body: dict[str, Any], *, stream: bool, read_timeout: float
+    ) -> requests.Response:
+        """POST to the endpoint that answered last, else the next ones in turn."""
+        endpoints = self.settings.endpoints
+        problems: list[str] = []
+        kinds: set[str] = set()
+        for offset in range(len(endpoints)):
+            index = (self._current + offset) % len(endpoints)
+            url = endpoints[index] + path
+            try:
+                headers = self._headers(endpoints[index])
+                response = self._session.post(
+                    url,
+                    json=body,
+                    headers=headers,
+                    timeout=(self.settings.timeout, read_timeout),
+                    stream=stream,
+                    allow_redirects=False,
+                )
+            except requests.exceptions.SSLError as e:
+                kinds.add("tls")
+                problems.append(f"{endpoints[index]}: {_short(e)}")
+            except requests.exceptions.Timeout as e:
+                kinds.add("timeout")
+                problems.append(f"{endpoints[index]}: {_short(e)}")
+            except (requests.exceptions.ConnectionError, OSError) as e:
+                kinds.add("unreachable")
+                problems.append(f"{endpoints[index]}: {_short(e)}")
+            except EtcdError as e:
+                if e.kind == "auth_failed":
+                    raise
+                kinds.add(e.kind)
+                problems.append(f"{endpoints[index]}: {e.detail}")
+            else:
+                if 300 <= response.status_code < 400:
+                    response.close()
+                    kinds.add("rejected")
+                    problems.append(f"{endpoints[index]}: redirect refused")
+                    continue
+                self._current = index
+                return response
+        kind = "tls" if "tls" in kinds else "timeout" if "timeout" in kinds else min(kinds)
+        raise EtcdError(kind, "; ".join(problems))
+
+    def _headers(self, endpoint: str) -> dict[str, str]:
+        if self.settings.username is None:
+            return {}
+        if self._token is None:
+            self._token = self._authenticate(endpoint)
+        return {"Authorization": self._token}
+
+    def _authenticate(self, endpoint: str) -> str:
+        password_file = self.settings.password_file
+        assert password_file is not None  # noqa: S101 - config checks username goes with it
+        try:
+            password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EtcdError("auth_failed", f"{password_file}: {e}") from None
+        response = self._session.post(
+            f"{endpoint}/v3/auth/authenticate",
+            json={"name": self.settings.username, "password": password},
+            timeout=self.settings.timeout,
+            allow_redirects=False,
+        )
+        answer = _decode(response.content)
+        token = answer.get("token")
+        if response.status_code != 200 or not isinstance(token, str):
+            raise EtcdError(
+                "auth_failed",
+                f"as {self.settings.username!r}: {_message(answer) or response.status_code}",
+            )
+        return token
+
+    def _auth_expired(self, answer: dict[str, Any]) -> bool:
+        return self.settings.username is not None and (
+            answer.get("code") == _UNAUTHENTICATED or _INVALID_AUTH_TOKEN in _message(answer)
+        )
+
+
+def _change(event: dict[str, Any]) -> KeyValue:
+    kv = event.get("kv") if isinstance(event.get("kv"), dict) else {}
+    assert isinstance(kv, dict)  # noqa: S101 - narrowed above
+    key = _unb64(kv.get("key")).decode("utf-8", "replace")
+    deleted = event.get("type") == "DELETE"
+    return KeyValue(key, None if deleted else _unb64(kv.get("value")))
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:300].decode("utf-8", "replace").strip()}
+    return value if isinstance(value, dict) else {}
+
+
+def _message(answer: dict[str, Any]) -> str:
+    return str(answer.get("message") or answer.get("error") or "")[:300]
+
+
+def _error(path: str, status: int, answer: dict[str, Any]) -> EtcdError:
+    message = _message(answer)
+    if answer.get("code") == _PERMISSION_DENIED:
+        return EtcdError("permission_denied", f"{path}: {message}")
+    if answer.get("code") == _UNAUTHENTICATED:
+        return EtcdError("auth_failed", f"{path}: {message}")
+    return EtcdError("rejected", f"{path}: HTTP {status}: {message}")
+
+
+def _revision(answer: dict[str, Any]) -> int:
+    header = answer.get("header")
+    revision = header.get("revision") if isinstance(header, dict) else None
+    try:
+        return int(revision)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise EtcdError("bad_answer", f"no revision in {answer!r:.200}") from None
+
+
+def _abort(response: requests.Response) -> None:
+    """Close a streaming response under a thread blocked reading it (shutdown wakes the read)."""
+    raw = getattr(response, "raw", None)
+    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    response.close()
+
+
+def _short(e: BaseException) -> str:
+    return str(e)[:300]
