@@ -567,7 +567,8 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
     timeout = c.number(fields.get("timeout"), f"{where}.timeout", 5.0, 0.1, 60)
     files: dict[str, Optional[Path]] = {}
     for key in ("ca_file", "cert_file", "key_file", "password_file"):
-        files[key] = _check_readable(c, f"{where}.{key}", fields.get(key), secret=key != "ca_file")
+        secret = key in ("key_file", "password_file")
+        files[key] = _check_readable(c, f"{where}.{key}", fields.get(key), secret=secret)
     if (files["cert_file"] is None) != (files["key_file"] is None):
         c.fail(f"{where}.cert_file", "cert_file and key_file go together (mutual TLS)")
     username = fields.get("username")

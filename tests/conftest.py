@@ -262,7 +262,10 @@ class DaemonFactory:
         daemon = Daemon(path, full_env, prefix, args)
         self.started.append(daemon)
         if ready:
-            daemon.wait_log("document_changed")
+            try:
+                daemon.wait_log("document_changed")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; the daemon said:\n{daemon.output()[-3000:]}") from None
         return daemon
 
     def stop_all(self) -> None:

@@ -62,7 +62,11 @@ def make_tls(root: Path) -> Tls:
     # With auth enabled, etcd's gateway refuses a client certificate with a CommonName (it
     # could not pass the CN on as the user), so the client's subject has none.
     for name, subject, ext in (
-        ("server", "/CN=server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth"),
+        (
+            "server",
+            "/CN=server",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
+        ),
         ("client", "/O=scheduledeventsd", "extendedKeyUsage=clientAuth"),
     ):
         (root / f"{name}.ext").write_text(ext + "\n")
