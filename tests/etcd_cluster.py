@@ -139,7 +139,7 @@ class Cluster:
                 "--trusted-ca-file", str(self.tls.ca),
             ]  # fmt: skip
         self.root.mkdir(parents=True, exist_ok=True)
-        self.procs[i] = subprocess.Popen(  # noqa: S603 - a fixed argv
+        self.procs[i] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         self._started_once[i] = True

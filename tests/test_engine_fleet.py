@@ -3,8 +3,6 @@ never when one failed or coordination is down, never rush a VM that runs no daem
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from scheduledeventsd.config import (
     ApprovePolicy,
     Coordination,
@@ -25,9 +23,11 @@ from scheduledeventsd.engine import (
     Persist,
     Phase,
     PostApproval,
+    Reloaded,
     SpawnHooks,
     StopCoordinating,
     Tracked,
+    status_text,
 )
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
 
@@ -53,9 +53,11 @@ def test_a_shared_event_is_not_approved_when_its_hooks_succeed_but_coordinated()
     assert m.phase() is Phase.COORDINATING
     assert not of(effects, PostApproval)
     (coordinate,) = of(effects, Coordinate)
-    assert coordinate.ready and coordinate.vm_name == VM
+    assert coordinate.ready
+    assert coordinate.vm_name == VM
     (note,) = logs(effects, "event_coordinating")
-    assert note.fields["via"] == "etcd" and note.fields["other_resources"] == "VM-B vm-c"
+    assert note.fields["via"] == "etcd"
+    assert note.fields["other_resources"] == "VM-B vm-c"
 
 
 def test_coordinating_is_written_ahead_so_a_restart_asks_again():
@@ -65,7 +67,8 @@ def test_coordinating_is_written_ahead_so_a_restart_asks_again():
     assert persist.events["E1"].phase is Phase.COORDINATING
     restarted = Machine(fleet(), loaded=persist.events)
     (coordinate,) = of(restarted.effects, Coordinate)
-    assert coordinate.event.event_id == "E1" and coordinate.ready
+    assert coordinate.event.event_id == "E1"
+    assert coordinate.ready
 
 
 def test_approved_only_once_every_named_vm_is_ready_whatever_the_case():
@@ -118,7 +121,8 @@ def test_an_event_naming_only_this_vm_is_approved_as_with_sole():
     m = Machine(fleet())
     effects = prepared(m, resources=(VM,))
     assert m.phase() is Phase.APPROVING
-    assert of(effects, PostApproval) and not of(effects, Coordinate)
+    assert of(effects, PostApproval)
+    assert not of(effects, Coordinate)
 
 
 def test_coordination_down_is_never_a_reason_to_approve_and_is_retried_with_backoff():
@@ -126,8 +130,10 @@ def test_coordination_down_is_never_a_reason_to_approve_and_is_retried_with_back
     prepared(m)  # at 102: Coordinate
     effects = m.send(CoordinationFailed("E1", "unreachable", "connection refused"), at=102.1)
     (failed,) = logs(effects, "coordination_failed")
-    assert failed.fields["kind"] == "unreachable" and failed.fields["retry_in_s"] == 0.5
-    assert not of(effects, PostApproval) and m.phase() is Phase.COORDINATING
+    assert failed.fields["kind"] == "unreachable"
+    assert failed.fields["retry_in_s"] == 0.5
+    assert not of(effects, PostApproval)
+    assert m.phase() is Phase.COORDINATING
     assert "COORDINATION FAILING: unreachable" in engine_status(m)
     assert m.wake() == 102.6
     assert of(m.tick(102.6), Coordinate)
@@ -160,7 +166,8 @@ def test_an_event_that_leaves_while_coordinating_is_cancelled_and_its_watch_stop
     effects = m.fetched(doc(incarnation=3), at=110)
     assert of(effects, StopCoordinating) == [StopCoordinating(("E1",))]
     (spawn,) = of(effects, SpawnHooks)
-    assert spawn.stage == "cancelled" and spawn.hooks == ("undrain",)
+    assert spawn.stage == "cancelled"
+    assert spawn.hooks == ("undrain",)
 
 
 def test_a_result_for_an_event_no_longer_coordinating_is_ignored():
@@ -177,12 +184,14 @@ def test_gate_75_asks_again_after_interval_then_0_approves():
     (ask,) = of(effects, AskGate)
     assert m.state.runs[ask.run] == "E1"
     effects = m.send(GateAnswered(ask.run, 75), at=103)
-    assert logs(effects, "gate_not_yet") and not of(effects, PostApproval)
+    assert logs(effects, "gate_not_yet")
+    assert not of(effects, PostApproval)
     assert m.wake() == 113
     assert not of(m.tick(112.9), AskGate)
     (again,) = of(m.tick(113), AskGate)
     effects = m.send(GateAnswered(again.run, 0), at=114)
-    assert m.phase() is Phase.APPROVING and of(effects, PostApproval)
+    assert m.phase() is Phase.APPROVING
+    assert of(effects, PostApproval)
     assert again.run not in m.state.runs
 
 
@@ -201,7 +210,8 @@ def test_gate_timing_out_is_a_coordination_failure_retried_with_backoff():
     effects = m.send(GateAnswered(ask.run, None, timed_out=True), at=165)
     (failed,) = logs(effects, "coordination_failed")
     assert failed.fields["kind"] == "gate_timeout"
-    assert m.phase() is Phase.COORDINATING and not of(effects, PostApproval)
+    assert m.phase() is Phase.COORDINATING
+    assert not of(effects, PostApproval)
     assert of(m.tick(m.wake()), AskGate)
 
 
@@ -243,13 +253,9 @@ def test_a_per_type_all_policy_coordinates_only_that_type():
 
 
 def test_a_reload_that_changes_coordination_asks_again_through_the_new_one():
-    from scheduledeventsd.engine import Reloaded
-
     m = Machine(fleet())
     prepared(m)
-    new = fleet(GATE)
-    new = new.__class__(**{**new.__dict__, "path": Path("/etc/x.yaml")})
-    effects = m.send(Reloaded(new), at=105)
+    effects = m.send(Reloaded(fleet(GATE)), at=105)
     assert of(effects, StopCoordinating) == [StopCoordinating(("E1",))]
     assert of(effects, AskGate)
 
@@ -263,6 +269,4 @@ def test_a_restart_keeps_a_shared_event_waiting_not_approved():
 
 
 def engine_status(m):
-    from scheduledeventsd.engine import status_text
-
     return status_text(m.state)
