@@ -195,6 +195,9 @@ def _yaml_key_paths(raw):
             paths |= {f"metadata.{k}" for k in value}
         if key == "hooks":
             paths |= {f"hooks.*.{k}" for commands in value.values() for c in commands for k in c}
+        if key == "coordination" and value:
+            for kind, settings in value.items():
+                paths |= {f"coordination.{kind}"} | {f"coordination.{kind}.{k}" for k in settings}
         if key == "events":
             paths |= {
                 f"events.*.{k}" for rule in value.values() if isinstance(rule, dict) for k in rule
@@ -202,10 +205,22 @@ def _yaml_key_paths(raw):
     return paths
 
 
-def _readme_config_block():
+def _readme_config_block(heading="## Configuration"):
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Configuration") :]
+    section = text[text.index(heading) :]
     return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def _commented_example(text, first_line):
+    """The YAML of an example the shipped file holds as comments, from `first_line` on."""
+    lines = text.splitlines()
+    start = lines.index(first_line)
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[1:])
+    return yaml.safe_load("\n".join(block))
 
 
 def _man_key_paths():
@@ -224,9 +239,10 @@ def test_the_readme_the_man_page_and_the_shipped_config_document_exactly_the_val
     """The validator's key tables are the source; a key missing or extra anywhere fails here."""
     source = config.key_paths()
     readme = _yaml_key_paths(yaml.safe_load(_readme_config_block()))
-    shipped = _yaml_key_paths(
-        yaml.safe_load((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
-    )
+    readme |= _yaml_key_paths(yaml.safe_load(_readme_config_block("## Fleets")))
+    shipped_text = (ROOT / "etc/scheduledeventsd/config.yaml").read_text()
+    shipped = _yaml_key_paths(yaml.safe_load(shipped_text))
+    shipped |= _yaml_key_paths(_commented_example(shipped_text, "#coordination:"))
     assert readme == source, "README configuration block"
     assert shipped == source, "etc/scheduledeventsd/config.yaml"
     assert _man_key_paths() == source, "man page CONFIGURATION section"
@@ -262,3 +278,82 @@ def test_lifecycle_keys_are_checked_with_their_key_paths(tmp_path, hook):
     assert any("events.Reboot.approve: must be one of sole, all, always, never" in p for p in found)
     assert any("events.Reboot.short_seconds: must be a whole number 0..3600" in p for p in found)
     assert any("events.Reboot.later: unknown key" in p for p in found)
+
+
+# ---- coordination (approve: all) -----------------------------------------------------------
+
+
+def test_approve_all_needs_a_coordination_section(tmp_path, hook):
+    found = problems(
+        tmp_path, f"hooks:\n  h:\n    - command: [{hook}]\nevents: {{}}\napprove: all\n"
+    )
+    assert any(
+        p.endswith(
+            "approve: approve: all needs a coordination section (etcd or gate) "
+            "to learn when the other VMs an event names are ready"
+        )
+        for p in found
+    )
+    found = problems(
+        tmp_path,
+        f"hooks:\n  h:\n    - command: [{hook}]\n"
+        "events:\n  Reboot:\n    before: [h]\n    approve: all\n",
+    )
+    assert any(
+        "events.Reboot.approve: approve: all needs a coordination section" in p for p in found
+    )
+
+
+def test_coordination_takes_exactly_one_of_etcd_or_gate(tmp_path, hook):
+    found = problems(
+        tmp_path,
+        f"coordination:\n  etcd:\n    endpoints: [http://10.0.0.4:2379]\n"
+        f"  gate:\n    command: [{hook}]\nhooks: {{}}\nevents: {{}}\n",
+    )
+    assert any(
+        "coordination: must set exactly one of etcd or gate, got etcd and gate" in p for p in found
+    )
+    found = problems(tmp_path, "coordination: {}\nhooks: {}\nevents: {}\n")
+    assert any(
+        "coordination: must set exactly one of etcd or gate, got neither" in p for p in found
+    )
+
+
+def test_etcd_settings_are_checked_with_their_key_paths(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("x\n")
+    secret.chmod(0o644)
+    found = problems(
+        tmp_path,
+        "hooks: {}\nevents: {}\ncoordination:\n  etcd:\n"
+        "    endpoints: [http://10.0.0.4:2379/v3, 'etcd:2379', https://10.0.0.6:2379]\n"
+        "    prefix: relative\n    timeout: 0\n    cert_file: /nonexistent.pem\n"
+        f"    password_file: {secret}\n    password: inline\n",
+    )
+    text = "\n".join(found)
+    assert "coordination.etcd.endpoints[0]: must be scheme://host:port only" in text
+    assert "coordination.etcd.endpoints[1]: must be an http(s):// URL with a host" in text
+    assert "coordination.etcd.endpoints[2]" not in text
+    assert "coordination.etcd.prefix: must start with /" in text
+    assert "coordination.etcd.timeout: must be between 0.1 and 60" in text
+    assert "coordination.etcd.cert_file: /nonexistent.pem: no such file or directory" in text
+    assert f"coordination.etcd.password_file: {secret}: readable by group or others" in text
+    assert "coordination.etcd.username: username and password_file go together" in text
+    assert "coordination.etcd.password: unknown key" in text
+
+
+def test_the_gate_command_is_checked_like_a_hook(tmp_path, hook):
+    found = problems(
+        tmp_path,
+        "hooks: {}\nevents: {}\ncoordination:\n  gate:\n"
+        f"    command: '{hook} --ask'\n    interval: 0\n",
+    )
+    text = "\n".join(found)
+    assert "coordination.gate.command: must be a list (argv; no shell runs it)" in text
+    cfg = load(
+        tmp_path,
+        f"hooks: {{}}\nevents: {{}}\napprove: all\ncoordination:\n  gate:\n    command: [{hook}]\n",
+    )
+    assert cfg.coordination.gate.command.argv == (hook,)
+    assert cfg.coordination.gate.command.timeout == 60
+    assert cfg.coordination.gate.interval == 10
