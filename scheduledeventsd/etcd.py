@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -86,7 +87,7 @@ class EtcdClient:
         """A lease of `ttl` seconds; keys put under it vanish when it expires."""
         answer = self._call("/v3/lease/grant", {"TTL": ttl})
         lease = answer.get("ID")
-        if not isinstance(lease, str) or not lease.isdigit():
+        if not isinstance(lease, str) or not re.fullmatch(r"[0-9]+", lease):
             raise EtcdError("bad_answer", f"lease grant without an ID: {answer!r:.200}")
         return lease
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -187,8 +188,8 @@ def _parse_document(body: bytes, cache: Optional[EventCache]) -> Document:
         raise DocumentError("not a JSON object")
     fields = _lower_keys(raw)
     incarnation = fields.get("documentincarnation")
-    if isinstance(incarnation, str) and incarnation.strip().isdigit():
-        incarnation = int(incarnation)
+    if isinstance(incarnation, str) and re.fullmatch(r"\s*[0-9]+\s*", incarnation):
+        incarnation = int(incarnation)  # not isdigit(): "²" is a digit int() refuses
     if isinstance(incarnation, bool) or not isinstance(incarnation, int):
         raise DocumentError(
             f"DocumentIncarnation is missing or not an integer: {_short(incarnation)}"

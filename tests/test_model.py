@@ -151,3 +151,9 @@ def test_to_json_round_trips_through_the_parser():
         json.dumps({"DocumentIncarnation": 1, "Events": [event.to_json()]}).encode()
     )
     assert again.events[0] == event
+
+
+def test_an_incarnation_of_unicode_digits_is_a_document_error_not_a_crash():
+    """'²'.isdigit() is true but int('²') raises: found by the property test."""
+    with pytest.raises(DocumentError):
+        parse_document(json.dumps({"DocumentIncarnation": "²", "Events": []}).encode())

@@ -14,9 +14,11 @@ from scheduledeventsd.engine import (
     ApprovalFailed,
     ApprovalSent,
     Boot,
+    CoordinationFailed,
     DocumentFetched,
     HooksFinished,
     Outcome,
+    PeersChanged,
     Persist,
     PollFailed,
     PostApproval,
@@ -136,34 +138,42 @@ CONFIG = config.Config(
     shutdown_grace=5.0,
 )
 
-steps = st.lists(
-    st.one_of(
-        st.tuples(
-            st.just("add"),
-            st.sampled_from(sorted(RULES)),
-            st.sampled_from([(VM,), ("vm-b",), (VM, "vm-b")]),
-            st.sampled_from(["Scheduled", "Started"]),
-            st.sampled_from([None, 3, 30]),
-        ),
-        st.tuples(st.just("start"), st.integers(0, 9)),
-        st.tuples(st.just("remove"), st.integers(0, 9)),
-        st.tuples(st.just("finish"), st.integers(0, 9), st.sampled_from(list(Outcome))),
-        st.tuples(st.just("approval"), st.integers(0, 9), st.booleans()),
-        st.tuples(
-            st.just("poll_fails"),
-        ),
-        st.tuples(st.just("wait"), st.floats(0.1, 20)),
-        st.tuples(st.just("restart"), st.booleans()),
+step_kinds = st.one_of(
+    st.tuples(
+        st.just("add"),
+        st.sampled_from(sorted(RULES)),
+        st.sampled_from([(VM,), ("vm-b",), (VM, "vm-b")]),
+        st.sampled_from(["Scheduled", "Started"]),
+        st.sampled_from([None, 3, 30]),
     ),
-    max_size=40,
+    st.tuples(st.just("start"), st.integers(0, 9)),
+    st.tuples(st.just("remove"), st.integers(0, 9)),
+    st.tuples(st.just("finish"), st.integers(0, 9), st.sampled_from(list(Outcome))),
+    st.tuples(st.just("approval"), st.integers(0, 9), st.booleans()),
+    st.tuples(
+        st.just("poll_fails"),
+    ),
+    st.tuples(st.just("wait"), st.floats(0.1, 20)),
+    st.tuples(st.just("restart"), st.booleans()),
 )
+steps = st.lists(step_kinds, max_size=40)
+
+
+def needs_before(event: Event) -> bool:
+    """Whether its approval must wait for a successful before-run (not a short one, say)."""
+    rule = RULES[event.event_type]
+    short, duration = rule.short_seconds, event.duration_seconds
+    decided = short is not None and duration is not None and 0 <= duration <= short
+    return bool(rule.before) and not decided
 
 
 class History:
     """Drives the engine through a random history, restarts included, checking invariants on
     every effect: the daemon's promise, proven on the pure state machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: config.Config = CONFIG) -> None:
+        self.cfg = cfg
+        self.peers_ok: set[str] = set()  # shared events all VMs said ready for, after before_ok
         self.now = 100.0
         self.doc: dict[str, Event] = {}
         self.incarnation = 1
@@ -175,7 +185,7 @@ class History:
         self.stage_runs: dict[str, int] = {}  # event id -> after/cancelled runs started
         self.before_ok: set[str] = set()  # events whose current before-run succeeded
         self.posting: list[str] = []
-        self.state = engine.initial(CONFIG)
+        self.state = engine.initial(cfg)
         self.feed(Boot({}, "", self.boot))
 
     def feed(self, message) -> None:
@@ -189,6 +199,7 @@ class History:
             self.run_of[effect.run] = (effect.event.event_id, effect.stage)
             if effect.stage == "before":
                 self.before_ok.discard(effect.event.event_id)
+                self.peers_ok.discard(effect.event.event_id)
             else:
                 n = self.stage_runs.get(effect.event.event_id, 0) + 1
                 self.stage_runs[effect.event.event_id] = n
@@ -196,12 +207,12 @@ class History:
         elif isinstance(effect, PostApproval):
             event = effect.event
             assert event.names(VM), "approved an event that is not ours"
-            rule = RULES[event.event_type]
-            short, duration = rule.short_seconds, event.duration_seconds
-            decided = short is not None and duration is not None and 0 <= duration <= short
-            assert not rule.before or event.event_id in self.before_ok or decided, (
+            assert not needs_before(event) or event.event_id in self.before_ok, (
                 "approved without a successful run of its before-hooks"
             )
+            shared = len(event.resources) > 1
+            if self.cfg.approve is config.ApprovePolicy.ALL and shared:
+                assert event.event_id in self.peers_ok, "a shared event approved before all ready"
             self.posting.append(event.event_id)
         elif isinstance(effect, Persist):
             self.saved = dict(effect.events)
@@ -246,18 +257,64 @@ class History:
         elif kind == "wait":
             self.now += step[1]
             self.feed(Tick())
-        elif kind == "restart":
-            if step[1]:
-                self.boot = f"boot-{self.next_id}"
-            self.posting.clear()  # before_ok stays: an APPROVING event is posted again
-            self.state = engine.initial(CONFIG)
-            self.feed(Boot(self.saved, "", self.boot))
-            self.document()
+        else:
+            self.apply_other(step, ids)
+
+    def restart(self, rebooted: bool) -> None:
+        if rebooted:
+            self.boot = f"boot-{self.next_id}"
+        self.posting.clear()  # before_ok stays: an APPROVING event is posted again
+        self.state = engine.initial(self.cfg)
+        self.feed(Boot(self.saved, "", self.boot))
+        self.document()
+
+    def apply_other(self, step, ids) -> None:
+        """Restarts, and what the other VMs say (approve: all); steps that found nothing to do
+        (no event, no run) end here too."""
+        if step[0] == "restart":
+            self.restart(step[1])
+        if step[0] not in ("peers", "coordination_fails") or not ids:
+            return
+        event_id = ids[step[1] % len(ids)]
+        if step[0] == "coordination_fails":
+            self.feed(CoordinationFailed(event_id, "unreachable", "refused"))
+            return
+        states = dict(zip((VM, "vm-b"), step[2]))
+        everyone = all(states.get(r) == "ready" for r in self.doc[event_id].resources)
+        prepared = event_id in self.before_ok or not needs_before(self.doc[event_id])
+        if everyone and prepared:
+            self.peers_ok.add(event_id)
+        self.feed(PeersChanged(event_id, states))
 
 
 @settings(max_examples=1500, deadline=None)
 @given(steps)
 def test_no_history_approves_what_is_not_ours_or_unprepared_or_runs_after_hooks_twice(history):
     h = History()
+    for step in history:
+        h.apply(step)
+
+
+FLEET = dataclasses.replace(
+    CONFIG,
+    approve=config.ApprovePolicy.ALL,
+    coordination=config.Coordination(etcd=config.Etcd(endpoints=("http://127.0.0.1:2379",))),
+)
+_state = st.sampled_from(["ready", "failed", ""])
+fleet_steps = st.lists(
+    st.one_of(
+        step_kinds,
+        st.tuples(st.just("peers"), st.integers(0, 9), st.tuples(_state, _state)),
+        st.tuples(st.just("coordination_fails"), st.integers(0, 9)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(fleet_steps)
+def test_no_history_approves_a_shared_event_before_every_vm_it_names_said_ready(history):
+    """approve: all, with random peer states, coordination failures, restarts and reboots."""
+    h = History(FLEET)
     for step in history:
         h.apply(step)
