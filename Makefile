@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet
 bootstrap:
 	@./scripts/bootstrap
 
@@ -39,5 +39,12 @@ bench: bootstrap
 	$(PY) -m bench
 
 bench-quick: bootstrap
+	./scripts/apt-need etcd-server etcd-client
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
+	$(PY) -m bench.fleet --quick
+
+# Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.
+bench-fleet: bootstrap
+	./scripts/apt-need etcd-server etcd-client
+	$(PY) -m bench.fleet

@@ -576,6 +576,13 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
         username = c.string(username, f"{where}.username", "")
     if bool(username) != (files["password_file"] is not None):
         c.fail(f"{where}.username", "username and password_file go together")
+    in_clear = [u for u in urls if u.startswith("http://") and not _loopback(u)]
+    if username and in_clear:
+        c.fail(
+            f"{where}.endpoints",
+            f"{in_clear[0]}: with a username the password would cross the network in clear; "
+            "use https://",
+        )
     return Etcd(
         endpoints=tuple(urls),
         prefix=prefix.rstrip("/") or "/",
@@ -586,6 +593,11 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
         username=username or None,
         password_file=files["password_file"],
     )
+
+
+def _loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def _check_readable(

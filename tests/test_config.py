@@ -342,6 +342,29 @@ def test_etcd_settings_are_checked_with_their_key_paths(tmp_path):
     assert "coordination.etcd.password: unknown key" in text
 
 
+def test_a_password_never_goes_to_etcd_in_clear(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("x\n")
+    secret.chmod(0o600)
+    settings = f"    username: sed\n    password_file: {secret}\n"
+    found = problems(
+        tmp_path,
+        "hooks: {}\nevents: {}\ncoordination:\n  etcd:\n"
+        "    endpoints: [https://10.0.0.4:2379, http://10.0.0.5:2379]\n" + settings,
+    )
+    assert any(
+        "coordination.etcd.endpoints: http://10.0.0.5:2379: with a username the password would "
+        "cross the network in clear" in p
+        for p in found
+    )
+    loaded = load(
+        tmp_path,
+        "hooks: {}\nevents: {}\ncoordination:\n  etcd:\n"
+        "    endpoints: [http://127.0.0.1:2379]\n" + settings,
+    )
+    assert loaded.coordination.etcd.username == "sed"
+
+
 def test_the_gate_command_is_checked_like_a_hook(tmp_path, hook):
     found = problems(
         tmp_path,

@@ -294,3 +294,16 @@ def test_a_hanging_gate_is_killed_at_its_timeout_and_asked_again(fleet, sim):
     assert failed["kind"] == "gate_timeout"
     wait_for(lambda: len(daemon.logs("hook_started", stage="gate")) >= 2, 10, "a second ask")
     assert not approvals(sim, event_id)
+
+
+def test_dry_run_shows_the_coordination_it_would_do_and_touches_no_etcd(fleet, sim):
+    """Peers are taken as ready, so the log shows the whole path to the approval."""
+    nowhere = {"etcd": {"endpoints": ["http://127.0.0.1:9"], "prefix": fleet.prefix}}
+    cfg = fleet.config("vm-a", nowhere)
+    daemon = fleet.factories["vm-a"].start(cfg, args=("--dry-run",))
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+    daemon.wait_log("would_approve", event_id=event_id, timeout=10)
+    assert daemon.logs("would_coordinate", event_id=event_id)[0]["ready"] is True
+    assert not daemon.logs("coordination_failed")
+    assert not approvals(sim, event_id)
+    assert fleet.runs() == [], "no hook ran"
