@@ -31,6 +31,8 @@ from typing import Any
 
 import requests
 
+from bench import daemon_command
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 VM = "bench-vm_0"
@@ -145,18 +147,7 @@ class Contender:
                 }
             )
         )
-        return [
-            sys.executable,
-            "-m",
-            "scheduledeventsd",
-            "run",
-            "--config",
-            str(config),
-            "--log-target",
-            "console",
-            "--log-level",
-            "warning",
-        ]
+        return daemon_command(config)
 
     def start(self) -> float:
         env = {"PATH": os.environ["PATH"], "BENCH_LOG": str(self.hook_log), "PYTHONPATH": str(ROOT)}

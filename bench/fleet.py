@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench import daemon_command
 from scheduledeventsd.config import Etcd
 from scheduledeventsd.etcd import EtcdClient
 from scheduledeventsd.simulator import Scenario, Simulator
@@ -88,18 +89,7 @@ class Contender:
             )
             self.procs.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "scheduledeventsd",
-                        "run",
-                        "--config",
-                        str(config),
-                        "--log-target",
-                        "console",
-                        "--log-level",
-                        "warning",
-                    ],
+                    daemon_command(config),
                     cwd=ROOT,
                     env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
                     stdin=subprocess.DEVNULL,

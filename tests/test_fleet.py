@@ -18,22 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulator import Simulator
 from tests.conftest import DaemonFactory, Hooks, wait_for
 from tests.etcd_cluster import Cluster, make_tls
 
 pytestmark = pytest.mark.xdist_group(name="etcd")  # `make test` installs etcd-server
 VMS = ("vm-a", "vm-b", "vm-c")
-
-
-@pytest.fixture
-def sim():
-    simulator = Simulator(
-        Scenario(vm_name="vm-a", start_after_approval=0.5, started_for=1.0), rate_limit=False
-    )
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 @pytest.fixture
