@@ -869,10 +869,10 @@ def _stop_requested(state: State, msg: StopRequested, now: float, out: list[Effe
 
 def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect]) -> State:
     """Approve a shared event once every VM it names wrote ready; one failed: nobody does."""
+    state = _coordination_works(state, out)  # even if the event was decided meanwhile
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.phase is not Phase.COORDINATING:
         return state
-    state = _coordination_works(state, out)
     event = tracked.event
     names = sorted({r.casefold() for r in event.resources})
     states = {k.casefold(): v for k, v in msg.states.items()}

@@ -182,7 +182,9 @@ def test_no_quorum_no_approval_but_polling_and_sole_events_go_on_and_it_heals(cl
     cluster.start(1)
     cluster.start(2)
     wait_for(lambda: approvals(sim, shared), 30, "the approval once the quorum is back")
-    assert daemon.logs("coordination_recovered")
+    # The VM whose ready came last posted; the others may see the event start before their
+    # next retry (up to 10 s), so not every daemon needs to have recovered by now.
+    assert any(d.logs("coordination_recovered") for d in fleet.daemons.values())
 
 
 def test_a_daemon_killed_after_writing_ready_converges_after_restart(cluster, fleet, sim):
