@@ -70,6 +70,7 @@ def _parses_or_refuses(body: bytes) -> None:
     assert all(e.event_id and e.event_type and e.status for e in doc.events)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=512))
 def test_any_bytes_are_a_document_or_a_document_error(body):
     _parses_or_refuses(body)
@@ -82,6 +83,7 @@ def test_any_json_shaped_like_a_document_is_a_document_or_a_document_error(raw):
     _parses_or_refuses(json.dumps(raw).encode())
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(min_value=1, max_value=20_000))
 def test_bodies_nested_arbitrarily_deep_are_refused_not_crashed_on(depth):
     _parses_or_refuses(b"[" * depth + b"]" * depth)
@@ -288,7 +290,7 @@ class History:
         self.feed(PeersChanged(event_id, states))
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps)
 def test_no_history_approves_what_is_not_ours_or_unprepared_or_runs_after_hooks_twice(history):
     h = History()
@@ -312,7 +314,7 @@ fleet_steps = st.lists(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fleet_steps)
 def test_no_history_approves_a_shared_event_before_every_vm_it_names_said_ready(history):
     """approve: all, with random peer states, coordination failures, restarts and reboots."""
