@@ -16,9 +16,10 @@ lint: bootstrap
 
 # Most tests wait on real processes and sockets, not the CPU: four workers on two cores.
 # The deployed tests share one booted machine, so they stay together (xdist_group).
-# The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they wrote).
+# The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
+# wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries.
 test: bootstrap
-	./scripts/apt-need etcd-server etcd-client openssl
+	./scripts/apt-need etcd-server etcd-client openssl prometheus
 	$(PY) -m pytest -q -n 4 --dist loadgroup
 
 deb:

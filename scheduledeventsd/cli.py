@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from . import __version__, config, log, report
+import requests
+
+from . import __version__, config, log, observer, report
 from .daemon import Daemon, run_daemon
 from .identity import resolve
 from .imds import ImdsClient, ImdsError
 from .model import EVENT_TYPES
 from .rehearsal import rehearse
+from .state import STATUS_FILE, read_status
 
 EXIT_CONFIG = 2
 
@@ -61,6 +65,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("events", help="query IMDS once and show the scheduled events")
     _add_config(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser(
+        "status",
+        help="what the daemon on this machine knows, without asking IMDS; exit 1 if unhealthy",
+    )
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="the status document as JSON")
 
     p = sub.add_parser(
         "test-hooks", help="run the hooks of one stage for a synthetic event (a rehearsal)"
@@ -171,6 +182,49 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """From /status when http.listen is set (fresh), else the daemon's status.json."""
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    doc, problem = _status_document(cfg)
+    if doc is None:
+        print(f"error: no status: {problem}; is the daemon running?", file=sys.stderr)
+        return 1
+    now = time.time()
+    found = observer.problems(doc, now)
+    if args.json:
+        print(json.dumps(dict(doc, problems=found), indent=2))
+    else:
+        print(report.status(doc, now, found))
+    return 1 if found else 0
+
+
+def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]:
+    problems = []
+    if cfg.listen is not None:
+        host = cfg.listen.host
+        if not cfg.listen.loopback:
+            host = "::1" if ":" in host else "127.0.0.1"
+        url = f"http://{f'[{host}]' if ':' in host else host}:{cfg.listen.port}/status"
+        try:
+            with requests.Session() as session:
+                session.trust_env = False
+                answer = session.get(url, timeout=3, allow_redirects=False)
+                answer.raise_for_status()
+                doc = answer.json()
+            if isinstance(doc, dict) and "written_at_unix" in doc:
+                return doc, ""
+            problems.append(f"{url}: not a status document")
+        except (requests.RequestException, ValueError) as e:
+            problems.append(f"{url}: {e}")
+    try:
+        return read_status(cfg.state_dir), ""
+    except (OSError, ValueError) as e:
+        problems.append(f"{cfg.state_dir / STATUS_FILE}: {e}")
+    return None, "; ".join(problems)
+
+
 def cmd_test_hooks(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
@@ -260,6 +314,7 @@ COMMANDS = {
     "run": cmd_run,
     "check-config": cmd_check_config,
     "events": cmd_events,
+    "status": cmd_status,
     "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import ipaddress
 import os
 import re
 import stat
@@ -45,7 +46,31 @@ class UserEvents(str, enum.Enum):
     IGNORE = "ignore"  # left alone; it proceeds at NotBefore
 
 
-E = TypeVar("E", ApprovePolicy, UserEvents)
+class HealthFrom(str, enum.Enum):
+    """From which moment of an event of ours /health answers 503 (until the event is over)."""
+
+    DETECTED = "detected"
+    HOOKS_STARTED = "hooks_started"
+    HOOKS_DONE = "hooks_done"
+
+
+class WebhookFormat(str, enum.Enum):
+    JSON = "json"  # the event and what happened
+    TEXT = "text"  # {"text": "one line"}: Slack, Mattermost, Teams workflows
+
+
+# What a webhook can be sent for (the `on` list), each named after the engine's log record.
+WEBHOOK_EVENTS = (
+    "detected",
+    "hooks_failed",
+    "approved",
+    "missed",
+    "cancelled",
+    "completed",
+    "after_hooks_failed",
+)
+
+E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat)
 
 
 class ConfigError(Exception):
@@ -108,6 +133,27 @@ class Coordination:
     gate: Optional[Gate] = None
 
 
+@dataclass(frozen=True)
+class Listen:
+    host: str
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        return _loopback_host(self.host)
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str
+    format: WebhookFormat = WebhookFormat.JSON
+    on: tuple[str, ...] = WEBHOOK_EVENTS
+    timeout: float = 5.0
+    retries: int = 5
+    headers: Mapping[str, str] = field(default_factory=dict)
+    proxy: Optional[str] = None
+
+
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return types.MappingProxyType(dict(mapping))
 
@@ -159,6 +205,10 @@ class Config:
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     shutdown_grace: float = 120.0
     coordination: Optional[Coordination] = None
+    listen: Optional[Listen] = None  # http.listen: /metrics, /health, /status
+    metrics_textfile: Optional[Path] = None
+    unhealthy_from: HealthFrom = HealthFrom.DETECTED
+    webhooks: tuple[Webhook, ...] = ()
 
     def policy(self, event_type: str) -> ApprovePolicy:
         """An event type's own `approve`, else the top-level one."""
@@ -179,7 +229,14 @@ TOP_KEYS = (
     "environment",
     "shutdown_grace",
     "coordination",
+    "http",
+    "metrics_textfile",
+    "health",
+    "webhooks",
 )
+HTTP_KEYS = ("listen",)
+HEALTH_KEYS = ("unhealthy_from",)
+WEBHOOK_KEYS = ("url", "format", "on", "timeout", "retries", "headers", "proxy")
 COORDINATION_KEYS = ("etcd", "gate")
 ETCD_KEYS = (
     "endpoints",
@@ -208,6 +265,9 @@ def key_paths() -> frozenset[str]:
             *(f"coordination.{k}" for k in COORDINATION_KEYS),
             *(f"coordination.etcd.{k}" for k in ETCD_KEYS),
             *(f"coordination.gate.{k}" for k in GATE_KEYS),
+            *(f"http.{k}" for k in HTTP_KEYS),
+            *(f"health.{k}" for k in HEALTH_KEYS),
+            *(f"webhooks.*.{k}" for k in WEBHOOK_KEYS),
         ]
     )
 
@@ -230,6 +290,16 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+# YAML 1.2 booleans only: under YAML 1.1 a webhook's `on:` key would be the boolean True, and
+# `yes`, `no`, `off` would not be the strings they look like.
+_BOOL = "tag:yaml.org,2002:bool"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
 
@@ -596,8 +666,133 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
 
 
 def _loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
+    return _loopback_host(urllib.parse.urlsplit(url).hostname or "")
+
+
+def _loopback_host(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_listen(c: _Checker, raw: Any) -> Optional[Listen]:  # noqa: ANN401
+    fields = c.mapping(raw, "http", HTTP_KEYS)
+    value = fields.get("listen")
+    if value is None:
+        return None
+    where = "http.listen"
+    text = value if isinstance(value, str) else ""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        number = 0
+    if not sep or not 1 <= number <= 65535:
+        c.fail(
+            where,
+            f"must be ADDRESS:PORT with a numeric address (127.0.0.1:9650, [::1]:9650, "
+            f"0.0.0.0:9650), got {value!r}",
+        )
+        return None
+    return Listen(host, number)
+
+
+def _check_textfile(c: _Checker, raw: Any) -> Optional[Path]:  # noqa: ANN401
+    if raw is None:
+        return None
+    where = "metrics_textfile"
+    text = c.string(raw, where, "")
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_absolute() or path.suffix != ".prom":
+        c.fail(
+            where,
+            f"must be an absolute path ending in .prom (node_exporter reads no other), "
+            f"got {text!r}",
+        )
+        return None
+    if c.check_files and not path.parent.is_dir():
+        c.fail(where, f"{path.parent}: no such directory")
+    return path
+
+
+def _check_webhooks(c: _Checker, raw: Any) -> tuple[Webhook, ...]:  # noqa: ANN401
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail("webhooks", f"must be a list of webhooks, got {_kind(raw)}")
+        return ()
+    hooks: list[Webhook] = []
+    for i, entry in enumerate(raw):
+        where = f"webhooks[{i}]"
+        fields = c.mapping(entry, where, WEBHOOK_KEYS)
+        if not isinstance(entry, dict):
+            continue
+        url = _check_url(c, f"{where}.url", fields.get("url"), required=True)
+        retries = fields.get("retries", 5)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+            c.fail(f"{where}.retries", f"must be a whole number 0..20, got {retries!r}")
+            retries = 5
+        hooks.append(
+            Webhook(
+                url=url or "",
+                format=c.choice(fields.get("format"), f"{where}.format", WebhookFormat.JSON),
+                on=_check_on(c, f"{where}.on", fields.get("on")),
+                timeout=c.number(fields.get("timeout"), f"{where}.timeout", 5.0, 0.1, 60),
+                retries=retries,
+                headers=_check_headers(c, f"{where}.headers", fields.get("headers")),
+                proxy=_check_url(c, f"{where}.proxy", fields.get("proxy"), required=False),
+            )
+        )
+    return tuple(hooks)
+
+
+def _check_on(c: _Checker, where: str, on: Any) -> tuple[str, ...]:  # noqa: ANN401
+    if on is None:
+        return WEBHOOK_EVENTS
+    if not isinstance(on, list) or not all(isinstance(e, str) for e in on):
+        c.fail(where, f"must be a list of: {', '.join(WEBHOOK_EVENTS)}")
+        return WEBHOOK_EVENTS
+    for k, name in enumerate(on):
+        if name not in WEBHOOK_EVENTS:
+            c.fail(f"{where}[{k}]", f"must be one of {', '.join(WEBHOOK_EVENTS)}, got {name!r}")
+    return tuple(on)
+
+
+def _check_headers(c: _Checker, where: str, headers: Any) -> Mapping[str, str]:  # noqa: ANN401
+    if headers is None:
+        return _frozen({})
+    if not isinstance(headers, dict):
+        c.fail(where, f"must be a mapping of header to value, got {_kind(headers)}")
+        return _frozen({})
+    clean: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9-]{1,100}", name):
+            c.fail(f"{where}.{name}", "not a valid header name")
+        elif not isinstance(value, str) or any(ch in value for ch in "\r\n\x00"):
+            c.fail(f"{where}.{name}", "must be a string on one line")
+        else:
+            clean[name] = value
+    return _frozen(clean)
+
+
+def _check_url(c: _Checker, where: str, value: Any, *, required: bool) -> Optional[str]:  # noqa: ANN401
+    if value is None and not required:
+        return None
+    text = value if isinstance(value, str) else ""
+    parts = urllib.parse.urlsplit(text)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(ch.isspace() for ch in text)
+    ):
+        c.fail(where, f"must be an http(s):// URL with a host, got {value!r}")
+        return None
+    return text
 
 
 def _check_readable(
@@ -662,6 +857,13 @@ def parse(
     environment = _check_environment(c, top.get("environment"))
     grace = c.number(top.get("shutdown_grace"), "shutdown_grace", defaults.shutdown_grace, 0, 3600)
     coordination = _check_coordination(c, top.get("coordination"))
+    listen = _check_listen(c, top.get("http"))
+    textfile = _check_textfile(c, top.get("metrics_textfile"))
+    health = c.mapping(top.get("health"), "health", HEALTH_KEYS)
+    unhealthy_from = c.choice(
+        health.get("unhealthy_from"), "health.unhealthy_from", HealthFrom.DETECTED
+    )
+    webhooks = _check_webhooks(c, top.get("webhooks"))
     wants_all = [
         where
         for where, policy in [
@@ -690,7 +892,16 @@ def parse(
         environment=_frozen(environment),
         shutdown_grace=grace,
         coordination=coordination,
+        listen=listen,
+        metrics_textfile=textfile,
+        unhealthy_from=unhealthy_from,
+        webhooks=webhooks,
     )
+
+
+def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
+    """YAML as the config is read: safe, no duplicate keys, YAML 1.2 booleans."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Config:
@@ -703,7 +914,7 @@ def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Confi
     except UnicodeDecodeError as e:
         raise ConfigError([f"{source}: not UTF-8 text: {e.reason}"]) from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = parse_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"

@@ -14,6 +14,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Callable, Optional, Union
@@ -57,6 +58,7 @@ from .imds import ImdsClient, ImdsError
 from .model import Event
 from .notify import Notifier
 from .state import StateError, StateStore
+from .telemetry import Telemetry
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
@@ -125,6 +127,7 @@ class Daemon:
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.runner = ProcessRunner()
         self.store = StateStore(config.state_dir)
+        self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
         self._poller = Lane("imds-poll", self.inbox, _client(config))
@@ -172,6 +175,7 @@ class Daemon:
                 lane.stop()
             if self._coordinator is not None:
                 self._coordinator.stop_all()
+            self.telemetry.stop()
             self.store.unlock()
             self.notifier.close()
         return self._exit if self._exit is not None else 1
@@ -211,7 +215,9 @@ class Daemon:
             return engine.ReloadFailed(tuple(e.problems))
 
     def _feed(self, message: Message) -> None:
-        self.state, effects = engine.step(self.state, message, time.monotonic())
+        before, now = self.state, time.monotonic()
+        self.state, effects = engine.step(before, message, now)
+        self.telemetry.step(before, message, self.state, now)
         for effect in effects:
             self._do(effect)
 
@@ -223,6 +229,7 @@ class Daemon:
             return
         if isinstance(effect, Log):
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
+            self.telemetry.log(effect)
         elif isinstance(effect, (Fetch, PostApproval, ResolveName)):
             self._ask_imds(effect)
         elif isinstance(effect, SpawnHooks):
@@ -303,8 +310,12 @@ class Daemon:
         else:
             self.inbox.put(Persisted(""))
 
+    def _report(self, level: str, name: str, fields: Mapping[str, object]) -> None:
+        log.emit(self.log, level, name, fields)
+
     def _use_config(self, new: Config) -> None:
         old, self.config = self.config, new
+        self.telemetry.use(new)
         if new.metadata != old.metadata:
             for lane in (self._poller, self._approver, self._namer):
                 lane.use(_client(new))
@@ -385,6 +396,9 @@ class Daemon:
                 "duration_s": round(result.duration_s, 3),
                 "run": run,
             }
+            self.telemetry.hook_finished(
+                event.event_id, hook, stage, _result(result), result.duration_s
+            )
             if result.succeeded:
                 bound.info("hook_finished", **fields)
             elif result.timed_out:
@@ -480,6 +494,15 @@ def boot_id(path: str = BOOT_ID) -> str:
 def _client(config: Config) -> ImdsClient:
     md = config.metadata
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
+
+
+def _result(result: CommandResult) -> str:
+    """The `result` label of a hook run."""
+    if result.succeeded:
+        return "ok"
+    if result.timed_out:
+        return "timeout"
+    return "cancelled" if result.cancelled else "failed"
 
 
 def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:

@@ -669,6 +669,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
                 Level.ERROR,
                 "event_not_approved",
                 event,
+                cause="hooks_failed",
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
             )
         )
@@ -884,6 +885,7 @@ def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect
                 Level.WARNING,
                 "event_not_approved",
                 event,
+                cause="peer_failed",
                 failed=" ".join(failed),
                 reason="another VM's hooks failed; nobody approves, it proceeds at NotBefore",
             )
@@ -982,6 +984,7 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
             Level.WARNING,
             "event_not_approved",
             event,
+            cause="gate_refused",
             exit_status=msg.exit_status,
             reason="the gate command said never; it proceeds at NotBefore",
         )

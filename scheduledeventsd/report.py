@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 from .config import EventRule
 from .model import Document, Event, iso_utc
@@ -25,13 +25,7 @@ def countdown(not_before: Optional[dt.datetime], now: dt.datetime) -> str:
     if not_before is None:
         return "-"
     seconds = int((not_before - now).total_seconds())
-    sign = "" if seconds >= 0 else "-"
-    seconds = abs(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{sign}{hours}h{minutes:02d}m"
-    return f"{sign}{minutes}m{secs:02d}s"
+    return ("" if seconds >= 0 else "-") + countdown_seconds(abs(seconds))
 
 
 def _local(when: Optional[dt.datetime]) -> str:
@@ -83,3 +77,66 @@ def as_json(doc: Document, vm_name: str, rules: Rules) -> str:
         },
         indent=2,
     )
+
+
+def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
+    """`scheduledeventsd status`: the daemon's view, the events of this VM, what is wrong."""
+    poll = doc.get("poll") or {}
+    health = doc.get("health") or {}
+    last_ok = poll.get("last_ok_unix")
+    ago = f"{now - last_ok:.1f} s ago" if isinstance(last_ok, (int, float)) else "never"
+    lines = [
+        f"scheduledeventsd {doc.get('version')} on {doc.get('vm_name') or '?'}, "
+        f"started {doc.get('started_at')}",
+        f"last poll: {poll.get('last')}; last success {ago}; incarnation {poll.get('incarnation')}",
+        "health: ok"
+        if health.get("ok")
+        else f"health: 503 for {health.get('event_type')} {health.get('event_id')} "
+        f"(from {health.get('unhealthy_from')})",
+        f"coordination: {doc.get('coordination')}; state file: {doc.get('state_file')}",
+    ]
+    events = doc.get("events") or []
+    lines.append("events of this VM:" if events else "no events of this VM")
+    for e in events:
+        seconds = e.get("seconds_to_not_before")
+        when = "-"
+        if e.get("not_before"):
+            left = seconds - (now - doc.get("written_at_unix", now)) if seconds is not None else 0
+            when = f"{e['not_before']} ({_span(left)})"
+        lines.append(
+            f"  {e.get('event_type')} {e.get('event_id')}: {e.get('phase')}, "
+            f"{e.get('status')}, NotBefore {when}"
+        )
+        moments = [
+            f"{label} {_clock(e.get(key))}"
+            for label, key in (
+                ("detected", "detected_at"),
+                ("hooks done", "hooks_done_at"),
+                ("approved", "approved_at"),
+                ("after-hooks", "after_hooks_at"),
+            )
+            if e.get(key)
+        ]
+        if moments:
+            lines.append("    " + ", ".join(moments))
+        for h in e.get("hooks") or []:
+            took = h.get("duration_s") or 0.0
+            lines.append(f"    {h.get('stage')} {h.get('hook')}: {h.get('result')} in {took:.1f}s")
+    lines += [f"PROBLEM: {p}" for p in problems]
+    return "\n".join(lines)
+
+
+def _span(seconds: float) -> str:
+    sign = "in " if seconds >= 0 else ""
+    suffix = "" if seconds >= 0 else " ago"
+    return f"{sign}{countdown_seconds(abs(int(seconds)))}{suffix}"
+
+
+def countdown_seconds(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _clock(iso: Optional[str]) -> str:
+    return "-" if not iso else iso[11:19]

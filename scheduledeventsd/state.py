@@ -24,6 +24,7 @@ from .engine import Known, Phase, Tracked
 from .model import parse_event
 
 STATE_FILE = "state.json"
+STATUS_FILE = "status.json"
 _VERSION = 1
 
 
@@ -88,25 +89,48 @@ class StateStore:
         durable = dict(known)
         if self._saved is not None and durable == self._saved:
             return
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = json.dumps(_encode(durable), indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
+        write_atomically(self.path, data, durable=True)
+        self._saved = durable
+
+    def save_status(self, document: Mapping[str, Any]) -> None:
+        """The status document, for `scheduledeventsd status` without HTTP: atomic, but not
+        fsynced (it is rewritten within a minute, and a crash makes it stale, not wrong)."""
+        data = json.dumps(document, indent=1, sort_keys=True).encode()
+        write_atomically(self.path.with_name(STATUS_FILE), data, durable=False)
+
+
+def read_status(directory: Path) -> dict[str, Any]:
+    """What the daemon last wrote to `directory`/status.json; OSError or ValueError if none."""
+    raw = json.loads((directory / STATUS_FILE).read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError("not a status document")
+    return raw
+
+
+def write_atomically(path: Path, data: bytes, *, durable: bool) -> None:
+    """Readers see the old file or the new one, never half of one (temp file, rename); with
+    `durable`, both the data and the rename are fsynced."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        os.chmod(tmp, 0o644 if not durable else 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        self._saved = durable
 
 
 def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from scheduledeventsd import config
 from scheduledeventsd.config import ConfigError
@@ -54,7 +53,7 @@ def test_an_empty_file_gives_the_documented_defaults(tmp_path):
 
 
 def test_the_shipped_config_states_exactly_the_defaults(tmp_path):
-    raw = yaml.safe_load((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
+    raw = config.parse_yaml((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
     shipped = config.parse(
         {k: v for k, v in raw.items() if k != "hooks"}, "shipped", check_files=False
     )
@@ -195,6 +194,10 @@ def _yaml_key_paths(raw):
             paths |= {f"metadata.{k}" for k in value}
         if key == "hooks":
             paths |= {f"hooks.*.{k}" for commands in value.values() for c in commands for k in c}
+        if key in ("http", "health") and value:
+            paths |= {f"{key}.{k}" for k in value}
+        if key == "webhooks" and value:
+            paths |= {f"webhooks.*.{k}" for hook in value for k in hook}
         if key == "coordination" and value:
             for kind, settings in value.items():
                 paths |= {f"coordination.{kind}"} | {f"coordination.{kind}.{k}" for k in settings}
@@ -220,7 +223,7 @@ def _commented_example(text, first_line):
         if not line.startswith("#"):
             break
         block.append(line[1:])
-    return yaml.safe_load("\n".join(block))
+    return config.parse_yaml("\n".join(block))
 
 
 def _man_key_paths():
@@ -232,24 +235,26 @@ def _man_key_paths():
         for i, line in enumerate(lines[:-1])
         if line == ".TP"
     }
-    return {k.replace("NAME[]", "*") for k in keys}
+    return {k.replace("NAME[]", "*").replace("[]", ".*") for k in keys}
 
 
 def test_the_readme_the_man_page_and_the_shipped_config_document_exactly_the_validators_keys():
     """The validator's key tables are the source; a key missing or extra anywhere fails here."""
     source = config.key_paths()
-    readme = _yaml_key_paths(yaml.safe_load(_readme_config_block()))
-    readme |= _yaml_key_paths(yaml.safe_load(_readme_config_block("## Fleets")))
+    readme = _yaml_key_paths(config.parse_yaml(_readme_config_block()))
+    readme |= _yaml_key_paths(config.parse_yaml(_readme_config_block("## Fleets")))
+    readme |= _yaml_key_paths(config.parse_yaml(_readme_config_block("## Watching it")))
     shipped_text = (ROOT / "etc/scheduledeventsd/config.yaml").read_text()
-    shipped = _yaml_key_paths(yaml.safe_load(shipped_text))
+    shipped = _yaml_key_paths(config.parse_yaml(shipped_text))
     shipped |= _yaml_key_paths(_commented_example(shipped_text, "#coordination:"))
+    shipped |= _yaml_key_paths(_commented_example(shipped_text, "#webhooks:"))
     assert readme == source, "README configuration block"
     assert shipped == source, "etc/scheduledeventsd/config.yaml"
     assert _man_key_paths() == source, "man page CONFIGURATION section"
 
 
 def test_the_readme_configuration_block_is_a_valid_configuration_of_the_defaults():
-    parsed = config.parse(yaml.safe_load(_readme_config_block()), "README", check_files=False)
+    parsed = config.parse(config.parse_yaml(_readme_config_block()), "README", check_files=False)
     assert parsed == config.parse(None, "defaults", check_files=False)
 
 
@@ -380,3 +385,60 @@ def test_the_gate_command_is_checked_like_a_hook(tmp_path, hook):
     assert cfg.coordination.gate.command.argv == (hook,)
     assert cfg.coordination.gate.command.timeout == 60
     assert cfg.coordination.gate.interval == 10
+
+
+# ---- http, metrics, health, webhooks -------------------------------------------------------
+
+
+def test_a_bad_listen_address_and_bad_webhooks_are_errors_with_their_key_paths(tmp_path):
+    found = problems(
+        tmp_path,
+        "hooks: {}\nevents: {}\n"
+        "http:\n  listen: localhost:9650\n"
+        "metrics_textfile: /var/lib/node-exporter/sed.txt\n"
+        "health:\n  unhealthy_from: soon\n"
+        "webhooks:\n"
+        "  - url: hooks.example.com/T000\n"
+        "    format: xml\n"
+        "    on: [detected, exploded]\n"
+        "    retries: -1\n"
+        '    headers: {Authorization: "a\\nb"}\n'
+        "    proxy: socks\n"
+        "  - {url: 'https://ok.example.com/x', timeout: 0}\n",
+    )
+    text = "\n".join(found)
+    assert "http.listen: must be ADDRESS:PORT with a numeric address" in text
+    assert "metrics_textfile: must be an absolute path ending in .prom" in text
+    assert "health.unhealthy_from: must be one of detected, hooks_started, hooks_done" in text
+    assert (
+        "webhooks[0].url: must be an http(s):// URL with a host, got 'hooks.example.com/T000'"
+        in text
+    )
+    assert "webhooks[0].format: must be one of json, text, got 'xml'" in text
+    assert "webhooks[0].on[1]: must be one of detected, hooks_failed" in text
+    assert "webhooks[0].retries: must be a whole number 0..20" in text
+    assert "webhooks[0].headers.Authorization: must be a string on one line" in text
+    assert "webhooks[0].proxy: must be an http(s):// URL with a host" in text
+    assert "webhooks[1].timeout: must be between 0.1 and 60" in text
+
+
+def test_listen_takes_ipv4_ipv6_and_any(tmp_path):
+    for given, host, port in (
+        ("127.0.0.1:9650", "127.0.0.1", 9650),
+        ("'[::1]:9651'", "::1", 9651),
+        ("0.0.0.0:80", "0.0.0.0", 80),  # noqa: S104 - parsing, not binding
+    ):
+        cfg = load(tmp_path, f"hooks: {{}}\nevents: {{}}\nhttp:\n  listen: {given}\n")
+        assert (cfg.listen.host, cfg.listen.port) == (host, port)
+    assert cfg.listen.loopback is False
+
+
+def test_a_webhooks_on_key_is_on_not_true_and_yes_is_a_string(tmp_path):
+    """YAML 1.1 reads `on:` as the boolean True and `yes` as true; the config reads YAML 1.2."""
+    cfg = load(
+        tmp_path,
+        "hooks: {}\nevents: {}\nenvironment:\n  VERBOSE: yes\n"
+        "webhooks:\n  - url: https://x.example.com/h\n    on: [approved]\n",
+    )
+    assert cfg.webhooks[0].on == ("approved",)
+    assert cfg.environment["VERBOSE"] == "yes"

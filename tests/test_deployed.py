@@ -41,6 +41,7 @@ INCLUDE = ",".join(
         "python3-yaml",
         "python3-systemd",
         "python3-structlog",
+        "python3-prometheus-client",
     )
 )
 CACHE = Path(os.environ.get("SCHEDULEDEVENTSD_CI_CACHE", "/var/cache/scheduledeventsd-ci"))

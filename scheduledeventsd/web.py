@@ -1,0 +1,113 @@
+"""The daemon's own HTTP endpoint: /health for a load balancer's probe, /metrics for Prometheus,
+/status for people and scripts. Knows HTTP; what to answer comes from the callables it is given.
+
+Listening on a non-loopback address is for the load balancer: other hosts get /health only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Optional
+
+from .config import Listen
+from .model import Event
+
+REQUEST_TIMEOUT = 5.0  # a client that sends nothing is dropped, it cannot hold a thread
+
+
+@dataclass(frozen=True)
+class Answers:
+    health: Callable[[], Optional[Event]]  # the event taking this VM out of rotation, if any
+    metrics: Callable[[], bytes]
+    metrics_type: str
+    status: Callable[[], dict[str, Any]]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, listen: Listen, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        super().__init__((listen.host, listen.port), handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hangs up mid-answer is not worth a traceback on stderr."""
+
+
+class WebServer:
+    def __init__(self, listen: Listen, answers: Answers) -> None:
+        self.listen = listen
+        self._server = _Server(listen, _handler(answers))
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _local(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _handler(answers: Answers) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "scheduledeventsd"
+        sys_version = ""
+        timeout = REQUEST_TIMEOUT
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: ANN401
+            """Probes every few seconds would flood the journal."""
+
+        def do_HEAD(self) -> None:
+            self._answer(head=True)
+
+        def do_GET(self) -> None:
+            self._answer(head=False)
+
+        def _answer(self, *, head: bool) -> None:
+            path = self.path.split("?", 1)[0]
+            local = _local(self.client_address[0])
+            if path == "/health":
+                event = answers.health()
+                if event is None:
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8", head)
+                else:
+                    text = f"maintenance: {event.event_type} {event.event_id}\n"
+                    self._send(503, text.encode(), "text/plain; charset=utf-8", head)
+            elif path == "/metrics" and local:
+                self._send(200, answers.metrics(), answers.metrics_type, head)
+            elif path == "/status" and local:
+                body = json.dumps(answers.status(), indent=2).encode() + b"\n"
+                self._send(200, body, "application/json", head)
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
+
+        def _send(self, code: int, body: bytes, content_type: str, head: bool) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+    return Handler

@@ -1,0 +1,364 @@
+"""Metrics, /health, /status, the status command and webhooks, on a real daemon process: scraped
+over HTTP and parsed with prometheus_client's parser, webhooks received by real HTTP servers
+(one failing, one hanging, one down)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import VM, cli, wait_for
+from tests.etcd_cluster import free_ports
+
+SESSION = requests.Session()
+SESSION.trust_env = False
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = SESSION.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples, name, **labels):
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def health(port: int, host: str = "127.0.0.1") -> tuple[int, str]:
+    answer = SESSION.get(f"http://{host}:{port}/health", timeout=5)
+    return answer.status_code, answer.text
+
+
+def observed(daemons, hooks, port, **extra):
+    """A daemon serving HTTP on `port`, with a slow drain and an undrain after-hook."""
+    cfg = daemons.config(
+        vm_name=VM,
+        http={"listen": f"127.0.0.1:{port}"},
+        hooks={
+            "drain": [{"command": [hooks.recorder("drain", "sleep 1")]}],
+            "undrain": [{"command": [hooks.make("undrain", 'sleep 0.5; touch "$OUT/undrained"')]}],
+            "broken": [{"command": [hooks.make("broken", "exit 3")]}],
+        },
+        events={"Reboot": {"before": ["drain"], "after": ["undrain"]}, "Freeze": ["broken"]},
+        **extra,
+    )
+    return daemons.start(cfg)
+
+
+def test_metrics_are_zero_initialised_and_count_an_event_through_its_life(daemons, hooks, sim):
+    (port,) = free_ports(1)
+    daemon = observed(daemons, hooks, port)
+    daemon.polls_seen(sim)
+    before = scrape(port)
+    assert value(before, "scheduledeventsd_approvals_total", result="error") == 0
+    assert value(before, "scheduledeventsd_approvals_total", result="ok") == 0
+    zero = {"hook": "drain", "stage": "before", "result": "timeout"}
+    assert value(before, "scheduledeventsd_hook_runs_total", **zero) == 0
+    assert value(before, "scheduledeventsd_poll_errors_total", kind="http_429") == 0
+    assert value(before, "scheduledeventsd_events_pending", type="Reboot") == 0
+    assert value(before, "scheduledeventsd_next_event_not_before_timestamp_seconds") == 0
+    assert value(before, "scheduledeventsd_info", version="0.1.0", vm_name=VM) == 1
+    assert value(before, "scheduledeventsd_polls_total", result="ok") >= 3
+    assert (
+        time.time() - value(before, "scheduledeventsd_last_successful_poll_timestamp_seconds") < 5
+    )
+
+    sim.add_event("Reboot", ["another-vm"])
+    event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+    daemon.wait_log("hook_started", hook="drain")
+    during = scrape(port)
+    assert value(during, "scheduledeventsd_events_pending", type="Reboot") == 1
+    not_before = value(during, "scheduledeventsd_next_event_not_before_timestamp_seconds")
+    assert abs(not_before - (time.time() + 600)) < 5
+    assert value(during, "scheduledeventsd_document_incarnation") == sim.incarnation
+
+    daemon.wait_log("after_hooks_finished", event_id=event_id, timeout=15)
+    after = scrape(port)
+    assert value(after, "scheduledeventsd_events_seen_total", type="Reboot", ours="true") == 1
+    assert value(after, "scheduledeventsd_events_seen_total", type="Reboot", ours="false") == 1
+    ok = {"stage": "before", "result": "ok"}
+    assert value(after, "scheduledeventsd_hook_runs_total", hook="drain", **ok) == 1
+    done = {"hook": "undrain", "stage": "after", "result": "ok"}
+    assert value(after, "scheduledeventsd_hook_runs_total", **done) == 1
+    duration = value(
+        after, "scheduledeventsd_hook_duration_seconds_sum", hook="drain", stage="before"
+    )
+    assert 1 <= duration < 3
+    assert value(after, "scheduledeventsd_approvals_total", result="ok") == 1
+    assert value(after, "scheduledeventsd_detection_to_approval_seconds_count") == 1
+    assert 1 <= value(after, "scheduledeventsd_detection_to_approval_seconds_sum") < 5
+    assert value(after, "scheduledeventsd_events_pending", type="Reboot") == 0
+    assert value(after, "scheduledeventsd_next_event_not_before_timestamp_seconds") == 0
+
+
+def test_health_turns_503_at_detection_and_200_once_the_after_hooks_are_done(daemons, hooks, sim):
+    (port,) = free_ports(1)
+    observed(daemons, hooks, port)
+    seen: list[tuple[float, int, str]] = []
+    stop = threading.Event()
+
+    def probe() -> None:  # what an Azure Load Balancer does, every 50 ms here
+        while not stop.is_set():
+            code, text = health(port)
+            seen.append((time.time(), code, text))
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    time.sleep(0.3)
+    added = time.time()
+    event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+    wait_for((hooks.out / "undrained").exists, 15, "the after-hook to end")
+    wait_for(lambda: seen[-1][1] == 200 and seen[-1][0] > added + 1, 10, "200 again")
+    stop.set()
+    prober.join()
+    codes = [code for _, code, _ in seen]
+    runs = [codes[0]] + [c for prev, c in zip(codes, codes[1:]) if c != prev]
+    assert runs == [200, 503, 200], runs
+    first_503 = next(t for t, c, _ in seen if c == 503)
+    assert first_503 - added < 1.0, "out of rotation within a poll of detection"
+    assert any(text == f"maintenance: Reboot {event_id}\n" for _, c, text in seen if c == 503)
+    back = next(t for t, c, _ in seen if t > first_503 and c == 200)
+    undrained = (hooks.out / "undrained").stat().st_mtime
+    assert back >= undrained, "back in rotation only once the after-hooks ended"
+
+
+def test_health_from_hooks_done_stays_200_while_the_drain_runs(daemons, hooks, sim):
+    (port,) = free_ports(1)
+    daemon = observed(daemons, hooks, port, health={"unhealthy_from": "hooks_done"})
+    sim.add_event("Reboot", [VM], not_before_in=600)
+    daemon.wait_log("hook_started", hook="drain")
+    assert health(port)[0] == 200
+    daemon.wait_log("hook_finished", hook="drain")
+    wait_for(lambda: health(port)[0] == 503, 5, "503 once the drain is done")
+
+
+def _non_loopback_address() -> str:
+    """An address of this machine that is not loopback (CI machines have eth0)."""
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    addresses = [out[i + 1].split("/")[0] for i, word in enumerate(out) if word == "inet"]
+    assert addresses, "no non-loopback IPv4 address on this machine"
+    return addresses[0]
+
+
+def test_other_hosts_get_only_health(daemons, hooks, sim):
+    (port,) = free_ports(1)
+    cfg = daemons.config(vm_name=VM, http={"listen": f"0.0.0.0:{port}"})
+    daemons.start(cfg)
+    outside = _non_loopback_address()
+    # Bound to the non-loopback address, so the daemon sees a non-loopback client.
+    remote = requests.Session()
+    remote.trust_env = False
+    remote.mount("http://", _SourceAdapter(outside))
+    assert remote.get(f"http://{outside}:{port}/health", timeout=5).status_code == 200
+    assert remote.get(f"http://{outside}:{port}/metrics", timeout=5).status_code == 404
+    assert remote.get(f"http://{outside}:{port}/status", timeout=5).status_code == 404
+    assert SESSION.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    assert SESSION.get(f"http://127.0.0.1:{port}/status", timeout=5).json()["vm_name"] == VM
+
+
+class _SourceAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self, source: str) -> None:
+        self.source = source
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (self.source, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def test_the_metrics_textfile_is_written_for_node_exporter(daemons, hooks, sim, tmp_path):
+    textfile = tmp_path / "collector" / "scheduledeventsd.prom"
+    textfile.parent.mkdir()
+    cfg = daemons.config(vm_name=VM, metrics_textfile=str(textfile), events={"Freeze": []})
+    daemon = daemons.start(cfg)
+    wait_for(textfile.exists, 5, "the textfile")
+    sim.add_event("Freeze", [VM])
+    daemon.wait_log("event_approved")
+    wait_for(lambda: 'scheduledeventsd_approvals_total{result="ok"} 1.0' in textfile.read_text(), 5)
+    names = {f.name for f in text_string_to_metric_families(textfile.read_text())}
+    assert "scheduledeventsd_info" in names
+    assert [p.name for p in textfile.parent.iterdir()] == ["scheduledeventsd.prom"], "no temp left"
+
+
+# ---- status --------------------------------------------------------------------------------
+
+
+def test_status_shows_the_events_and_exits_1_when_a_hook_failed_on_a_pending_one(
+    daemons, hooks, sim
+):
+    (port,) = free_ports(1)
+    daemon = observed(daemons, hooks, port)
+    healthy = cli("status", "--config", str(daemon.config_path))
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "health: ok" in healthy.stdout
+    event_id = sim.add_event("Freeze", [VM], not_before_in=600)
+    daemon.wait_log("event_not_approved", event_id=event_id)
+    for via_http in (True, False):
+        if not via_http:
+            daemon.stop()  # only the file is left
+        shown = cli("status", "--config", str(daemon.config_path), "--json")
+        assert shown.returncode == 1, shown.stdout + shown.stderr
+        doc = json.loads(shown.stdout)
+        (event,) = doc["events"]
+        assert event["event_id"] == event_id
+        assert event["phase"] == "hooks_failed"
+        assert event["hooks"] == [
+            {
+                "hook": "broken",
+                "stage": "before",
+                "result": "failed",
+                "duration_s": pytest.approx(0, abs=1),
+            }
+        ]
+        assert event["detected_at"]
+        assert 590 < event["seconds_to_not_before"] <= 600
+        assert any("a hook failed for Freeze" in p for p in doc["problems"])
+    text = cli("status", "--config", str(daemon.config_path))
+    assert "PROBLEM: a hook failed for Freeze" in text.stdout
+    assert f"Freeze {event_id}: hooks_failed" in text.stdout
+
+
+def test_status_without_a_daemon_says_so_and_exits_1(daemons, tmp_path):
+    path = daemons.write_config(daemons.config(vm_name=VM))
+    shown = cli("status", "--config", str(path))
+    assert shown.returncode == 1
+    assert "no status" in shown.stderr
+    assert "is the daemon running?" in shown.stderr
+
+
+# ---- webhooks --------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A real HTTP server that records what it is sent; `answers` scripts its replies."""
+
+    def __init__(self, answers=(), hang: float = 0.0) -> None:
+        self.got: list[tuple[float, int, dict]] = []
+        self.answers = list(answers)
+        self.hang = hang
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if receiver.hang:
+                    time.sleep(receiver.hang)
+                code = receiver.answers.pop(0) if receiver.answers else 200
+                receiver.got.append((time.time(), code, body, dict(self.headers)))
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/SECRET"
+
+    def bodies(self, code=None):
+        return [b for _, c, b, _ in self.got if code is None or c == code]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receivers():
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(Receiver(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_webhooks_tell_each_step_and_a_failing_receiver_gets_it_once_after_retries(
+    daemons, hooks, sim, receivers
+):
+    chat = receivers()
+    flaky = receivers(answers=[500, 500, 500])
+    cfg = daemons.config(
+        vm_name=VM,
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        webhooks=[
+            {"url": chat.url, "format": "text", "headers": {"Authorization": "Bearer t0ken"}},
+            {"url": flaky.url, "on": ["detected"], "retries": 5},
+        ],
+    )
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+    wait_for(lambda: len(chat.bodies()) >= 3, 15, "detected, approved, completed")
+    texts = [b["text"] for b in chat.bodies()]
+    assert texts[0] == (
+        f"scheduledeventsd on {VM}: Reboot {event_id} detected, NotBefore "
+        f"{daemon.logs('event_detected')[0]['not_before']}"
+    )
+    assert texts[1].startswith(f"scheduledeventsd on {VM}: Reboot {event_id} approved")
+    assert texts[2].startswith(f"scheduledeventsd on {VM}: Reboot {event_id} over")
+    assert chat.got[0][3]["Authorization"] == "Bearer t0ken"
+    wait_for(lambda: flaky.bodies(200), 10, "the flaky receiver's success")
+    assert [c for _, c, _, _ in flaky.got] == [500, 500, 500, 200]
+    (delivered,) = flaky.bodies(200)
+    assert delivered["what"] == "detected"
+    assert delivered["event"]["event_id"] == event_id
+    assert delivered["vm_name"] == VM
+    logged = daemon.wait_log(
+        "webhook_delivered", what="detected", url=flaky.url.split("/hook")[0] + "/..."
+    )
+    assert "SECRET" not in json.dumps(daemon.records), "the URL's path (a secret) is never logged"
+    assert logged["status"] == 200
+
+
+def test_a_hanging_or_absent_receiver_delays_nothing(daemons, hooks, sim, receivers):
+    hanging = receivers(hang=30)
+    down = f"http://127.0.0.1:{_closed_port()}/hook"
+    cfg = daemons.config(
+        vm_name=VM,
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        webhooks=[
+            {"url": hanging.url, "timeout": 1, "retries": 1},
+            {"url": down, "timeout": 1, "retries": 2},
+        ],
+    )
+    daemon = daemons.start(cfg)
+    sim.add_event("Reboot", [VM], not_before_in=600)
+    finished = daemon.wait_log("hook_finished", hook="drain")
+    approved = daemon.wait_log("event_approved", timeout=5)
+    assert approved["duration_s"] < 1
+    assert sim.approvals, "approved while both receivers fail"
+    failed = daemon.wait_log("webhook_failed", url=down.rsplit("/", 1)[0] + "/...", timeout=15)
+    assert "Max retries exceeded" in failed["error"] or "refused" in failed["error"]
+    daemon.wait_log("webhook_failed", url=hanging.url.split("/hook")[0] + "/...", timeout=20)
+    assert finished  # polling went on meanwhile:
+    daemon.polls_seen(sim, count=4)
