@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed
 bootstrap:
 	@./scripts/bootstrap
 
@@ -44,6 +44,11 @@ bench-quick: bootstrap
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
 	$(PY) -m bench.fleet --quick
+	$(PY) -m bench.observed --quick
+
+# What http, metrics and the textfile cost at rest, side by side with a plain daemon: 5 minutes.
+bench-observed: bootstrap
+	$(PY) -m bench.observed
 
 # Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.
 bench-fleet: bootstrap

@@ -311,6 +311,46 @@ def test_reload_applies_a_changed_config(machine):
     machine.sh("sh", "-c", f"cat > {config} <<'EOF'\n{text}EOF")
 
 
+def test_a_reload_turns_on_health_and_metrics_with_debians_prometheus_client(machine):
+    """The hardened unit may listen; Debian's python3-prometheus-client renders the metrics."""
+    config = "/etc/scheduledeventsd/config.yaml"
+    text = machine.sh("cat", config).stdout
+    machine.sh("sed", "-i", "s/^  listen: null.*/  listen: 127.0.0.1:9650/", config)
+    machine.sh("systemctl", "reload", "scheduledeventsd")
+    wait_for(lambda: machine.journal("LOG_EVENT=http_listening"), 15, "http_listening")
+    get = (
+        "import sys, urllib.request as u, urllib.error as e\n"
+        "try:\n"
+        "    r = u.urlopen('http://127.0.0.1:9650' + sys.argv[1], timeout=5)\n"
+        "except e.HTTPError as error:\n"
+        "    r = error\n"
+        "print(r.status); print(r.read().decode())"
+    )
+    for event in machine.imds("GET", "/_simulator/state")["events"]:  # earlier tests' events
+        machine.imds("DELETE", f"/_simulator/events/{event['EventId']}")
+    wait_for(
+        lambda: machine.sh("python3", "-c", get, "/health").stdout.split() == ["200", "ok"],
+        15,
+        "/health to answer 200 with no event pending",
+    )
+    event_id = machine.imds("POST", "/_simulator/events", {"EventType": "Redeploy"})["EventId"]
+    wait_for(
+        lambda: (
+            f"maintenance: Redeploy {event_id}"
+            in machine.sh("python3", "-c", get, "/health").stdout
+        ),
+        15,
+        "/health to answer 503 for the Redeploy",
+    )
+    metrics = machine.sh("python3", "-c", get, "/metrics").stdout
+    assert 'scheduledeventsd_polls_total{result="ok"}' in metrics
+    assert f'vm_name="{VM}"' in metrics
+    status = machine.sh("scheduledeventsd", "status").stdout
+    assert f"health: 503 for Redeploy {event_id}" in status
+    machine.sh("sh", "-c", f"cat > {config} <<'EOF'\n{text}EOF")
+    machine.sh("systemctl", "reload", "scheduledeventsd")
+
+
 def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(machine):
     # The shipped WatchdogSec=30 works the same; a drop-in shortens the wait for the test.
     machine.sh("mkdir", "-p", "/etc/systemd/system/scheduledeventsd.service.d")
