@@ -20,7 +20,7 @@ from .model import Event
 from .observer import HookResult, Observer, unhealthy
 from .state import StateStore
 from .web import Answers, WebServer
-from .webhooks import Webhooks
+from .webhooks import Webhooks, kind_of, where
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -126,6 +126,16 @@ class Telemetry:
     def log(self, effect: Log) -> None:
         if self._webhooks is not None and self._state is not None:
             self._webhooks.notice(effect, self._state.vm_name, time.time())
+        elif not self.publish and self.config.webhooks and kind_of(effect) is not None:
+            kind = kind_of(effect)
+            for hook in self.config.webhooks:
+                if kind in hook.on:
+                    fields = {
+                        "what": kind,
+                        "url": where(hook.url),
+                        "event_id": effect.fields.get("event_id"),
+                    }
+                    self.report("info", "would_send_webhook", fields)
 
     def hook_finished(
         self, event_id: str, hook: str, stage: str, result: str, duration_s: float

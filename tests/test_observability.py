@@ -362,3 +362,27 @@ def test_a_hanging_or_absent_receiver_delays_nothing(daemons, hooks, sim, receiv
     daemon.wait_log("webhook_failed", url=hanging.url.split("/hook")[0] + "/...", timeout=20)
     assert finished  # polling went on meanwhile:
     daemon.polls_seen(sim, count=4)
+
+
+def test_dry_run_opens_no_port_writes_no_file_and_sends_no_webhook(
+    daemons, hooks, sim, receivers, tmp_path
+):
+    (port,) = free_ports(1)
+    chat = receivers()
+    textfile = tmp_path / "dry.prom"
+    cfg = daemons.config(
+        vm_name=VM,
+        http={"listen": f"127.0.0.1:{port}"},
+        metrics_textfile=str(textfile),
+        events={"Freeze": []},
+        webhooks=[{"url": chat.url}],
+    )
+    daemon = daemons.start(cfg, args=("--dry-run",))
+    event_id = sim.add_event("Freeze", [VM])
+    daemon.wait_log("would_send_webhook", what="approved", event_id=event_id)
+    daemon.polls_seen(sim)
+    assert chat.got == []
+    assert not textfile.exists()
+    assert not (daemons.state_dir / "status.json").exists()
+    with pytest.raises(requests.ConnectionError):
+        SESSION.get(f"http://127.0.0.1:{port}/health", timeout=2)
