@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign
 bootstrap:
 	@./scripts/bootstrap
 
@@ -21,6 +21,10 @@ lint: bootstrap
 test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus
 	$(PY) -m pytest -q -n 4 --dist loadgroup
+
+# 500 kill -9s of the real daemon at random and chosen instants, then the invariants (root).
+crash-campaign: bootstrap
+	$(PY) -m tests.campaign --kills 500
 
 deb:
 	./scripts/build-deb

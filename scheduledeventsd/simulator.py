@@ -133,6 +133,8 @@ class Simulator:
         self.approvals: collections.deque[Approval] = collections.deque(maxlen=HISTORY)
         self.requests: collections.deque[Request] = collections.deque(maxlen=HISTORY)
         self.changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=HISTORY)
+        # (time.time(), EventId, added | started | removed): what a campaign checks against.
+        self.history: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=HISTORY)
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -185,7 +187,13 @@ class Simulator:
     def _add(self, event_id: str, fields: dict[str, Any]) -> None:
         started = time.monotonic() if fields.get("EventStatus") == "Started" else None
         self._events[event_id] = _Event(fields, started_at=started)
+        self._note(event_id, "added")
+        if started is not None:
+            self._note(event_id, "started")
         self._changed()
+
+    def _note(self, event_id: str, what: str) -> None:
+        self.history.append((time.time(), event_id, what))
 
     def update_event(self, event_id: str, **fields: Any) -> None:  # noqa: ANN401
         with self._lock:
@@ -198,6 +206,7 @@ class Simulator:
         if fields.get("EventStatus") == "Started" and event.started_at is None:
             event.started_at = time.monotonic()
             event.fields["NotBefore"] = ""
+            self._note(event_id, "started")
         self._changed()
 
     def remove_event(self, event_id: str) -> None:
@@ -207,6 +216,7 @@ class Simulator:
 
     def _remove(self, event_id: str) -> None:
         if self._events.pop(event_id, None) is not None:
+            self._note(event_id, "removed")
             self._changed()
 
     def add_fault(self, fault: Fault) -> None:
@@ -249,6 +259,7 @@ class Simulator:
                     f["EventStatus"] = "Started"
                     f["NotBefore"] = ""
                     event.started_at = now
+                    self._note(event_id, "started")
                     self._changed()
             elif (
                 f.get("EventStatus") == "Started"
@@ -257,6 +268,7 @@ class Simulator:
                 and event.started_at + sc.started_for <= now
             ):
                 del self._events[event_id]
+                self._note(event_id, "removed")
                 self._changed()
 
     def add_from_spec(self, spec: Mapping[str, Any]) -> str:
