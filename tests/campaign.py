@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -38,11 +39,14 @@ VM = "campaign-vm"
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = """#!/bin/sh
 # $1: hook name. Logs its start and end with the event, stage and daemon instance.
-echo "start $SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $1 $CAMPAIGN_RUN $(date +%s.%N)" >> "$CAMPAIGN_LOG"
+what="$SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $1 $CAMPAIGN_RUN"
+echo "start $what $(date +%s.%N)" >> "$CAMPAIGN_LOG"
 sleep "0.$(shuf -i 0-40 -n 1)"
 code=0
-case "$SCHEDULED_EVENT_DESCRIPTION" in *FAIL*) [ "$SCHEDULED_EVENT_STAGE" = before ] && code=1 ;; esac
-echo "end $SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $1 $CAMPAIGN_RUN $(date +%s.%N) $code" >> "$CAMPAIGN_LOG"
+case "$SCHEDULED_EVENT_DESCRIPTION" in
+    *FAIL*) [ "$SCHEDULED_EVENT_STAGE" = before ] && code=1 ;;
+esac
+echo "end $what $(date +%s.%N) $code" >> "$CAMPAIGN_LOG"
 exit $code
 """
 TRIGGERS = ("hook_started", "hook_finished", "event_approved", "after_hooks_finished", None)
@@ -148,7 +152,7 @@ class Daemon:
 class Campaign:
     def __init__(self, work: Path, seed: int) -> None:
         self.work = work
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed)  # noqa: S311 - a replayable campaign, not a secret
         self.sim = Simulator(
             Scenario(vm_name=VM, start_after_approval=0.3, started_for=0.6), rate_limit=False
         )
@@ -220,9 +224,9 @@ class Campaign:
 
     def cancel_some(self) -> None:
         for event_id, e in list(self.injected.items()):
-            if e.kind == "cancelled" and event_id in self.sim.event_ids():
-                if time.time() - e.added > self.rng.uniform(0.2, 3):
-                    self.sim.remove_event(event_id)
+            due = time.time() - e.added > self.rng.uniform(0.2, 3)
+            if e.kind == "cancelled" and due and event_id in self.sim.event_ids():
+                self.sim.remove_event(event_id)
 
     def round(self, run: int, signo: int) -> None:
         if self.rng.random() < 0.15:
@@ -302,13 +306,13 @@ class Campaign:
 
     def check(self) -> None:
         r = self.report
-        lines = [l.split() for l in self.log.read_text().splitlines()] if self.log.exists() else []
-        starts = [(l[1], l[2], float(l[5])) for l in lines if l[0] == "start"]
-        ends = [(l[1], l[2], float(l[5]), l[6]) for l in lines if l[0] == "end"]
+        text = self.log.read_text() if self.log.exists() else ""
+        fields = [line.split() for line in text.splitlines()]
+        starts = [(f[1], f[2], float(f[5])) for f in fields if f[0] == "start"]
+        ends = [(f[1], f[2], float(f[5]), f[6]) for f in fields if f[0] == "end"]
         approvals: dict[str, float] = {}
         for a in self.sim.approvals:
             approvals.setdefault(a.event_id, a.at)
-        removed = {e: t for t, e, what in self.sim.history if what == "removed"}
         r.approvals = len(approvals)
         r.before_runs = sum(1 for _, stage, _ in starts if stage == "before")
         r.after_runs = sum(1 for _, stage, _ in starts if stage == "after")
@@ -319,50 +323,65 @@ class Campaign:
             if rec.get("event") == "after_hooks_interrupted"
         }
         r.interrupted_after = len(interrupted)
-        bad = r.violations
+        self._check_approvals(approvals, ends)
+        removed = {e: t for t, e, what in self.sim.history if what == "removed"}
+        for event_id, e in self.injected.items():
+            self._check_event(e, starts, approvals, interrupted, removed.get(event_id))
+        left = subprocess.run(
+            ["pgrep", "-f", self.hook], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if left:
+            r.violations.append(f"4: hook processes left behind: {left}")
+
+    def _check_approvals(
+        self, approvals: dict[str, float], ends: list[tuple[str, str, float, str]]
+    ) -> None:
+        """1: nothing approved that is not ours, or before a successful run of its hooks."""
+        bad = self.report.violations
         for event_id, at in approvals.items():
             e = self.injected.get(event_id)
-            if e is None or e.kind in ("others", "shared", "failing", "started"):
+            if e is None or e.kind in ("others", "shared", "failing", "started", "cancelled"):
                 bad.append(f"1: approved {event_id} ({e.kind if e else 'unknown'})")
                 continue
             if e.kind == "short":
                 continue  # a short Freeze is approved without hooks, by rule
-            ok = [
-                t
-                for i, stage, t, code in ends
-                if i == event_id and stage == "before" and code == "0"
-            ]
+            ok = [t for i, stage, t, code in ends if (i, stage, code) == (event_id, "before", "0")]
             if not ok or min(ok) > at:
                 bad.append(f"1: approved {event_id} before a successful run of its before-hooks")
-        for event_id, e in self.injected.items():
-            runs = Counter(stage for i, stage, _ in starts if i == event_id)
-            if e.kind in ("others", "started", "short") and runs["before"]:
-                bad.append(f"hooks ran for {event_id} ({e.kind}), which gets none")
-            if e.kind == "ours" and event_id not in approvals and event_id not in self.rebooted:
-                bad.append(f"2: {event_id} ({e.event_type}) stayed Scheduled and was not approved")
-            if e.kind == "short" and event_id not in approvals:
-                bad.append(f"2: short Freeze {event_id} was not approved")
-            for stage in ("after", "cancelled"):
-                if runs[stage] > 1:
-                    bad.append(f"3: {stage}-hooks ran {runs[stage]} times for {event_id}")
-            wants_after = e.kind == "ours" and e.event_type in ("Reboot", "Redeploy")
-            if wants_after and runs["after"] == 0 and event_id not in interrupted:
-                bad.append(f"3: no after-hooks for {event_id} although the daemon was up")
-            gone = removed.get(event_id)
-            late = [
-                t
-                for i, stage, t in starts
-                if i == event_id and stage == "before" and gone and t > gone + 1.0
-            ]
-            if late:
-                bad.append(
-                    f"4: before-hooks of {event_id} started {late[0] - gone:.2f} s after it was over"
-                )
-        left = subprocess.run(
-            ["pgrep", "-f", self.hook], capture_output=True, text=True
-        ).stdout.split()
-        if left:
-            bad.append(f"4: hook processes left behind: {left}")
+
+    def _check_event(
+        self,
+        e: Injected,
+        starts: list[tuple[str, str, float]],
+        approvals: dict[str, float],
+        interrupted: set[Any],
+        gone: Optional[float],
+    ) -> None:
+        """2: ours approved; 3: after/cancelled at most once (once if up); 4: none late."""
+        bad = self.report.violations
+        event_id = e.event_id
+        runs = Counter(stage for i, stage, _ in starts if i == event_id)
+        if e.kind in ("others", "started", "short") and runs["before"]:
+            bad.append(f"hooks ran for {event_id} ({e.kind}), which gets none")
+        if (
+            e.kind in ("ours", "short")
+            and event_id not in approvals
+            and event_id not in self.rebooted
+        ):
+            bad.append(f"2: {event_id} ({e.kind} {e.event_type}) was never approved")
+        for stage in ("after", "cancelled"):
+            if runs[stage] > 1:
+                bad.append(f"3: {stage}-hooks ran {runs[stage]} times for {event_id}")
+        wants_after = e.kind == "ours" and e.event_type in ("Reboot", "Redeploy")
+        if wants_after and runs["after"] == 0 and event_id not in interrupted:
+            bad.append(f"3: no after-hooks for {event_id} although the daemon was up")
+        late = [
+            t - gone
+            for i, stage, t in starts
+            if i == event_id and stage == "before" and gone is not None and t > gone + 1.0
+        ]
+        if late:
+            bad.append(f"4: before-hooks of {event_id} started {late[0]:.2f} s after it was over")
 
 
 def _wait(predicate: Any, timeout: float) -> None:
@@ -379,8 +398,6 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="sed-campaign-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
