@@ -65,7 +65,7 @@ def state_of(value: Optional[bytes]) -> str:
         return ""
     try:
         decoded = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     state = decoded.get("state") if isinstance(decoded, dict) else None
     return state if state in ("ready", "failed") else ""

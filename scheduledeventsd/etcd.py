@@ -139,7 +139,7 @@ class EtcdClient:
                     reason = str(result.get("cancel_reason", ""))[:300]
                     if _INVALID_AUTH_TOKEN in reason or "user name is empty" in reason:
                         self._token = None
-                    compacted = int(result.get("compact_revision", 0) or 0)
+                    compacted = result.get("compact_revision") not in (None, 0, "0")
                     raise EtcdError("compacted" if compacted else "watch_cancelled", reason)
                 events = result.get("events", [])
                 if not isinstance(events, list) or not events:
@@ -287,7 +287,7 @@ def _change(event: dict[str, Any]) -> KeyValue:
 def _decode(raw: bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # a hostile or broken answer is not a crash
         return {"message": raw[:300].decode("utf-8", "replace").strip()}
     return value if isinstance(value, dict) else {}
 
@@ -308,10 +308,12 @@ def _error(path: str, status: int, answer: dict[str, Any]) -> EtcdError:
 def _revision(answer: dict[str, Any]) -> int:
     header = answer.get("header")
     revision = header.get("revision") if isinstance(header, dict) else None
-    try:
-        return int(revision)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise EtcdError("bad_answer", f"no revision in {answer!r:.200}") from None
+    # etcd sends int64 as a JSON string; json.loads also takes Infinity, which int() refuses.
+    if isinstance(revision, str) and re.fullmatch(r"[0-9]{1,19}", revision):
+        return int(revision)
+    if isinstance(revision, int) and not isinstance(revision, bool) and revision >= 0:
+        return revision
+    raise EtcdError("bad_answer", f"no revision in {answer!r:.200}")
 
 
 def _abort(response: requests.Response) -> None:

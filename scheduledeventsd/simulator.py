@@ -612,7 +612,7 @@ def refusal(
 def _start_requests(body: bytes) -> Optional[list[str]]:
     try:
         raw = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     requests = raw.get("StartRequests") if isinstance(raw, dict) else None
     if not isinstance(requests, list) or not requests:

@@ -10,23 +10,33 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config, engine
+from scheduledeventsd.coordination import state_of
 from scheduledeventsd.engine import (
     ApprovalFailed,
     ApprovalSent,
     Boot,
     CoordinationFailed,
     DocumentFetched,
+    Exit,
     HooksFinished,
     Outcome,
     PeersChanged,
     Persist,
     PollFailed,
     PostApproval,
+    Reloaded,
+    ReloadRequested,
     SpawnHooks,
+    StopRequested,
     Tick,
     Tracked,
 )
+from scheduledeventsd.etcd import EtcdError
+from scheduledeventsd.etcd import _change as etcd_change
+from scheduledeventsd.etcd import _decode as etcd_decode
+from scheduledeventsd.etcd import _revision as etcd_revision
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
+from scheduledeventsd.simulator import _start_requests
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(
@@ -158,6 +168,10 @@ step_kinds = st.one_of(
     ),
     st.tuples(st.just("wait"), st.floats(0.1, 20)),
     st.tuples(st.just("restart"), st.booleans()),
+    st.tuples(st.just("reload"), st.sampled_from(list(config.ApprovePolicy))),
+    st.tuples(
+        st.just("stop"),
+    ),
 )
 steps = st.lists(step_kinds, max_size=40)
 
@@ -195,6 +209,8 @@ class History:
         self.state, effects = engine.step(self.state, message, self.now)
         for effect in effects:
             self.check(effect)
+        if any(isinstance(e, Exit) for e in effects):  # systemd starts it again
+            self.restart(False)
 
     def check(self, effect) -> None:
         if isinstance(effect, SpawnHooks):
@@ -272,10 +288,20 @@ class History:
         self.document()
 
     def apply_other(self, step, ids) -> None:
-        """Restarts, and what the other VMs say (approve: all); steps that found nothing to do
-        (no event, no run) end here too."""
+        """Restarts, reloads, stops, and what the other VMs say (approve: all); steps that
+        found nothing to do (no event, no run) end here too."""
         if step[0] == "restart":
             self.restart(step[1])
+        elif step[0] == "reload" and self.state.stopping is None:
+            policy = step[1]
+            if self.cfg.coordination is not None:
+                policy = config.ApprovePolicy.ALL  # what the fleet invariant is about
+            elif policy is config.ApprovePolicy.ALL:
+                policy = config.ApprovePolicy.SOLE  # the validator refuses `all` alone
+            self.feed(ReloadRequested())
+            self.feed(Reloaded(dataclasses.replace(self.cfg, approve=policy)))
+        elif step[0] == "stop":
+            self.feed(StopRequested())
         if step[0] not in ("peers", "coordination_fails") or not ids:
             return
         event_id = ids[step[1] % len(ids)]
@@ -321,3 +347,58 @@ def test_no_history_approves_a_shared_event_before_every_vm_it_names_said_ready(
     h = History(FLEET)
     for step in history:
         h.apply(step)
+
+
+# ---- the other parsers of untrusted input: the simulator's and etcd's ---------------------
+
+start_requests_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "StartRequests": st.lists(
+            json_values | st.fixed_dictionaries({}, optional={"EventId": json_values}), max_size=3
+        )
+        | json_values
+    },
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=256) | start_requests_like.map(lambda v: json.dumps(v).encode()))
+def test_the_simulators_start_requests_parser_answers_ids_or_none(body):
+    ids = _start_requests(body)
+    assert ids is None or (ids and all(isinstance(i, str) and i for i in ids))
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(min_value=1, max_value=20_000))
+def test_deep_bodies_to_the_simulator_and_from_etcd_are_refused_not_crashed_on(depth):
+    body = b"[" * depth + b"]" * depth
+    assert _start_requests(body) is None
+    assert etcd_decode(body) == {} or "message" in etcd_decode(body)
+    assert state_of(b'{"state":' * depth) == ""
+
+
+etcd_answers = st.fixed_dictionaries(
+    {},
+    optional={
+        "header": st.fixed_dictionaries({}, optional={"revision": json_values}) | json_values,
+        "kv": st.fixed_dictionaries({}, optional={"key": json_values, "value": json_values})
+        | json_values,
+        "type": st.sampled_from(["PUT", "DELETE"]) | json_values,
+    },
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(etcd_answers, st.binary(max_size=64))
+def test_any_etcd_answer_is_a_value_or_an_etcd_error(answer, value):
+    revision: object
+    try:
+        revision = etcd_revision(answer)
+    except EtcdError as e:
+        revision = e.kind
+    assert isinstance(revision, int) or revision == "bad_answer"
+    change = etcd_change(answer)
+    assert isinstance(change.key, str)
+    assert change.value is None or isinstance(change.value, bytes)
+    assert state_of(value) in ("", "ready", "failed")
