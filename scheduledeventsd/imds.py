@@ -20,7 +20,9 @@ from . import __version__
 from .model import Document, DocumentError, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
-MAX_BODY = 1 << 20  # a real document is a few KiB; anything near this is not IMDS
+# A real document is a few KiB; this leaves room for 10 000 events or a 1 MB Description (a
+# hostile or broken answer must not blind the daemon) and still bounds the memory one read takes.
+MAX_BODY = 16 << 20
 
 Failure = Literal[
     "timeout", "connection", "request", "redirect", "too_large", "bad_document", "bad_name", "http"

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 SCHEDULED = "Scheduled"
+MAX_EVENT_ID = 200
 STARTED = "Started"
 
 
@@ -126,8 +127,13 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
     duration = fields.get("durationinseconds")
     if isinstance(duration, bool) or not isinstance(duration, (int, type(None))):
         duration = None
+    event_id = _text(fields, "EventId", required=True).strip()
+    if len(event_id) > MAX_EVENT_ID or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id):
+        # A GUID in every real document. Anything else would travel into keys, logs and
+        # environments as an identifier: refused, never escaped on the way.
+        raise ValueError(f"EventId is not an identifier: {_short(event_id)}")
     return Event(
-        event_id=_text(fields, "EventId", required=True).strip(),
+        event_id=event_id,
         event_type=_text(fields, "EventType", required=True).strip(),
         status=_text(fields, "EventStatus", required=True).strip(),
         resource_type=_text(fields, "ResourceType", required=False),

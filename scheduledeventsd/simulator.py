@@ -184,13 +184,14 @@ class Simulator:
             self._add(event_id, fields)
         return event_id
 
-    def _add(self, event_id: str, fields: dict[str, Any]) -> None:
+    def _add(self, event_id: str, fields: dict[str, Any], *, quiet: bool = False) -> None:
         started = time.monotonic() if fields.get("EventStatus") == "Started" else None
         self._events[event_id] = _Event(fields, started_at=started)
         self._note(event_id, "added")
         if started is not None:
             self._note(event_id, "started")
-        self._changed()
+        if not quiet:
+            self._changed()
 
     def _note(self, event_id: str, what: str) -> None:
         self.history.append((time.time(), event_id, what))
@@ -278,7 +279,15 @@ class Simulator:
             self._advance()
             return self._add_spec(spec)
 
-    def _add_spec(self, spec: Mapping[str, Any]) -> str:
+    def add_many(self, specs: list[Mapping[str, Any]]) -> list[str]:
+        """Many events as one change of the document (10 000 at once for a hostile test)."""
+        with self._lock:
+            self._advance()
+            ids = [self._add_spec(spec, quiet=True) for spec in specs]
+            self._changed()
+            return ids
+
+    def _add_spec(self, spec: Mapping[str, Any], *, quiet: bool = False) -> str:
         status = spec.get("EventStatus", "Scheduled")
         not_before_in = spec.get("not_before_in", 900.0)
         event_id = str(spec.get("EventId") or str(uuid.uuid4()).upper())
@@ -297,7 +306,7 @@ class Simulator:
             "EventSource": spec.get("EventSource", "Platform"),
             "DurationInSeconds": spec.get("DurationInSeconds", -1),
         }
-        self._add(event_id, fields)
+        self._add(event_id, fields, quiet=quiet)
         return event_id
 
     def _apply_step(self, step: Step) -> None:

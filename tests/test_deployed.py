@@ -311,6 +311,25 @@ def test_reload_applies_a_changed_config(machine):
     machine.sh("sh", "-c", f"cat > {config} <<'EOF'\n{text}EOF")
 
 
+def test_event_text_cannot_inject_journal_fields(machine):
+    """A resource name with newlines and KEY=value lines stays one field of one entry."""
+    hostile = "x\nPWNED=1\nMESSAGE=pwned\nPRIORITY=0\x1b[31m"
+    body = {"EventType": "Reboot", "Resources": [VM, hostile]}
+    event_id = machine.imds("POST", "/_simulator/events", body)["EventId"]
+    entries = wait_for(
+        lambda: machine.journal(f"EVENT_ID={event_id}", "LOG_EVENT=event_detected"),
+        20,
+        "the event in the journal",
+    )
+    (entry,) = entries
+    resources = entry["RESOURCES"]  # journalctl -o json gives bytes with control characters
+    assert bytes(resources).decode() == f"{VM} {hostile}"
+    for entry in machine.journal(f"EVENT_ID={event_id}"):
+        assert "PWNED" not in entry
+        assert entry.get("MESSAGE") != "pwned"
+        assert entry.get("PRIORITY") != "0"
+
+
 def test_a_reload_turns_on_health_and_metrics_with_debians_prometheus_client(machine):
     """The hardened unit may listen; Debian's python3-prometheus-client renders the metrics."""
     config = "/etc/scheduledeventsd/config.yaml"

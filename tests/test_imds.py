@@ -60,9 +60,9 @@ def test_a_huge_response_is_refused_not_buffered():
     def serve():
         conn, _ = listener.accept()
         conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5000000\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n")
         try:
-            for _ in range(300):
+            for _ in range(3000):
                 conn.sendall(b"x" * 16384)
         except OSError:
             pass

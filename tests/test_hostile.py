@@ -1,0 +1,58 @@
+"""Hostile IMDS answers against the real daemon: event text is data all the way to the hooks,
+identifiers that are not identifiers are refused, and a huge document does not blind it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from tests.conftest import VM
+
+NASTY = "line one\nPRIORITY=0\nMESSAGE=pwned\x1b[31m red = \x00 \u202e end"
+
+
+def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp_path):
+    cfg = daemons.config(
+        vm_name=VM,
+        metadata={"poll_interval": 1},
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+    )
+    daemon = daemons.start(cfg)
+    description = (NASTY + "\n") * (1_000_000 // len(NASTY))
+    traversal = "../../etc/cron.d/scheduledeventsd-test"
+    scheduled = {"EventType": "Reboot", "EventStatus": "Scheduled", "NotBefore": ""}
+    for event_id in ("x" * 10_000, "two\nlines"):
+        sim.add_event(raw={**scheduled, "EventId": event_id, "Resources": [VM]})
+    others = [{"EventType": "Freeze", "Resources": [f"vm-{i}"]} for i in range(10_000)]
+    sim.add_many(others)
+    added = time.monotonic()
+    hostile = {"EventId": traversal, "Resources": [VM, "x\nPWNED=1"], "Description": description}
+    sim.add_event(raw={**scheduled, **hostile})
+    daemon.wait_log("hook_started", event_id=traversal, timeout=30)
+    detected_in = time.monotonic() - added
+    daemon.wait_log("hook_finished", event_id=traversal, timeout=10)
+
+    env = (hooks.out / "drain.env").read_text()
+    assert f"\nSCHEDULED_EVENT_ID={traversal}\n" in env
+    assert "bytes in all; the whole event is on stdin]\n" in env, "the description is cut"
+    assert len(env) < 64_000
+    stdin = json.loads((hooks.out / "drain.stdin").read_text())
+    assert stdin["Description"] == description.replace("\x00", "\ufffd")
+    assert stdin["Resources"] == [VM, "x\nPWNED=1"]
+    skipped = [r["reason"] for r in daemon.logs("event_skipped")]
+    assert any("EventId is not an identifier: 'xxxx" in r for r in skipped)
+    assert any("EventId is not an identifier: 'two\\nlines'" in r for r in skipped)
+    assert detected_in < 10, f"10 000 events slowed detection to {detected_in:.1f} s"
+    # Nothing is named after an event: the state directory holds what it always holds.
+    assert sorted(os.listdir(daemons.state_dir)) == ["lock", "state.json", "status.json"]
+    assert not os.path.exists("/etc/cron.d/scheduledeventsd-test")
+    saved = json.loads((daemons.state_dir / "state.json").read_text())
+    assert traversal in {e["event"]["EventId"] for e in saved["events"]}
+    # One log record per line, its fields intact.
+    for line in daemon.raw_lines:
+        record = json.loads(line)
+        if record.get("event_id") == traversal and "resources" in record:
+            assert record["resources"] == f"{VM} x\nPWNED=1"
+            assert "PWNED" not in record
