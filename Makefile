@@ -14,13 +14,15 @@ lint: bootstrap
 	$(VENV)/bin/ruff format --check scheduledeventsd tests bench docs
 	$(VENV)/bin/mypy
 
-# Most tests wait on real processes and sockets, not the CPU: four workers on two cores.
+# Most tests wait on real processes and sockets, not the CPU: four workers on two cores. The
+# crash campaign and the soak run after them, alone, so their load times no other test.
 # The deployed tests share one booted machine, so they stay together (xdist_group).
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries.
 test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus
-	$(PY) -m pytest -q -n 4 --dist loadgroup
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
+	$(PY) -m pytest -q -m campaign
 
 # 500 kill -9s of the real daemon at random and chosen instants, then the invariants (root).
 crash-campaign: bootstrap

@@ -15,7 +15,7 @@ import stat
 import types
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -414,37 +414,73 @@ def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
     )
 
 
-def _check_executable(c: _Checker, where: str, path: str) -> None:
+def _check_executable(c: _Checker, where: str, path: str) -> str:
+    """The path to run: the real file behind any symlink, checked, with every directory above
+    it, so that no one but root can replace what was checked before it runs."""
     if not os.path.isabs(path):
         c.fail(where, f"must be an absolute path (no PATH lookup, no shell), got {path!r}")
-        return
+        return path
     if not c.check_files:
-        return
+        return path
+    real = os.path.realpath(path)
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except OSError as e:
         c.fail(where, f"{path}: {e.strerror.lower() if e.strerror else e}")
-        return
+        return path
+    shown = path if real == path else f"{path} (-> {real})"
     if not stat.S_ISREG(st.st_mode):
-        c.fail(where, f"{path}: not a regular file")
-    elif not os.access(path, os.X_OK):
-        c.fail(where, f"{path}: not executable")
+        c.fail(where, f"{shown}: not a regular file")
+    elif not os.access(real, os.X_OK):
+        c.fail(where, f"{shown}: not executable")
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        c.fail(where, f"{path}: writable by group or others; the daemon runs it as root")
+        c.fail(where, f"{shown}: writable by group or others; the daemon runs it as root")
     elif st.st_uid not in (0, os.geteuid()):
-        c.fail(where, f"{path}: owned by uid {st.st_uid}, not root; the daemon runs it as root")
+        c.fail(where, f"{shown}: owned by uid {st.st_uid}, not root; the daemon runs it as root")
+    else:
+        _check_directories(c, where, real)
+    return real
+
+
+def _check_directories(c: _Checker, where: str, real: str) -> None:
+    """Whoever can write a directory on the path can swap the hook for their own program. A
+    root-owned sticky directory (/tmp) is fine: others cannot replace root's entry in it."""
+    for directory in reversed(Path(real).parents):
+        try:
+            st = os.stat(directory)
+        except OSError as e:
+            c.fail(where, f"{directory}: {e.strerror.lower() if e.strerror else e}")
+            return
+        if st.st_uid not in (0, os.geteuid()):
+            c.fail(
+                where,
+                f"{real}: its directory {directory} is owned by uid {st.st_uid}, who could "
+                "replace the hook; the daemon runs it as root",
+            )
+            return
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not st.st_mode & stat.S_ISVTX:
+            c.fail(
+                where,
+                f"{real}: its directory {directory} is writable by group or others, who could "
+                "replace the hook; the daemon runs it as root",
+            )
+            return
 
 
 def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
     if raw is None:
         # The defaults are checked like written ones: a missing default hook is found now,
         # not when the first event arrives.
+        resolved: dict[str, Hook] = {}
         for hook in DEFAULT_HOOKS.values():
+            commands = []
             for i, command in enumerate(hook.commands):
-                _check_executable(
-                    c, f"hooks (default).{hook.name}[{i}].command[0]", command.argv[0]
-                )
-        return DEFAULT_HOOKS
+                where = f"hooks (default).{hook.name}[{i}].command[0]"
+                program = _check_executable(c, where, command.argv[0])
+                commands.append(replace(command, argv=(program, *command.argv[1:])))
+            resolved[hook.name] = Hook(hook.name, tuple(commands))
+        return resolved if resolved != dict(DEFAULT_HOOKS) else DEFAULT_HOOKS
     if not isinstance(raw, dict):
         c.fail("hooks", f"must be a mapping of hook name to commands, got {_kind(raw)}")
         return {}
@@ -489,9 +525,9 @@ def _check_command(
     if any("\x00" in a for a in argv):
         c.fail(f"{where}.command", "contains a NUL character")
         return None
-    _check_executable(c, f"{where}.command[0]", argv[0])
+    program = _check_executable(c, f"{where}.command[0]", argv[0])
     timeout = c.number(fields.get("timeout"), f"{where}.timeout", default_timeout, 0.1, 86400)
-    return HookCommand(tuple(argv), timeout)
+    return HookCommand((program, *argv[1:]), timeout)
 
 
 def _check_events(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -442,3 +443,61 @@ def test_a_webhooks_on_key_is_on_not_true_and_yes_is_a_string(tmp_path):
     )
     assert cfg.webhooks[0].on == ("approved",)
     assert cfg.environment["VERBOSE"] == "yes"
+
+
+# ---- the path a hook runs from ---------------------------------------------------------------
+
+
+def _hook_in(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    hook = directory / "hook"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    return hook
+
+
+def _command(hook: Path) -> str:
+    return f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n"
+
+
+def test_a_hook_in_a_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    hook = _hook_in(shared)
+    shared.chmod(0o777)
+    found = problems(tmp_path, _command(hook))
+    assert any(
+        f"hooks.h[0].command[0]: {hook}: its directory {shared} is writable by group or others" in p
+        for p in found
+    )
+
+
+def test_a_hook_in_a_directory_another_user_owns_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    hook = _hook_in(theirs / "bin")
+    os.chown(theirs, 65534, 65534)
+    found = problems(tmp_path, _command(hook))
+    assert any(f"its directory {theirs} is owned by uid 65534" in p for p in found)
+
+
+def test_a_root_owned_sticky_directory_like_tmp_is_fine(tmp_path):
+    sticky = tmp_path / "sticky"
+    hook = _hook_in(sticky)
+    sticky.chmod(0o1777)
+    assert load(tmp_path, _command(hook)).hooks["h"].commands[0].argv == (str(hook),)
+
+
+def test_the_file_that_runs_is_the_file_that_was_checked_not_a_symlink(tmp_path):
+    """A symlink is resolved once, checked with every directory above its target, and the
+    target is what runs: retargeting the link later changes nothing until a reload checks it."""
+    target = _hook_in(tmp_path / "real")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    cfg = load(tmp_path, _command(link))
+    assert cfg.hooks["h"].commands[0].argv == (str(target),)
+    unsafe = tmp_path / "unsafe"
+    bad = _hook_in(unsafe)
+    unsafe.chmod(0o777)
+    link.unlink()
+    link.symlink_to(bad)
+    found = problems(tmp_path, _command(link))
+    assert any(f"{link} " not in p and f"its directory {unsafe} is writable" in p for p in found)
