@@ -117,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if warning:
         log.get().warning("journal_unavailable", reason=warning)
+    for text in cfg.warnings:
+        log.get().warning("config_warning", warning=text)
     return run_daemon(cfg, dry_run=args.dry_run)
 
 
@@ -124,6 +126,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
         return EXIT_CONFIG
+    for text in cfg.warnings:
+        print(f"warning: {text}", file=sys.stderr)
     if args.quiet:
         return 0
     md = cfg.metadata

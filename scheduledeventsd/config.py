@@ -209,6 +209,7 @@ class Config:
     metrics_textfile: Optional[Path] = None
     unhealthy_from: HealthFrom = HealthFrom.DETECTED
     webhooks: tuple[Webhook, ...] = ()
+    warnings: tuple[str, ...] = ()  # not errors: said by check-config and logged at start
 
     def policy(self, event_type: str) -> ApprovePolicy:
         """An event type's own `approve`, else the top-level one."""
@@ -956,4 +957,24 @@ def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Confi
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([f"{source}: {where}: {problem}"]) from None
-    return parse(raw, source, path)
+    config = parse(raw, source, path)
+    return replace(config, warnings=_secret_warnings(config, path))
+
+
+def _secret_warnings(config: Config, path: Path) -> tuple[str, ...]:
+    """Webhook URLs (a Slack or Teams URL is its own secret) and headers in a file others can
+    read: worth a warning, not a refusal (the shipped file is 0644 and holds none)."""
+    secrets = [
+        f"webhooks[{i}].{'headers' if hook.headers else 'url'}"
+        for i, hook in enumerate(config.webhooks)
+    ]
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ()
+    if not secrets or not mode & (stat.S_IRGRP | stat.S_IROTH):
+        return ()
+    return (
+        f"{path}: {secrets[0]}: a secret in a file readable by group or others "
+        f"(mode {stat.S_IMODE(mode):o}); chmod 600 {path}",
+    )

@@ -501,3 +501,20 @@ def test_the_file_that_runs_is_the_file_that_was_checked_not_a_symlink(tmp_path)
     link.symlink_to(bad)
     found = problems(tmp_path, _command(link))
     assert any(f"{link} " not in p and f"its directory {unsafe} is writable" in p for p in found)
+
+
+def test_webhook_secrets_in_a_file_others_can_read_are_warned_about(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "hooks: {}\nevents: {}\nwebhooks:\n  - url: https://hooks.example.com/T0/B0/SECRET\n"
+        "    headers: {Authorization: Bearer x}\n"
+    )
+    path.chmod(0o644)
+    shown = cli("check-config", "--config", str(path), "--quiet")
+    assert shown.returncode == 0
+    assert shown.stderr == (
+        f"warning: {path}: webhooks[0].headers: a secret in a file readable by group or others "
+        f"(mode 644); chmod 600 {path}\n"
+    )
+    path.chmod(0o600)
+    assert cli("check-config", "--config", str(path), "--quiet").stderr == ""
