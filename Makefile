@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign soak
 bootstrap:
 	@./scripts/bootstrap
 
@@ -23,6 +23,10 @@ test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
 	$(PY) -m pytest -q -m campaign
+
+# An hour of churn with metrics, /health and webhooks on: RSS, fds and threads, missed, doubled.
+soak: bootstrap
+	$(PY) -m tests.soak --seconds 3600
 
 # 500 kill -9s of the real daemon at random and chosen instants, then the invariants (root).
 crash-campaign: bootstrap
