@@ -67,21 +67,21 @@ def _mirror() -> str:
     return match.group(1) if match else "http://deb.debian.org/debian"
 
 
-def _root_tarball() -> Path:
-    """debootstrap once per package set (~75 s), then reuse the tarball (~3 s to unpack)."""
+def _root_tarball(release: str) -> Path:
+    """debootstrap once per release and package set (~75 s), then reuse the tarball (~3 s)."""
     key = hashlib.sha256(INCLUDE.encode()).hexdigest()[:12]
-    tarball = CACHE / f"bookworm-{key}.tar"
+    tarball = CACHE / f"{release}-{key}.tar"
     if tarball.exists():
         return tarball
     _run(str(ROOT / "scripts/apt-need"), "debootstrap")
     CACHE.mkdir(parents=True, exist_ok=True)
-    staging = CACHE / f"root-{key}.tmp"
+    staging = CACHE / f"root-{release}-{key}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     _run(
         "debootstrap",
         "--variant=minbase",
         f"--include={INCLUDE}",
-        "bookworm",
+        release,
         str(staging),
         _mirror(),
         timeout=900,
@@ -186,8 +186,11 @@ class Machine:
         self.console.close()
 
 
-@pytest.fixture(scope="module")
-def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
+# Debian 12 and 13, each with its own systemd, Python and libraries (the .deb is the same).
+@pytest.fixture(scope="module", params=["bookworm", "trixie"])
+def machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Machine]:
     if os.geteuid() != 0:
         pytest.fail(
             "the deployed tests boot systemd in namespaces and need root: run `sudo make test`"
@@ -195,7 +198,7 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
     _run(str(ROOT / "scripts/apt-need"), "iproute2", "util-linux", timeout=600)
     built = _run(str(ROOT / "scripts/build-deb"), timeout=600).stdout.split()
     deb = Path(ROOT / built[-1])
-    tarball = _root_tarball()
+    tarball = _root_tarball(request.param)
     root = tmp_path_factory.mktemp("deployed") / "root"
     root.mkdir()
     _run("tar", "-C", str(root), "-xf", str(tarball))
@@ -418,7 +421,8 @@ def test_the_hardening_lines_lower_the_exposure_systemd_analyze_reports(machine)
     after = _exposure(machine, "scheduledeventsd.service")
     machine.sh("rm", "/etc/systemd/system/unhardened.service")
     machine.sh("systemctl", "daemon-reload")
-    report = ROOT / "build" / "systemd-analyze-security.txt"
+    release = machine.sh("sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME").stdout.strip()
+    report = ROOT / "build" / f"systemd-analyze-security-{release}.txt"
     report.parent.mkdir(exist_ok=True)
     report.write_text(f"without hardening: {before}\nas shipped: {after}\n")
     assert after < before - 2, f"{before} -> {after}"
