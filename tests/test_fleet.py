@@ -242,6 +242,9 @@ def test_mutual_tls_and_username_password(tmp_path_factory, fleet, sim):
         fleet.start("vm-c", fleet.config("vm-c", settings), ready=False)
         wait_for(lambda: approvals(sim, event_id), 20, "the approval")
         fleet.stop()
+        for factory in fleet.factories.values():
+            for daemon in factory.started:
+                assert "s3cret" not in daemon.output(), "the password never reaches the log"
 
 
 # ---- the gate command ----------------------------------------------------------------------

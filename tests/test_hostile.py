@@ -47,6 +47,8 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
     assert detected_in < 10, f"10 000 events slowed detection to {detected_in:.1f} s"
     # Nothing is named after an event: the state directory holds what it always holds.
     assert sorted(os.listdir(daemons.state_dir)) == ["lock", "state.json", "status.json"]
+    assert os.stat(daemons.state_dir / "state.json").st_mode & 0o777 == 0o600
+    assert os.stat(daemons.state_dir).st_mode & 0o777 == 0o700
     assert not os.path.exists("/etc/cron.d/scheduledeventsd-test")
     saved = json.loads((daemons.state_dir / "state.json").read_text())
     assert traversal in {e["event"]["EventId"] for e in saved["events"]}
