@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def daemon_command(config: Path) -> list[str]:
@@ -21,3 +25,15 @@ def daemon_command(config: Path) -> list[str]:
         "--log-level",
         "warning",
     ]
+
+
+def start_daemon(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The daemon from this checkout, its warnings appended to `log`."""
+    return subprocess.Popen(
+        daemon_command(config),
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+    )

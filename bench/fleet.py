@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import daemon_command
+from bench import start_daemon
 from scheduledeventsd.config import Etcd
 from scheduledeventsd.etcd import EtcdClient
 from scheduledeventsd.simulator import Scenario, Simulator
@@ -87,16 +86,7 @@ class Contender:
                     }
                 )
             )
-            self.procs.append(
-                subprocess.Popen(
-                    daemon_command(config),
-                    cwd=ROOT,
-                    env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=(work / f"{vm}.log").open("ab"),
-                )
-            )
+            self.procs.append(start_daemon(config, work / f"{vm}.log"))
 
     def _script(self, name: str, body: str) -> str:
         path = self.work / name

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from bench import daemon_command
+from bench import start_daemon
 from scheduledeventsd.simulator import Scenario, Simulator
 from tests.etcd_cluster import free_ports
 
@@ -59,14 +59,7 @@ def start(
             }
         )
     )
-    proc = subprocess.Popen(
-        daemon_command(config),
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=(work / f"{name}.log").open("ab"),
-    )
+    proc = start_daemon(config, work / f"{name}.log")
     return proc, sim
 
 

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from typing import Any
 
 import requests
 
-from bench import daemon_command
+from bench import start_daemon
 from scheduledeventsd.simulator import Scenario, Simulator
 from tests.etcd_cluster import free_ports
 
@@ -128,14 +127,7 @@ def soak(seconds: float, work: Path, every: float = 10.0) -> Result:
             }
         )
     )
-    proc = subprocess.Popen(
-        daemon_command(config),
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=(work / "daemon.log").open("ab"),
-    )
+    proc = start_daemon(config, work / "daemon.log")
     result = Result(seconds)
     http = requests.Session()
     http.trust_env = False
