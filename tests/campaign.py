@@ -9,7 +9,8 @@ approval, an after-hook). Between rounds the state file must load. At the end a 
 everything settle and the invariants are checked against what the simulator received and what
 the hooks themselves logged. Needs root (namespaces, bind mounts).
 
-    python -m tests.campaign --kills 500      # `make crash-campaign`
+    python -m tests.campaign --kills 500              # `make crash-campaign`
+    python -m tests.campaign --kills 200 --fleet      # and three VMs through etcd
 """
 
 from __future__ import annotations
@@ -384,6 +385,146 @@ class Campaign:
             bad.append(f"4: before-hooks of {event_id} started {late[0]:.2f} s after it was over")
 
 
+FLEET_VMS = ("vm-a", "vm-b", "vm-c")
+FLEET_HOOK = """#!/bin/sh
+what="$SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $SCHEDULED_EVENT_VM_NAME"
+echo "start $what $(date +%s.%N)" >> "$CAMPAIGN_LOG"
+sleep "0.$(shuf -i 0-60 -n 1)"
+code=0
+case "$SCHEDULED_EVENT_DESCRIPTION" in
+    *"FAIL-$SCHEDULED_EVENT_VM_NAME"*) [ "$SCHEDULED_EVENT_STAGE" = before ] && code=1 ;;
+esac
+echo "end $what $(date +%s.%N) $code" >> "$CAMPAIGN_LOG"
+exit $code
+"""
+
+
+class FleetCampaign:
+    """Three daemons sharing events through a real 3-member etcd cluster (`approve: all`);
+    each round kills one of them. A shared event may be approved only once every VM it names
+    has finished its before-hooks successfully, and never when one of them failed."""
+
+    def __init__(self, work: Path, seed: int, cluster: Any) -> None:
+        self.work = work
+        self.rng = random.Random(seed)  # noqa: S311 - a replayable campaign, not a secret
+        self.cluster = cluster
+        self.sim = Simulator(
+            Scenario(vm_name="vm-a", start_after_approval=0.3, started_for=0.6), rate_limit=False
+        )
+        self.sim.start()
+        self.log = work / "hooks.log"
+        hook = work / "hook"
+        hook.write_text(FLEET_HOOK)
+        hook.chmod(0o755)
+        self.hook = str(hook)
+        self.boot = work / "boot_id"
+        self.boot.write_text(str(uuid.uuid4()) + "\n")
+        self.injected: dict[str, Injected] = {}
+        self.report = Report()
+        self.daemons: dict[str, Daemon] = {}
+
+    def config(self, vm: str) -> Path:
+        path = self.work / f"{vm}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "metadata": {"url": self.sim.url, "poll_interval": 0.25, "timeout": 2},
+                    "vm_name": vm,
+                    "state_dir": str(self.work / vm),
+                    "approve": "all",
+                    "coordination": {
+                        "etcd": {"endpoints": self.cluster.endpoints, "prefix": "/campaign"}
+                    },
+                    "hooks": {n: [{"command": [self.hook], "timeout": 30}] for n in ("p", "q")},
+                    "events": {"Reboot": {"before": ["p"], "after": ["q"]}},
+                    "environment": {"CAMPAIGN_LOG": str(self.log)},
+                    "shutdown_grace": 5,
+                }
+            )
+        )
+        return path
+
+    def start(self, vm: str) -> None:
+        self.daemons[vm] = Daemon(self.config(vm), self.boot)
+        _wait(lambda: self.daemons[vm].seen("document_changed"), 20)
+
+    def inject(self) -> None:
+        kind = self.rng.choice(["shared", "shared", "shared", "failing", "pair"])
+        resources = list(FLEET_VMS) if kind != "pair" else ["vm-a", "vm-b"]
+        failing = self.rng.choice(FLEET_VMS)
+        spec = {
+            "EventType": "Reboot",
+            "Resources": resources,
+            "not_before_in": 600,
+            "Description": f"FAIL-{failing}" if kind == "failing" else "maintenance",
+        }
+        event_id = self.sim.add_from_spec(spec)
+        self.injected[event_id] = Injected(event_id, kind, "Reboot", time.time())
+        self.report.events[kind] += 1
+
+    def run(self, kills: int) -> Report:
+        for vm in FLEET_VMS:
+            self.start(vm)
+        try:
+            while self.report.kills + self.report.terms < kills:
+                for _ in range(self.rng.randint(0, 2)):
+                    self.inject()
+                vm = self.rng.choice(FLEET_VMS)
+                time.sleep(self.rng.uniform(0.1, 2.0))
+                signo = signal.SIGTERM if self.rng.random() < 0.15 else signal.SIGKILL
+                self.daemons[vm].kill(signo)
+                if signo == signal.SIGKILL:
+                    self.report.kills += 1
+                else:
+                    self.report.terms += 1
+                _, problem = StateStore(self.work / vm).load()
+                if problem:
+                    self.report.violations.append(f"{vm}: the state file did not load: {problem}")
+                self.start(vm)
+            pending = {e for e, i in self.injected.items() if i.kind != "failing"}
+            _wait(lambda: not pending & set(self.sim.event_ids()), 60)
+            time.sleep(2)
+        finally:
+            for daemon in self.daemons.values():
+                daemon.kill(signal.SIGTERM)
+            self.sim.stop()
+        self.check()
+        return self.report
+
+    def check(self) -> None:
+        r = self.report
+        text = self.log.read_text() if self.log.exists() else ""
+        fields = [line.split() for line in text.splitlines()]
+        ends = [(f[1], f[2], f[3], float(f[4]), f[5]) for f in fields if f[0] == "end"]
+        starts = [(f[1], f[2], f[3]) for f in fields if f[0] == "start"]
+        approvals: dict[str, float] = {}
+        for a in self.sim.approvals:
+            approvals.setdefault(a.event_id, a.at)
+        r.approvals = len(approvals)
+        r.before_runs = sum(1 for _, stage, _ in starts if stage == "before")
+        r.after_runs = sum(1 for _, stage, _ in starts if stage == "after")
+        for event_id, e in self.injected.items():
+            names = FLEET_VMS if e.kind != "pair" else ("vm-a", "vm-b")
+            at = approvals.get(event_id)
+            if e.kind == "failing" and at is not None:
+                r.violations.append(f"1: {event_id} approved although a VM's hooks failed")
+            if e.kind != "failing" and at is None:
+                r.violations.append(f"2: shared {event_id} ({e.kind}) was never approved")
+            if at is not None:
+                for vm in names:
+                    ok = [
+                        t
+                        for i, stage, v, t, code in ends
+                        if (i, stage, v, code) == (event_id, "before", vm, "0")
+                    ]
+                    if not ok or min(ok) > at:
+                        r.violations.append(f"1: {event_id} approved before {vm}'s hooks succeeded")
+            for vm in names:
+                after = sum(1 for i, stage, v in starts if (i, stage, v) == (event_id, "after", vm))
+                if after > 1:
+                    r.violations.append(f"3: after-hooks ran {after} times on {vm} for {event_id}")
+
+
 def _wait(predicate: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -397,12 +538,21 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument(
+        "--fleet", action="store_true", help="three VMs sharing events through a real etcd"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sed-campaign-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
-        report = Campaign(work, args.seed).run(args.kills)
+        if args.fleet:
+            from tests.etcd_cluster import Cluster  # noqa: PLC0415 - only the fleet needs etcd
+
+            with Cluster(work / "etcd") as cluster:
+                report = FleetCampaign(work, args.seed, cluster).run(args.kills)
+        else:
+            report = Campaign(work, args.seed).run(args.kills)
     summary = report.summary()
     summary["seed"] = args.seed
     summary["seconds"] = round(time.monotonic() - began)

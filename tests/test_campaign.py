@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from tests.campaign import Campaign
+from tests.campaign import Campaign, FleetCampaign
+from tests.etcd_cluster import Cluster
 from tests.soak import soak
 
 pytestmark = [pytest.mark.campaign, pytest.mark.xdist_group(name="campaign")]
@@ -40,3 +41,14 @@ def test_two_minutes_of_churn_with_everything_on_leak_nothing_and_miss_nothing(t
     assert last.fds <= warm.fds + 2, summary
     assert last.threads <= warm.threads + 2, summary
     assert last.rss_mb - warm.rss_mb < 3, summary
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and bind mounts need root")
+def test_twenty_kills_among_three_vms_sharing_events_never_rush_one(tmp_path):
+    seed = int.from_bytes(os.urandom(2), "big")
+    with Cluster(tmp_path / "etcd") as cluster:
+        report = FleetCampaign(tmp_path, seed, cluster).run(kills=20)
+    summary = dict(report.summary(), seed=seed)
+    assert report.violations == [], summary
+    assert report.approvals >= 3, summary
+    assert report.events["failing"] or report.events["shared"], summary
