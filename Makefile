@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign soak
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -23,6 +23,13 @@ test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
 	$(PY) -m pytest -q -m campaign
+
+# libFuzzer (atheris) on every parser of untrusted input: 10 minutes; CI runs one.
+fuzz: bootstrap
+	$(PY) -m tests.fuzz -max_total_time=600
+
+fuzz-quick: bootstrap
+	$(PY) -m tests.fuzz -max_total_time=60
 
 # An hour of churn with metrics, /health and webhooks on: RSS, fds and threads, missed, doubled.
 soak: bootstrap

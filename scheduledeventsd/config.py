@@ -281,7 +281,13 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
-        if key in seen:
+        try:
+            duplicate = key in seen
+        except TypeError:  # `[a]: b` (found by atheris): a list or mapping as a key
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a {type(key).__name__} cannot be a key", key_node.start_mark
+            ) from None
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )

@@ -518,3 +518,13 @@ def test_webhook_secrets_in_a_file_others_can_read_are_warned_about(tmp_path):
     )
     path.chmod(0o600)
     assert cli("check-config", "--config", str(path), "--quiet").stderr == ""
+
+
+def test_a_list_as_a_key_is_a_yaml_error_not_a_traceback(tmp_path):
+    """Found by atheris: `[]: x` made the duplicate-key check raise TypeError."""
+    found = problems(tmp_path, "[]:\n  - x\n")
+    assert any("line 1, column 1: a list cannot be a key" in p for p in found)
+    path = tmp_path / "config.yaml"
+    shown = cli("check-config", "--config", str(path))
+    assert shown.returncode == 2
+    assert "Traceback" not in shown.stderr
