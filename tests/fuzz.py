@@ -7,6 +7,7 @@ parser's own error is a crash: libFuzzer stops and writes the input to ./crash-*
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import atheris
@@ -20,20 +21,16 @@ with atheris.instrument_imports():
 
 
 def one(data: bytes) -> None:
-    try:
+    with contextlib.suppress(DocumentError):
         parse_document(data)
-    except DocumentError:
-        pass
     _start_requests(data)
     state_of(data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return
-    try:
+    with contextlib.suppress(config.ConfigError, yaml.YAMLError):
         config.parse(config.parse_yaml(text), "fuzz", check_files=False)
-    except (config.ConfigError, yaml.YAMLError):
-        pass
 
 
 def main() -> None:
