@@ -17,12 +17,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from . import config as config_mod
 from . import engine, log
 from .config import Config, Hook
-from .coordination import EtcdCoordinator
 from .engine import (
     ApprovalFailed,
     ApprovalSent,
@@ -59,6 +58,9 @@ from .model import Event
 from .notify import Notifier
 from .state import StateError, StateStore
 from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from .coordination import EtcdCoordinator
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
@@ -507,7 +509,11 @@ def _result(result: CommandResult) -> str:
 
 def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:
     etcd = config.coordination.etcd if config.coordination else None
-    return None if etcd is None else EtcdCoordinator(etcd, send)
+    if etcd is None:
+        return None
+    from .coordination import EtcdCoordinator  # noqa: PLC0415 - only fleets need etcd's client
+
+    return EtcdCoordinator(etcd, send)
 
 
 def run_daemon(config: Config, *, dry_run: bool = False) -> int:

@@ -15,15 +15,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .config import Config
-from .engine import Log, Message, State
+from .engine import Log, Message, Phase, State
 from .model import Event
 from .observer import HookResult, Observer, unhealthy
 from .state import StateStore
-from .web import Answers, WebServer
-from .webhooks import Webhooks, kind_of, where
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported when configured: a daemon without them pays nothing for them
     from .metrics import Metrics
+    from .web import WebServer
+    from .webhooks import Webhooks
 
 STATUS_EVERY = 60.0  # seconds: the status file is rewritten at least this often (last poll)
 TEXTFILE_EVERY = 30.0  # seconds: the metrics textfile, when only routine counters moved
@@ -51,6 +51,8 @@ class Telemetry:
         self._web: Optional[WebServer] = None
         self._webhooks: Optional[Webhooks] = None
         self._status_key: object = None
+        self._events_seen: object = None
+        self._ours: tuple[object, ...] = ()
         self._status_at = 0.0
         self._textfile_changes = -1
         self._textfile_at = 0.0
@@ -70,11 +72,15 @@ class Telemetry:
             self._metrics.use(config)
         if not self.publish:
             return
-        if self._webhooks is None or config.webhooks != old.webhooks:
+        if config.webhooks != old.webhooks or (config.webhooks and self._webhooks is None):
             if self._webhooks is not None:
                 self._webhooks.stop()
-            self._webhooks = Webhooks(config.webhooks, self._webhook_report)
-        if self._web is None or config.listen != old.listen:
+                self._webhooks = None
+            if config.webhooks:
+                from .webhooks import Webhooks  # noqa: PLC0415
+
+                self._webhooks = Webhooks(config.webhooks, self._webhook_report)
+        if config.listen != old.listen or (config.listen and self._web is None):
             self._serve(config)
 
     def _serve(self, config: Config) -> None:
@@ -83,6 +89,8 @@ class Telemetry:
             self._web = None
         if config.listen is None:
             return
+        from .web import Answers, WebServer  # noqa: PLC0415
+
         metrics = self._metrics
         assert metrics is not None  # noqa: S101 - created above when listen is set
         answers = Answers(
@@ -126,10 +134,12 @@ class Telemetry:
     def log(self, effect: Log) -> None:
         if self._webhooks is not None and self._state is not None:
             self._webhooks.notice(effect, self._state.vm_name, time.time())
-        elif not self.publish and self.config.webhooks and kind_of(effect) is not None:
+        elif not self.publish and self.config.webhooks:
+            from .webhooks import kind_of, where  # noqa: PLC0415
+
             kind = kind_of(effect)
             for hook in self.config.webhooks:
-                if kind in hook.on:
+                if kind is not None and kind in hook.on:
                     fields = {
                         "what": kind,
                         "url": where(hook.url),
@@ -166,7 +176,14 @@ class Telemetry:
     # ---- files ------------------------------------------------------------------------------
 
     def _write_status(self, state: State, wall: float) -> None:
-        key = (state.events, state.poll.last, state.coordination.count, state.state_problem)
+        if state.events is not self._events_seen:  # other VMs' events churn; ours are shown
+            self._events_seen = state.events
+            self._ours = tuple(
+                (k, t.phase, t.event.status, t.event.not_before)
+                for k, t in state.events.items()
+                if t.phase is not Phase.NOT_OURS
+            )
+        key = (self._ours, state.poll.last, state.coordination.count, state.state_problem)
         if key == self._status_key and wall - self._status_at < STATUS_EVERY:
             return
         self._status_key, self._status_at = key, wall
