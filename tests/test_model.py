@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scheduledeventsd.model import DocumentError, parse_document, parse_not_before
+from scheduledeventsd.model import DocumentError, EventCache, parse_document, parse_not_before
 
 UTC = dt.timezone.utc
 
@@ -157,3 +157,18 @@ def test_an_incarnation_of_unicode_digits_is_a_document_error_not_a_crash():
     """'²'.isdigit() is true but int('²') raises: found by the property test."""
     with pytest.raises(DocumentError):
         parse_document(json.dumps({"DocumentIncarnation": "²", "Events": []}).encode())
+
+
+def test_the_event_cache_keeps_only_the_last_two_documents_events():
+    """Under churn new events come every second: the cache must not grow with them."""
+    cache = EventCache()
+    for i in range(5000):
+        body = {"DocumentIncarnation": i, "Events": [
+            {"EventId": f"E{i}", "EventType": "Freeze", "EventStatus": "Scheduled",
+             "Resources": ["vm"], "NotBefore": ""},
+            {"EventId": "steady", "EventType": "Reboot", "EventStatus": "Scheduled",
+             "Resources": ["vm"], "NotBefore": ""},
+        ]}  # fmt: skip
+        doc = parse_document(json.dumps(body).encode(), cache)
+        assert [e.event_id for e in doc.events] == [f"E{i}", "steady"]
+    assert len(cache) <= 4
