@@ -307,13 +307,10 @@ class Campaign:
 
     def check(self) -> None:
         r = self.report
-        text = self.log.read_text() if self.log.exists() else ""
-        fields = [line.split() for line in text.splitlines()]
+        fields = _hook_log(self.log)
         starts = [(f[1], f[2], float(f[5])) for f in fields if f[0] == "start"]
         ends = [(f[1], f[2], float(f[5]), f[6]) for f in fields if f[0] == "end"]
-        approvals: dict[str, float] = {}
-        for a in self.sim.approvals:
-            approvals.setdefault(a.event_id, a.at)
+        approvals = _first_approvals(self.sim)
         r.approvals = len(approvals)
         r.before_runs = sum(1 for _, stage, _ in starts if stage == "before")
         r.after_runs = sum(1 for _, stage, _ in starts if stage == "after")
@@ -493,13 +490,10 @@ class FleetCampaign:
 
     def check(self) -> None:
         r = self.report
-        text = self.log.read_text() if self.log.exists() else ""
-        fields = [line.split() for line in text.splitlines()]
+        fields = _hook_log(self.log)
         ends = [(f[1], f[2], f[3], float(f[4]), f[5]) for f in fields if f[0] == "end"]
         starts = [(f[1], f[2], f[3]) for f in fields if f[0] == "start"]
-        approvals: dict[str, float] = {}
-        for a in self.sim.approvals:
-            approvals.setdefault(a.event_id, a.at)
+        approvals = _first_approvals(self.sim)
         r.approvals = len(approvals)
         r.before_runs = sum(1 for _, stage, _ in starts if stage == "before")
         r.after_runs = sum(1 for _, stage, _ in starts if stage == "after")
@@ -523,6 +517,20 @@ class FleetCampaign:
                 after = sum(1 for i, stage, v in starts if (i, stage, v) == (event_id, "after", vm))
                 if after > 1:
                     r.violations.append(f"3: after-hooks ran {after} times on {vm} for {event_id}")
+
+
+def _hook_log(path: Path) -> list[list[str]]:
+    """The hooks' own log, a line each: start|end, event, stage, ..., time[, exit status]."""
+    text = path.read_text() if path.exists() else ""
+    return [line.split() for line in text.splitlines()]
+
+
+def _first_approvals(sim: Simulator) -> dict[str, float]:
+    """When each event's first approval POST reached the simulator."""
+    approvals: dict[str, float] = {}
+    for a in sim.approvals:
+        approvals.setdefault(a.event_id, a.at)
+    return approvals
 
 
 def _wait(predicate: Any, timeout: float) -> None:
