@@ -941,7 +941,7 @@ def _coordination_failed(
     peers = state.peers.get(msg.event_id, Peers())
     peers = replace(peers, asking=False, next_at=failures.retry_at)
     if tracked.run is not None:
-        state = replace(state, runs={r: e for r, e in state.runs.items() if r != tracked.run})
+        state = _without_run(state, tracked.run)
         state = _with(state, msg.event_id, replace(tracked, run=None))
     return replace(state, peers={**state.peers, msg.event_id: peers})
 
@@ -963,12 +963,12 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
             out,
         )
     state = _coordination_works(state, out)
-    state = replace(state, runs={r: e for r, e in state.runs.items() if r != msg.run})
+    state = _without_run(state, msg.run)
     tracked = replace(tracked, run=None)
     event = tracked.event
     if msg.exit_status == 0:
         out.append(_note(Level.INFO, "gate_approved", event))
-        state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+        state = _without_peers(state, event_id)
         return _with(state, event_id, replace(tracked, phase=Phase.APPROVING))
     if msg.exit_status == GATE_LATER:
         gate = state.config.coordination.gate if state.config.coordination else None
@@ -989,7 +989,7 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
             reason="the gate command said never; it proceeds at NotBefore",
         )
     )
-    state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+    state = _without_peers(state, event_id)
     return _with(state, event_id, replace(tracked, phase=Phase.NOT_APPROVED))
 
 
@@ -1012,11 +1012,20 @@ def _stop_asking(state: State, tracked: Tracked, out: list[Effect]) -> tuple[Sta
     event_id = tracked.event.event_id
     if tracked.run is not None:
         out.append(CancelRuns((tracked.run,)))
-        state = replace(state, runs={r: e for r, e in state.runs.items() if r != tracked.run})
+        state = _without_run(state, tracked.run)
     elif event_id in state.peers and _etcd(state):
         out.append(StopCoordinating((event_id,)))
-    state = replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
+    state = _without_peers(state, event_id)
     return state, replace(tracked, run=None)
+
+
+def _without_run(state: State, run: int) -> State:
+    return replace(state, runs={r: e for r, e in state.runs.items() if r != run})
+
+
+def _without_peers(state: State, event_id: str) -> State:
+    """The event no longer waits for the other VMs (decided, started or gone)."""
+    return replace(state, peers={k: p for k, p in state.peers.items() if k != event_id})
 
 
 def _etcd(state: State) -> bool:
