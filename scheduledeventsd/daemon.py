@@ -14,6 +14,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -32,26 +33,26 @@ from .engine import (
     DocumentFetched,
     Effect,
     Exit,
+    Faulted,
     Fetch,
     GateAnswered,
     HooksFinished,
-    Log,
     Message,
     NameResolved,
     Notify,
-    Outcome,
     PeersChanged,
     Persist,
     Persisted,
     PollFailed,
     PostApproval,
+    Record,
     ResolveName,
     SpawnHooks,
     StopCoordinating,
     UseConfig,
     WakeAt,
 )
-from .hooks import CommandResult, ProcessRunner, run_hooks
+from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
 from .identity import hostname, resolve
 from .imds import ImdsClient, ImdsError
 from .model import Event
@@ -138,6 +139,7 @@ class Daemon:
         self._coordinator = _coordinator(config, self.inbox.put)
         self._wake_at = 0.0
         self._exit: Optional[int] = None
+        self._faults_seen: set[tuple[str, str, str]] = set()
 
     # ---- control from outside -------------------------------------------------------------
 
@@ -217,11 +219,41 @@ class Daemon:
             return engine.ReloadFailed(tuple(e.problems))
 
     def _feed(self, message: Message) -> None:
+        """One step and its effects. Nothing raised here may end the daemon: an IMDS answer
+        or a defect that breaks one message must not stop the next one being handled."""
         before, now = self.state, time.monotonic()
-        self.state, effects = engine.step(before, message, now)
-        self.telemetry.step(before, message, self.state, now)
+        try:
+            self.state, effects = engine.step(before, message, now)
+        except Exception as e:  # noqa: BLE001 - logged with its traceback; the loop goes on
+            self._fault(f"step {type(message).__name__}", e, message)
+            return
+        try:
+            self.telemetry.step(before, message, self.state, now)
+        except Exception as e:  # noqa: BLE001
+            self._fault("telemetry", e, message)
         for effect in effects:
-            self._do(effect)
+            try:
+                self._do(effect)
+            except Exception as e:  # noqa: BLE001
+                self._fault(f"effect {type(effect).__name__}", e, message)
+
+    def _fault(self, where: str, error: Exception, message: Message) -> None:
+        """Logged once per distinct failure with its traceback, counted, shown as degraded."""
+        key = (where, type(error).__name__, str(error)[:200])
+        first = key not in self._faults_seen
+        if first and len(self._faults_seen) < 100:
+            self._faults_seen.add(key)
+        self.log.error(
+            "internal_error",
+            where=where,
+            error=repr(error)[:2000],
+            dropped=type(message).__name__,
+            traceback=_traceback(error) if first else None,
+            reason="a defect: the message was dropped and the daemon carries on",
+        )
+        if isinstance(message, Faulted):
+            return  # the report of a fault failed itself: never recurse
+        self._feed(Faulted(where, repr(error)[:500]))
 
     # ---- effects --------------------------------------------------------------------------
 
@@ -229,9 +261,9 @@ class Daemon:
         if self.dry_run and isinstance(effect, _PRETENDED):
             self._pretend(effect)
             return
-        if isinstance(effect, Log):
+        if isinstance(effect, Record):
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
-            self.telemetry.log(effect)
+            self.telemetry.record(effect)
         elif isinstance(effect, (Fetch, PostApproval, ResolveName)):
             self._ask_imds(effect)
         elif isinstance(effect, SpawnHooks):
@@ -295,7 +327,7 @@ class Daemon:
                 "would_run_hooks",
                 **engine.event_fields(effect.event),
                 hooks=" ".join(effect.hooks),
-                stage=effect.stage,
+                stage=effect.stage.value,
             )
             self.inbox.put(HooksFinished(effect.run, Outcome.SUCCEEDED))
         elif isinstance(effect, PostApproval):
@@ -332,15 +364,13 @@ class Daemon:
                 return HooksFinished(effect.run, Outcome.FAILED, detail)
             if failure is None:
                 return HooksFinished(effect.run, Outcome.SUCCEEDED)
-            if failure.cancelled:
-                return HooksFinished(effect.run, Outcome.CANCELLED)
-            return HooksFinished(effect.run, Outcome.FAILED)
+            return HooksFinished(effect.run, failure.outcome)
 
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
         self._run_commands(
             effect.run,
             effect.event,
-            effect.stage,
+            effect.stage.value,
             hooks,
             effect.incarnation,
             effect.vm_name,
@@ -399,13 +429,14 @@ class Daemon:
                 "run": run,
             }
             self.telemetry.hook_finished(
-                event.event_id, hook, stage, _result(result), result.duration_s
+                event.event_id, hook, stage, result.label, result.duration_s
             )
-            if result.succeeded:
+            outcome = result.outcome
+            if outcome is Outcome.SUCCEEDED:
                 bound.info("hook_finished", **fields)
             elif result.timed_out:
                 bound.error("hook_timed_out", **fields, error="killed with its process group")
-            elif result.cancelled:
+            elif outcome is Outcome.CANCELLED:
                 bound.warning("hook_cancelled", **fields, error=result.error or None)
             elif stage == "gate":
                 bound.info("gate_answered", **fields, error=result.error or None)
@@ -483,6 +514,11 @@ def _closed(client: ImdsClient) -> Message:
     return engine.Tick()
 
 
+def _traceback(error: Exception) -> str:
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    return "".join(lines)[-8000:]
+
+
 def boot_id(path: str = BOOT_ID) -> str:
     """Which boot this is: a different one than when an event's hooks started means the VM
     rebooted (or was redeployed) meanwhile."""
@@ -496,15 +532,6 @@ def boot_id(path: str = BOOT_ID) -> str:
 def _client(config: Config) -> ImdsClient:
     md = config.metadata
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
-
-
-def _result(result: CommandResult) -> str:
-    """The `result` label of a hook run."""
-    if result.succeeded:
-        return "ok"
-    if result.timed_out:
-        return "timeout"
-    return "cancelled" if result.cancelled else "failed"
 
 
 def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:

@@ -3,21 +3,26 @@
 `step(state, message, now) -> (state, effects)`, the sans-I/O shape of h11: the daemon feeds in
 what happened (a document fetched, a poll failed, hooks of run R finished, a timer is due, a
 signal) with the monotonic time, and carries out the effects it gets back (fetch, spawn hooks,
-post an approval, persist, log, notify systemd, wake at T). Nothing here does I/O or reads a
+post an approval, persist, record, notify systemd, wake at T). Nothing here does I/O or reads a
 clock, so every rule, backoff and retry is tested with a fake clock in milliseconds.
+
+An event's phase changes only through `_move`, which checks it against `lifecycle.TABLE`:
+the table says what may happen, the handlers below say which of it does.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
 from .config import ApprovePolicy, Config, EventRule, UserEvents
+from .hooks import KILL_GRACE, Outcome
+from .lifecycle import DURABLE, PREPARED, IllegalTransitionError, On, Phase, Rule, Stage, check
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
+from .records import Cause, Level, Record, What
 from .retry import Backoff, Failures
 
 POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for longer
@@ -28,71 +33,36 @@ NAME_BACKOFF = Backoff(2.0, 60.0)
 # cluster back before NotBefore is used at once.
 COORDINATION_BACKOFF = Backoff(0.5, 10.0)
 GATE_LATER = 75  # EX_TEMPFAIL: "not yet"
-KILL_WAIT = 7.0  # after cancelling hooks at shutdown: the runner's SIGKILL comes 5 s after SIGTERM
+# After cancelling hooks at shutdown: the runner's SIGKILL comes KILL_GRACE after SIGTERM; the
+# margin lets their results arrive before the daemon exits.
+KILL_WAIT = KILL_GRACE + 2.0
 # A fetch in flight this much longer than its own timeouts means its worker is wedged: the
 # watchdog is no longer pinged, so systemd restarts the daemon.
 STALL_MARGIN = 30.0
-
-
-class Phase(str, enum.Enum):
-    """Where an event stands for this VM; persisted, so values are stable strings."""
-
-    NOT_OURS = "not_ours"  # Resources does not name this VM
-    UNHANDLED = "unhandled"  # no `events` entry for its type
-    MISSED = "missed"  # first seen already Started: no chance to prepare
-    WAITING = "waiting"  # ours, but NotBefore is further away than its type's start_before
-    RUNNING = "running"  # hooks are running
-    COORDINATING = "coordinating"  # hooks succeeded; a shared event waits for the others' ready
-    APPROVING = "approving"  # hooks succeeded, StartRequests not yet accepted
-    APPROVED = "approved"
-    NOT_APPROVED = "not_approved"  # hooks succeeded, policy says it proceeds at NotBefore
-    HOOKS_FAILED = "hooks_failed"
-    DONE = "done"  # ours, handled, and already Started: nothing left to do
-    AFTER = "after"  # it is over or cancelled: its after/cancelled hooks run (at most once)
-    OVER = "over"  # after/cancelled hooks done (or none): nothing is left to do for it
-
-
-# Phases in which an event's before-hooks have started: it gets after- or cancelled-hooks.
-PREPARED = frozenset(
-    {
-        Phase.RUNNING,
-        Phase.COORDINATING,
-        Phase.APPROVING,
-        Phase.APPROVED,
-        Phase.NOT_APPROVED,
-        Phase.HOOKS_FAILED,
-        Phase.DONE,
-    }
-)
-
-
-class Level(str, enum.Enum):
-    DEBUG = "debug"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-
-class Outcome(str, enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # a command failed, timed out, or could not start
-    CANCELLED = "cancelled"  # we stopped it (shutdown, or its event left): it did not finish
+# The wall clock moved against the monotonic one by more than this since NotBefore times were
+# placed: place them again (an NTP step, a VM resumed from a pause).
+CLOCK_STEP = 1.0
 
 
 @dataclass(frozen=True)
 class Tracked:
+    """One event as the engine knows it. Which fields mean something depends on `phase`."""
+
     event: Event
     phase: Phase
-    run: Optional[int] = None  # the current hook run (RUNNING, AFTER); not persisted
-    boot_id: str = ""  # the boot on which its before-hooks started
-    pending: str = ""  # a stage (after, cancelled) waiting for its before-run to stop
-    stage: str = ""  # the stage of the run in AFTER: after | cancelled
-    rule: str = ""  # short | user: decided without before-hooks, so no after-hooks either
-    start_at: float = 0.0  # WAITING: when its before-hooks start (monotonic); not persisted
-    in_document: bool = True  # False once it left the document (kept for its after-run)
+    run: Optional[int] = None  # RUNNING, ENDING, AFTER: its run; COORDINATING: a gate run
+    boot_id: str = ""  # the boot on which it was first seen (before-hooks start then or later)
+    stage: Stage = Stage.BEFORE  # ENDING, AFTER: the stage that runs when its hooks stop
+    rule: Rule = Rule.HOOKS  # decided by a rule: never prepared, so no after-hooks
+    start_at: float = 0.0  # WAITING: when its before-hooks start (monotonic; inf: not placed)
+    vm_name: str = ""  # the name it was judged ours under: every stage's hooks get it
+    incarnation: int = 0  # the last document that listed it: every stage's hooks get it
 
 
 Known = Mapping[str, Tracked]
+
+# Re-exported: the engine's messages and effects speak in these.
+__all__ = ["Level", "On", "Outcome", "Phase", "Record", "Rule", "Stage", "What"]
 
 # ---- messages: what happened ---------------------------------------------------------------
 
@@ -201,6 +171,15 @@ class GateAnswered:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Faulted:
+    """The daemon caught an exception in a step or an effect (logged with its traceback there)
+    and dropped what it was doing; it carries on, and says it is degraded."""
+
+    where: str
+    error: str
+
+
 Message = Union[
     Boot,
     DocumentFetched,
@@ -218,6 +197,7 @@ Message = Union[
     PeersChanged,
     CoordinationFailed,
     GateAnswered,
+    Faulted,
 ]
 
 # ---- effects: what the daemon must do ------------------------------------------------------
@@ -240,7 +220,7 @@ class SpawnHooks:
     hooks: tuple[str, ...]
     incarnation: int
     vm_name: str
-    stage: str = "before"  # before | after | cancelled
+    stage: Stage = Stage.BEFORE
     rebooted: bool = False  # this VM booted since the before-hooks started
 
 
@@ -259,13 +239,6 @@ class PostApproval:
 @dataclass(frozen=True)
 class Persist:
     events: Known  # only what matters after a restart
-
-
-@dataclass(frozen=True)
-class Log:
-    level: Level
-    name: str
-    fields: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -325,7 +298,7 @@ Effect = Union[
     CancelRuns,
     PostApproval,
     Persist,
-    Log,
+    Record,
     Notify,
     UseConfig,
     Coordinate,
@@ -385,6 +358,8 @@ class State:
     incarnation: Optional[int] = None
     runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
     next_run: int = 1
+    cancelled: frozenset[int] = frozenset()  # runs we stopped: they did not finish, whatever
+    listed: frozenset[str] = frozenset()  # the EventIds of the last document
     poll: Poll = Poll()
     approvals: Approvals = Approvals()
     state_problem: str = ""
@@ -392,24 +367,42 @@ class State:
     watchdog_at: float = 0.0
     status_sent: str = ""
     stopping: Optional[Stopping] = None
-    wall_offset: Optional[float] = None  # wall clock minus monotonic, from the last document
+    wall_offset: Optional[float] = None  # wall clock minus monotonic, as NotBefore was placed
     peers: Mapping[str, Peers] = field(default_factory=dict)  # COORDINATING events
     coordination: Failures = field(default_factory=Failures)  # etcd or the gate, all events
+    strict: bool = False  # tests: a transition the table does not declare raises
+    faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
 
 
-def initial(config: Config, watchdog_usec: Optional[int] = None) -> State:
+def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
     every = None if not watchdog_usec else watchdog_usec / 2_000_000
-    return State(config=config, watchdog_every=every)
+    return State(config=config, watchdog_every=every, strict=strict)
 
 
 # ---- the step function ---------------------------------------------------------------------
 
 
 def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
-    """Apply one message at monotonic time `now`; returns the new state and what to do."""
+    """Apply one message at monotonic time `now`; returns the new state and what to do.
+
+    A transition the lifecycle table does not declare raises in strict mode (tests); otherwise
+    the message is refused whole (`transition_refused`) and the state stays as it was.
+    """
     out: list[Effect] = []
-    new = _HANDLERS[type(message)](state, message, now, out)
-    new = _timers(new, now, out)
+    try:
+        new = _HANDLERS[type(message)](state, message, now, out)
+        new = _timers(new, now, out)
+    except IllegalTransitionError as e:
+        if state.strict:
+            raise
+        out = [
+            Record(
+                Level.ERROR,
+                What.TRANSITION_REFUSED,
+                {"message": type(message).__name__, "error": str(e)},
+            )
+        ]
+        new = state
     changed = new.events is not state.events and durable_events(new.events) != durable_events(
         state.events
     )
@@ -424,13 +417,19 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     return new, tuple(out)
 
 
+def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # noqa: ANN401
+    """The one place an event's phase changes: only as `lifecycle.TABLE` declares."""
+    check(tracked.phase, on, to)
+    return replace(tracked, phase=to, **changes)
+
+
 def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     cfg = state.config
     md = cfg.metadata
     out.append(
-        Log(
+        Record(
             Level.INFO,
-            "daemon_starting",
+            What.DAEMON_STARTING,
             {
                 "config": str(cfg.path) if cfg.path else None,
                 "url": md.url,
@@ -442,50 +441,64 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     )
     if msg.state_problem:
         out.append(_state_warning(msg.state_problem))
-    state = replace(state, state_problem=msg.state_problem, boot_id=msg.boot_id, watchdog_at=now)
-    kept: dict[str, Tracked] = {}
-    for event_id, tracked in msg.loaded.items():
-        tracked = replace(tracked, run=None, pending="")  # noqa: PLW2901 - runs died with us
+    state = replace(
+        state,
+        state_problem=msg.state_problem,
+        boot_id=msg.boot_id,
+        watchdog_at=now,
+        listed=frozenset(msg.loaded),  # as last written; the first document says what left
+        events={},
+    )
+    for event_id, loaded in msg.loaded.items():
+        tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
-        if _prepared(tracked) and rebooted:
-            # The maintenance happened: after-hooks, whether IMDS answers or not.
-            out.append(_note(Level.INFO, "reboot_detected", tracked.event, stage="after"))
-            state, kept[event_id] = _start_stage(state, tracked, "after", out)
-        elif tracked.phase is Phase.RUNNING:
-            out.append(
-                _note(
-                    Level.WARNING,
-                    "hooks_interrupted",
-                    tracked.event,
-                    reason="cut off by a stop; they run again if the event is still Scheduled",
-                )
-            )
-        elif tracked.phase is Phase.AFTER:
-            out.append(
-                _note(
-                    Level.WARNING,
-                    "after_hooks_interrupted",
-                    tracked.event,
-                    reason="cut off by a stop; after- and cancelled-hooks run at most once",
-                )
-            )
-            kept[event_id] = replace(tracked, phase=Phase.OVER)
-        elif tracked.phase is Phase.WAITING:
-            # Its lead time is placed again by the next document (the clock may have jumped).
-            kept[event_id] = replace(tracked, start_at=float("inf"))
-        else:
-            kept[event_id] = tracked
-    state = replace(state, events=kept)
+        state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
+        state = _with(state, event_id, tracked)
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
     out.append(ResolveName())
     return replace(state, resolving=True)
 
 
-def _state_warning(problem: str) -> Log:
-    return Log(
+def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
+    """What a restart means for an event the state file kept: its runs died with us."""
+    phase = tracked.phase
+    if phase is Phase.AFTER:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.AFTER_HOOKS_INTERRUPTED,
+                tracked.event,
+                stage=tracked.stage.value,
+                reason="cut off by a stop; after- and cancelled-hooks run at most once",
+            )
+        )
+        return state, _move(tracked, on, Phase.OVER)
+    if on is On.REBOOTED and (_prepared(tracked) or phase is Phase.ENDING):
+        # The maintenance happened: after-hooks, whether IMDS answers or not.
+        out.append(_note(Level.INFO, What.REBOOT_DETECTED, tracked.event, stage="after"))
+        return _start_stage(state, tracked, on, Stage.AFTER, out)
+    if phase is Phase.ENDING:
+        return _start_stage(state, tracked, on, tracked.stage, out)
+    if phase is Phase.RUNNING:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.HOOKS_INTERRUPTED,
+                tracked.event,
+                reason="cut off by a stop; they run again if the event is still Scheduled",
+            )
+        )
+        return state, _move(tracked, on, Phase.INTERRUPTED)
+    if phase is Phase.WAITING:  # placed again by the next document (the clock may have jumped)
+        return state, _move(tracked, on, phase, start_at=math.inf)
+    return state, _move(tracked, on, phase)
+
+
+def _state_warning(problem: str) -> Record:
+    return Record(
         Level.WARNING,
-        "state_degraded",
+        What.STATE_DEGRADED,
         {
             "error": problem,
             "reason": "events are still handled, but a restart may run their hooks again",
@@ -506,9 +519,9 @@ def _name_known(state: State, msg: NameResolved, now: float, out: list[Effect]) 
         failures, _ = state.name_failures.failed("hostname", now, NAME_BACKOFF)
         if state.name_source != "hostname":
             out.append(
-                Log(
+                Record(
                     Level.WARNING,
-                    "vm_name_fallback",
+                    What.VM_NAME_FALLBACK,
                     {
                         "vm_name": msg.name,
                         "error": msg.problem,
@@ -522,15 +535,18 @@ def _name_known(state: State, msg: NameResolved, now: float, out: list[Effect]) 
     else:
         failures = Failures()
         if msg.name != previous or state.name_source == "hostname":
-            out.append(Log(Level.INFO, "vm_name", {"vm_name": msg.name, "source": msg.source}))
+            out.append(
+                Record(Level.INFO, What.VM_NAME, {"vm_name": msg.name, "source": msg.source})
+            )
     state = replace(state, vm_name=msg.name, name_source=msg.source, name_failures=failures)
     if previous and previous.casefold() != msg.name.casefold():
         # Events judged "not ours" under the old name are judged again at the next poll.
-        state = replace(
-            state,
-            events={k: t for k, t in state.events.items() if t.phase is not Phase.NOT_OURS},
-            incarnation=None,
-        )
+        events = dict(state.events)
+        for event_id, t in state.events.items():
+            if t.phase is Phase.NOT_OURS:
+                _move(t, On.RENAMED, Phase.GONE)
+                del events[event_id]
+        state = replace(state, events=events, incarnation=None)
     if not state.ready:
         state = replace(state, ready=True, poll=replace(state.poll, next_at=now))
         out.append(Notify({"READY": "1", "STATUS": status_text(state)}))
@@ -542,9 +558,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
     poll = state.poll
     if poll.failures.count:
         out.append(
-            Log(
+            Record(
                 Level.INFO,
-                "poll_recovered",
+                What.POLL_RECOVERED,
                 {"failures": poll.failures.count, "outage_s": round(now - poll.failures.since, 1)},
             )
         )
@@ -556,13 +572,32 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
         state,
         poll=Poll(next_at=base + interval * (missed + 1), last="ok"),
     )
-    doc = msg.document
-    if doc.incarnation == state.incarnation or state.stopping is not None:
+    if state.stopping is not None:
         return state
+    doc = msg.document
+    offset = None if msg.wall is None else msg.wall - now
+    if doc.incarnation == state.incarnation:
+        if offset is None or state.wall_offset is None:
+            return state
+        if abs(offset - state.wall_offset) <= CLOCK_STEP:
+            return state
+        out.append(
+            Record(
+                Level.WARNING,
+                What.CLOCK_MOVED,
+                {
+                    "moved_s": round(offset - state.wall_offset, 3),
+                    "reason": "the wall clock moved against the monotonic one; NotBefore "
+                    "times are placed again",
+                },
+            )
+        )
+        state = replace(state, wall_offset=offset)
+        return _replace_waiting(state, now, out)
     out.append(
-        Log(
+        Record(
             Level.INFO,
-            "document_changed",
+            What.DOCUMENT_CHANGED,
             {
                 "incarnation": doc.incarnation,
                 "previous_incarnation": state.incarnation,
@@ -572,12 +607,24 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
     )
     for problem in doc.skipped:
         out.append(
-            Log(Level.WARNING, "event_skipped", {"incarnation": doc.incarnation, "reason": problem})
+            Record(
+                Level.WARNING,
+                What.EVENT_SKIPPED,
+                {"incarnation": doc.incarnation, "reason": problem},
+            )
         )
     state = replace(state, incarnation=doc.incarnation)
-    if msg.wall is not None:
-        state = replace(state, wall_offset=msg.wall - now)
+    if offset is not None:
+        state = replace(state, wall_offset=offset)
     return _on_document(state, doc, now, out)
+
+
+def _replace_waiting(state: State, now: float, out: list[Effect]) -> State:
+    """The clock moved within one document: WAITING events are placed again."""
+    for event_id, t in state.events.items():
+        if t.phase is Phase.WAITING:
+            state = _with(state, event_id, _still_waiting(t, state, now, out))
+    return state
 
 
 def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -> State:
@@ -593,9 +640,9 @@ def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -
     )
     if log and rejected:
         out.append(
-            Log(
+            Record(
                 Level.ERROR,
-                "imds_rejected_request",
+                What.IMDS_REJECTED_REQUEST,
                 {
                     "kind": msg.kind,
                     "error": msg.detail,
@@ -609,9 +656,9 @@ def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -
         )
     elif log:
         out.append(
-            Log(
+            Record(
                 Level.WARNING,
-                "poll_failed",
+                What.POLL_FAILED,
                 {
                     "kind": msg.kind,
                     "error": msg.detail,
@@ -631,24 +678,32 @@ def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -
     )
 
 
+_BEFORE_ENDED = {
+    Outcome.SUCCEEDED: On.HOOKS_OK,
+    Outcome.FAILED: On.HOOKS_FAILED,
+    Outcome.CANCELLED: On.HOOKS_CANCELLED,
+}
+
+
 def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effect]) -> State:
     event_id = state.runs.get(msg.run, "")
-    runs = {r: e for r, e in state.runs.items() if r != msg.run}
-    state = replace(state, runs=runs)
+    # A run we stopped did not finish, whatever its exit status says.
+    outcome = Outcome.CANCELLED if msg.run in state.cancelled else msg.outcome
+    state = _without_run(state, msg.run)
     tracked = state.events.get(event_id)
     if (
         tracked is None
         or tracked.run != msg.run
-        or tracked.phase not in (Phase.RUNNING, Phase.AFTER)
+        or tracked.phase not in (Phase.RUNNING, Phase.ENDING, Phase.AFTER)
     ):
         out.append(
-            Log(
+            Record(
                 Level.INFO,
-                "hook_result_ignored",
+                What.HOOK_RESULT_IGNORED,
                 {
                     "run": msg.run,
                     "event_id": event_id or None,
-                    "outcome": msg.outcome.value,
+                    "outcome": outcome.value,
                     "reason": "this run is no longer the event's current one",
                 },
             )
@@ -656,71 +711,97 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         return state
     event = tracked.event
     if tracked.phase is Phase.AFTER:
-        return _stage_finished(state, tracked, msg, out)
-    if tracked.pending:
-        state, tracked = _start_stage(state, tracked, tracked.pending, out)
+        return _stage_finished(state, tracked, outcome, out)
+    on = _BEFORE_ENDED[outcome]
+    if tracked.phase is Phase.ENDING:
+        state, tracked = _start_stage(state, tracked, on, tracked.stage, out)
         return _with(state, event_id, tracked)
-    if msg.outcome is Outcome.CANCELLED:
-        # Still RUNNING on disk: they did not finish preparing, so a restart runs them again.
-        return _with(state, event_id, replace(tracked, run=None))
-    if msg.outcome is Outcome.FAILED:
+    if outcome is Outcome.CANCELLED:
+        return _with(state, event_id, _move(tracked, on, Phase.INTERRUPTED, run=None))
+    if outcome is Outcome.FAILED:
         out.append(
             _note(
                 Level.ERROR,
-                "event_not_approved",
+                What.EVENT_NOT_APPROVED,
                 event,
-                cause="hooks_failed",
+                cause=Cause.HOOKS_FAILED.value,
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
             )
         )
         if _approval(event, state)[0] is Phase.COORDINATING and _etcd(state):
             # The others stop waiting for us (a VM that never writes is waited out the same).
-            out.append(Coordinate(event, state.vm_name, False, state.incarnation or 0))
-        return _with(state, event_id, replace(tracked, phase=Phase.HOOKS_FAILED, run=None))
+            out.append(Coordinate(event, tracked.vm_name, False, tracked.incarnation))
+        return _with(state, event_id, _move(tracked, on, Phase.HOOKS_FAILED, run=None))
     phase, note = _approval(event, state)
     if note is not None:
         out.append(note)
-    return _with(state, event_id, replace(tracked, phase=phase, run=None))
+    return _with(state, event_id, _move(tracked, on, phase, run=None))
 
 
-def _stage_finished(state: State, tracked: Tracked, msg: HooksFinished, out: list[Effect]) -> State:
+def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[Effect]) -> State:
     """After- and cancelled-hooks run once: a failure is reported, never retried."""
     event = tracked.event
-    if msg.outcome is Outcome.SUCCEEDED:
-        out.append(_note(Level.INFO, "after_hooks_finished", event, stage=tracked.stage))
-    elif msg.outcome is Outcome.FAILED:
+    stage = tracked.stage.value
+    if outcome is Outcome.SUCCEEDED:
+        out.append(_note(Level.INFO, What.AFTER_HOOKS_FINISHED, event, stage=stage))
+    elif outcome is Outcome.FAILED:
         out.append(
             _note(
                 Level.ERROR,
-                "after_hooks_failed",
+                What.AFTER_HOOKS_FAILED,
                 event,
-                stage=tracked.stage,
+                stage=stage,
                 reason="not retried: after- and cancelled-hooks run at most once",
             )
         )
     else:
-        out.append(_note(Level.WARNING, "after_hooks_interrupted", event, stage=tracked.stage))
-    if not tracked.in_document:
-        return replace(state, events={k: t for k, t in state.events.items() if k != event.event_id})
-    return _with(state, event.event_id, replace(tracked, phase=Phase.OVER, run=None))
+        out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, event, stage=stage))
+    listed = event.event_id in state.listed
+    over = _move(tracked, On.STAGE_ENDED, Phase.OVER if listed else Phase.GONE, run=None)
+    return _with(state, event.event_id, over)
 
 
 def _start_stage(
-    state: State, tracked: Tracked, stage: str, out: list[Effect]
+    state: State, tracked: Tracked, on: On, stage: Stage, out: list[Effect]
 ) -> tuple[State, Tracked]:
     """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
-    hooks = state.config.events.get(tracked.event.event_type, EventRule()).hooks_for(stage)
+    rule = state.config.events.get(tracked.event.event_type)
+    hooks = rule.hooks_for(stage.value) if rule is not None else ()
     if not hooks:
-        return state, replace(tracked, phase=Phase.OVER, run=None, pending="", stage=stage)
-    run = state.next_run
+        listed = tracked.event.event_id in state.listed
+        return state, _move(tracked, on, Phase.OVER if listed else Phase.GONE, run=None)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    out.append(
-        SpawnHooks(
-            run, tracked.event, hooks, state.incarnation or 0, state.vm_name, stage, rebooted
-        )
-    )
-    state = replace(state, runs={**state.runs, run: tracked.event.event_id}, next_run=run + 1)
-    return state, replace(tracked, phase=Phase.AFTER, run=run, pending="", stage=stage)
+    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
+    return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
+
+
+def _spawn(
+    state: State,
+    tracked: Tracked,
+    stage: Stage,
+    hooks: tuple[str, ...],
+    out: list[Effect],
+    *,
+    rebooted: bool = False,
+) -> tuple[State, int]:
+    """Start a hook run for an event, with the name and incarnation it was seen under."""
+    state, run = _new_run(state, tracked.event.event_id)
+    vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
+    incarnation = tracked.incarnation or state.incarnation or 0
+    out.append(SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted))
+    return state, run
+
+
+def _new_run(state: State, event_id: str) -> tuple[State, int]:
+    """The one allocation of run ids (hooks and gate runs alike)."""
+    run = state.next_run
+    return replace(state, runs={**state.runs, run: event_id}, next_run=run + 1), run
+
+
+def _cancel(state: State, runs: tuple[int, ...], out: list[Effect]) -> State:
+    """Stop runs; their results will say CANCELLED whatever their exit status."""
+    out.append(CancelRuns(runs))
+    return replace(state, cancelled=state.cancelled | frozenset(runs))
 
 
 def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect]) -> State:
@@ -739,13 +820,13 @@ def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect
     out.append(
         _note(
             Level.INFO,
-            "event_approved",
+            What.EVENT_APPROVED,
             tracked.event,
             attempts=attempts,
             duration_s=round(msg.duration_s, 3),
         )
     )
-    return _with(state, msg.event_id, replace(tracked, phase=Phase.APPROVED))
+    return _with(state, msg.event_id, _move(tracked, On.ACCEPTED, Phase.APPROVED))
 
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
@@ -758,7 +839,7 @@ def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Ef
         out.append(
             _note(
                 Level.WARNING,
-                "approval_failed",
+                What.APPROVAL_FAILED,
                 tracked.event,
                 kind=msg.kind,
                 error=msg.detail,
@@ -781,7 +862,9 @@ def _persisted(state: State, msg: Persisted, now: float, out: list[Effect]) -> S
     if msg.problem:
         out.append(_state_warning(msg.problem))
     else:
-        out.append(Log(Level.INFO, "state_recovered", {"previous_error": state.state_problem}))
+        out.append(
+            Record(Level.INFO, What.STATE_RECOVERED, {"previous_error": state.state_problem})
+        )
     return replace(state, state_problem=msg.problem)
 
 
@@ -789,12 +872,21 @@ def _tick(state: State, msg: Tick, now: float, out: list[Effect]) -> State:
     return state
 
 
+def _faulted(state: State, msg: Faulted, now: float, out: list[Effect]) -> State:
+    return replace(state, faults=state.faults + 1)
+
+
 def _reload_requested(state: State, msg: ReloadRequested, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:
+        out.append(Record(Level.INFO, What.RELOAD_IGNORED, {"reason": "the daemon is stopping"}))
+        return state
     out.append(Notify({"RELOADING": "1", "MONOTONIC_USEC": str(int(now * 1_000_000))}))
     return state
 
 
 def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:  # systemd was told STOPPING=1: never READY=1 again
+        return state
     old, new = state.config, msg.config
     if new.state_dir != old.state_dir:
         return _reload_failed(
@@ -816,6 +908,18 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state, t = _stop_asking(state, t, out)  # noqa: PLW2901
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
+    for event_id, t in state.events.items():
+        if t.phase is Phase.WAITING and t.event.event_type not in new.events:
+            out.append(
+                _note(
+                    Level.WARNING,
+                    What.EVENT_UNHANDLED,
+                    t.event,
+                    reason=f"the reload left no hooks configured for {t.event.event_type}; "
+                    "left alone",
+                )
+            )
+            state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
     if new.metadata != old.metadata:
         # A fixed url/api_version is tried at once, not after the rejected request's backoff.
         state = replace(state, poll=replace(state.poll, next_at=now, rejected=""))
@@ -826,9 +930,9 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
             out.append(ResolveName())
             state = replace(state, resolving=True)
     out.append(
-        Log(
+        Record(
             Level.INFO,
-            "config_reloaded",
+            What.CONFIG_RELOADED,
             {"config": str(new.path) if new.path else None, "approve": new.approve.value},
         )
     )
@@ -837,10 +941,16 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
 
 
 def _reload_failed(state: State, msg: ReloadFailed, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:
+        return state
     for problem in msg.problems:
-        out.append(Log(Level.ERROR, "config_invalid", {"error": problem}))
+        out.append(Record(Level.ERROR, What.CONFIG_INVALID, {"error": problem}))
     out.append(
-        Log(Level.ERROR, "config_reload_failed", {"reason": "keeping the previous configuration"})
+        Record(
+            Level.ERROR,
+            What.CONFIG_RELOAD_FAILED,
+            {"reason": "keeping the previous configuration"},
+        )
     )
     out.append(Notify({"READY": "1"}))
     return state
@@ -859,9 +969,9 @@ def _stop_requested(state: State, msg: StopRequested, now: float, out: list[Effe
         )
     )
     out.append(
-        Log(
+        Record(
             Level.INFO,
-            "daemon_stopping",
+            What.DAEMON_STOPPING,
             {"signal": msg.signal, "hooks_running": len(state.runs), "grace_s": grace},
         )
     )
@@ -883,25 +993,25 @@ def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect
         out.append(
             _note(
                 Level.WARNING,
-                "event_not_approved",
+                What.EVENT_NOT_APPROVED,
                 event,
-                cause="peer_failed",
+                cause=Cause.PEER_FAILED.value,
                 failed=" ".join(failed),
                 reason="another VM's hooks failed; nobody approves, it proceeds at NotBefore",
             )
         )
         state, tracked = _stop_asking(state, tracked, out)
-        return _with(state, msg.event_id, replace(tracked, phase=Phase.NOT_APPROVED))
+        return _with(state, msg.event_id, _move(tracked, On.PEER_FAILED, Phase.NOT_APPROVED))
     if len(ready) == len(names):
-        out.append(_note(Level.INFO, "peers_ready", event, ready=" ".join(ready)))
+        out.append(_note(Level.INFO, What.PEERS_READY, event, ready=" ".join(ready)))
         state, tracked = _stop_asking(state, tracked, out)
-        return _with(state, msg.event_id, replace(tracked, phase=Phase.APPROVING))
+        return _with(state, msg.event_id, _move(tracked, On.PEERS_READY, Phase.APPROVING))
     peers = state.peers.get(msg.event_id, Peers(asking=True))
     if ready != peers.ready:
         out.append(
             _note(
                 Level.INFO,
-                "peers_waiting",
+                What.PEERS_WAITING,
                 event,
                 ready=" ".join(ready),
                 waiting_for=" ".join(n for n in names if n not in ready),
@@ -923,9 +1033,9 @@ def _coordination_failed(
             event_fields(tracked.event) if tracked is not None else {"event_id": msg.event_id}
         )
         out.append(
-            Log(
+            Record(
                 Level.WARNING,
-                "coordination_failed",
+                What.COORDINATION_FAILED,
                 {
                     **fields,
                     "kind": msg.kind,
@@ -950,6 +1060,8 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
     """0: approve now; 75 (EX_TEMPFAIL): ask again after `interval`; anything else: never."""
     event_id = state.runs.get(msg.run, "")
     tracked = state.events.get(event_id)
+    if msg.run in state.cancelled:
+        return replace(state, cancelled=state.cancelled - {msg.run})
     if tracked is None or tracked.run != msg.run or tracked.phase is not Phase.COORDINATING:
         return state
     if msg.cancelled:
@@ -967,39 +1079,39 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
     tracked = replace(tracked, run=None)
     event = tracked.event
     if msg.exit_status == 0:
-        out.append(_note(Level.INFO, "gate_approved", event))
+        out.append(_note(Level.INFO, What.GATE_APPROVED, event))
         state = _without_peers(state, event_id)
-        return _with(state, event_id, replace(tracked, phase=Phase.APPROVING))
+        return _with(state, event_id, _move(tracked, On.GATE_YES, Phase.APPROVING))
     if msg.exit_status == GATE_LATER:
         gate = state.config.coordination.gate if state.config.coordination else None
         interval = gate.interval if gate is not None else COORDINATION_BACKOFF.cap
         peers = state.peers.get(event_id, Peers())
         level = Level.DEBUG if peers.not_yet else Level.INFO
-        out.append(_note(level, "gate_not_yet", event, ask_again_in_s=interval))
+        out.append(_note(level, What.GATE_NOT_YET, event, ask_again_in_s=interval))
         peers = Peers(asking=False, next_at=now + interval, not_yet=peers.not_yet + 1)
         state = replace(state, peers={**state.peers, event_id: peers})
         return _with(state, event_id, tracked)
     out.append(
         _note(
             Level.WARNING,
-            "event_not_approved",
+            What.EVENT_NOT_APPROVED,
             event,
-            cause="gate_refused",
+            cause=Cause.GATE_REFUSED.value,
             exit_status=msg.exit_status,
             reason="the gate command said never; it proceeds at NotBefore",
         )
     )
     state = _without_peers(state, event_id)
-    return _with(state, event_id, replace(tracked, phase=Phase.NOT_APPROVED))
+    return _with(state, event_id, _move(tracked, On.GATE_NEVER, Phase.NOT_APPROVED))
 
 
 def _coordination_works(state: State, out: list[Effect]) -> State:
     failures = state.coordination
     if failures.count:
         out.append(
-            Log(
+            Record(
                 Level.INFO,
-                "coordination_recovered",
+                What.COORDINATION_RECOVERED,
                 {"failures": failures.count, "kind": failures.kind},
             )
         )
@@ -1011,8 +1123,7 @@ def _stop_asking(state: State, tracked: Tracked, out: list[Effect]) -> tuple[Sta
     """A COORDINATING event that is decided, started or gone: end its watch or gate run."""
     event_id = tracked.event.event_id
     if tracked.run is not None:
-        out.append(CancelRuns((tracked.run,)))
-        state = _without_run(state, tracked.run)
+        state = _cancel(_without_run(state, tracked.run), (tracked.run,), out)
     elif event_id in state.peers and _etcd(state):
         out.append(StopCoordinating((event_id,)))
     state = _without_peers(state, event_id)
@@ -1020,7 +1131,11 @@ def _stop_asking(state: State, tracked: Tracked, out: list[Effect]) -> tuple[Sta
 
 
 def _without_run(state: State, run: int) -> State:
-    return replace(state, runs={r: e for r, e in state.runs.items() if r != run})
+    return replace(
+        state,
+        runs={r: e for r, e in state.runs.items() if r != run},
+        cancelled=state.cancelled - {run} if run in state.cancelled else state.cancelled,
+    )
 
 
 def _without_peers(state: State, event_id: str) -> State:
@@ -1049,6 +1164,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     PeersChanged: _peers_changed,
     CoordinationFailed: _coordination_failed,
     GateAnswered: _gate_answered,
+    Faulted: _faulted,
 }
 
 
@@ -1087,13 +1203,12 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
         peers = state.peers.get(event_id, Peers())
         if peers.asking or now < peers.next_at:
             continue
-        incarnation = state.incarnation or 0
+        vm_name = t.vm_name or state.vm_name
         if coordination.etcd is not None:
-            out.append(Coordinate(t.event, state.vm_name, True, incarnation))
+            out.append(Coordinate(t.event, vm_name, True, t.incarnation))
         else:
-            run = state.next_run
-            out.append(AskGate(run, t.event, incarnation, state.vm_name))
-            state = replace(state, runs={**state.runs, run: event_id}, next_run=run + 1)
+            state, run = _new_run(state, event_id)
+            out.append(AskGate(run, t.event, t.incarnation, vm_name))
             state = _with(state, event_id, replace(t, run=run))
         state = replace(state, peers={**state.peers, event_id: replace(peers, asking=True)})
     return state
@@ -1104,11 +1219,18 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     for event_id, t in state.events.items():
         if t.phase is not Phase.WAITING or t.start_at > now:
             continue
-        rule = state.config.events.get(t.event.event_type, EventRule())
-        run = state.next_run
-        out.append(SpawnHooks(run, t.event, rule.before, state.incarnation or 0, state.vm_name))
-        state = replace(state, runs={**state.runs, run: event_id}, next_run=run + 1)
-        state = _with(state, event_id, replace(t, phase=Phase.RUNNING, run=run, start_at=0.0))
+        rule = state.config.events.get(t.event.event_type)
+        if rule is None:  # a reload removed it (handled there); never an empty run by accident
+            continue
+        if rule.before:
+            state, run = _spawn(state, t, Stage.BEFORE, rule.before, out)
+            tracked = _move(t, On.LEAD_TIME, Phase.RUNNING, run=run, start_at=0.0)
+        else:
+            phase, note = _approval(t.event, state)
+            if note is not None:
+                out.append(note)
+            tracked = _move(t, On.LEAD_TIME, phase, start_at=0.0)
+        state = _with(state, event_id, tracked)
     return state
 
 
@@ -1141,9 +1263,9 @@ def _watchdog(state: State, now: float, out: list[Effect]) -> State:
     if poll.in_flight_since is not None and now - poll.in_flight_since > limit:
         if not poll.stalled:
             out.append(
-                Log(
+                Record(
                     Level.ERROR,
-                    "poll_stalled",
+                    What.POLL_STALLED,
                     {
                         "in_flight_s": round(now - poll.in_flight_since, 1),
                         "reason": "the IMDS request outlived its timeouts; no longer pinging "
@@ -1159,7 +1281,7 @@ def _watchdog(state: State, now: float, out: list[Effect]) -> State:
 
 def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     """Wait for running hooks (and approvals already on their way) within the grace period;
-    then cancel the hooks, which stay RUNNING on disk and run again after the restart."""
+    then cancel the hooks: INTERRUPTED, they run again after the restart."""
     stopping = state.stopping
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = _retry_approvals(state, now, out)
@@ -1168,16 +1290,16 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     if stopping.kill_until is None and now >= stopping.grace_until:
         if state.runs:
             out.append(
-                Log(
+                Record(
                     Level.WARNING,
-                    "hooks_cancelled",
+                    What.HOOKS_CANCELLED,
                     {
                         "events": " ".join(sorted(set(state.runs.values()))),
                         "reason": "shutdown grace expired",
                     },
                 )
             )
-            out.append(CancelRuns(tuple(sorted(state.runs))))
+            state = _cancel(state, tuple(sorted(state.runs)), out)
         return replace(state, stopping=replace(stopping, kill_until=now + KILL_WAIT))
     if stopping.kill_until is not None and now >= stopping.kill_until:
         return _exit(state, out)
@@ -1186,7 +1308,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
 
 def _exit(state: State, out: list[Effect]) -> State:
     out.append(Persist(durable_events(state.events)))
-    out.append(Log(Level.INFO, "daemon_stopped", {}))
+    out.append(Record(Level.INFO, What.DAEMON_STOPPED, {}))
     out.append(Exit(0))
     return state
 
@@ -1229,149 +1351,187 @@ def next_wakeup(state: State, now: float) -> float:
 
 def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are over or cancelled."""
+    listed = frozenset(e.event_id for e in doc.events)
+    state = replace(state, listed=listed)
+    known = state.events
     events: dict[str, Tracked] = {}
     for event in doc.events:
-        before = state.events.get(event.event_id)
+        before = known.get(event.event_id)
         if before is None:
-            phase, effects = _first_sight(event, state, now)
-            rule = next(
-                (str(e.fields["rule"]) for e in effects if isinstance(e, Log) and e.name == RULED),
-                "",
-            )
-            tracked = Tracked(event, phase, boot_id=state.boot_id, rule=rule)
-            if phase is Phase.WAITING:
-                tracked = replace(tracked, start_at=_lead(event, state, now))
-            for effect in effects:
-                if isinstance(effect, SpawnHooks):
-                    run = state.next_run
-                    state = replace(
-                        state, runs={**state.runs, run: event.event_id}, next_run=run + 1
-                    )
-                    effect = replace(effect, run=run)  # noqa: PLW2901 - numbered here
-                    tracked = replace(tracked, run=run)
-                out.append(effect)
+            state, tracked = _first_sight(event, state, doc.incarnation, now, out)
+        elif before.phase is Phase.NOT_OURS:
+            tracked = before if before.event == event else replace(before, event=event)
+        else:
+            state, tracked = _listed(state, before, event, doc.incarnation, now, out)
+        if tracked.phase is not Phase.GONE:
             events[event.event_id] = tracked
-            continue
-        phase = before.phase
-        if before.event.status != event.status and phase is not Phase.NOT_OURS:
-            out.append(
-                _note(
-                    Level.INFO,
-                    "event_status_changed",
-                    event,
-                    previous_status=before.event.status,
-                )
-            )
-            if phase in (Phase.APPROVING, Phase.COORDINATING) and event.status == STARTED:
-                if phase is Phase.COORDINATING:
-                    state, before = _stop_asking(state, before, out)
-                phase = Phase.DONE
-        tracked = replace(before, event=event, phase=phase, in_document=True)
-        if phase is Phase.WAITING:
-            tracked = _still_waiting(tracked, state, now, out)
-        events[event.event_id] = tracked
-    state = _gone(state, events, out)
-    failures = {k: f for k, f in state.approvals.failures.items() if k in events}
-    return replace(state, events=events, approvals=replace(state.approvals, failures=failures))
+    for event_id, gone in known.items():
+        if event_id not in listed:
+            state, tracked = _left(state, gone, out)
+            if tracked.phase is not Phase.GONE:
+                events[event_id] = tracked
+    state = replace(state, events=events)
+    failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
+    return replace(state, approvals=replace(state.approvals, failures=failures))
 
 
-def _gone(state: State, events: dict[str, Tracked], out: list[Effect]) -> State:
-    """Events that left the document: over if they had started or we approved them, else
-    cancelled by Azure. Hooks still running for one are stopped first; then its after- or
-    cancelled-hooks run (kept in `events` until they end)."""
-    cancel: list[int] = []
-    for event_id, gone in state.events.items():
-        if event_id in events:
-            continue
-        if gone.phase is Phase.NOT_OURS:
-            out.append(_note(Level.DEBUG, "event_gone", gone.event))
-            continue
-        if gone.phase is Phase.AFTER or gone.pending:
-            events[event_id] = replace(gone, in_document=False)
-            continue
-        if gone.phase is Phase.COORDINATING:
-            state, gone = _stop_asking(state, gone, out)  # noqa: PLW2901
-        if not _prepared(gone):
-            out.append(_note(Level.INFO, "event_completed", gone.event, phase=gone.phase.value))
-            continue
-        over = gone.event.status == STARTED or gone.phase in (Phase.APPROVED, Phase.DONE)
-        stage = "after" if over else "cancelled"
-        hooks = state.config.events.get(gone.event.event_type, EventRule()).hooks_for(stage)
-        run = gone.run if gone.phase is Phase.RUNNING else None
-        running = run is not None
-        if run is not None:
+def _listed(  # noqa: PLR0917 - one call site, in the document loop
+    state: State, before: Tracked, event: Event, incarnation: int, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """An event of ours listed again: a status change is the news."""
+    started = before.event.status != event.status
+    if started:
+        out.append(
+            _note(Level.INFO, What.EVENT_STATUS_CHANGED, event, previous_status=before.event.status)
+        )
+    on = On.STARTED if started and event.status == STARTED else On.LISTED
+    tracked = replace(before, event=event, incarnation=incarnation)
+    phase = tracked.phase
+    if phase is Phase.WAITING:
+        if on is On.STARTED:
             out.append(
                 _note(
                     Level.WARNING,
-                    "event_gone_while_hooks_running",
-                    gone.event,
-                    phase=gone.phase.value,
-                    reason="it left the document; its hooks are stopped",
+                    What.EVENT_MISSED,
+                    event,
+                    reason="it started while its hooks waited for their lead time",
                 )
             )
-            cancel.append(run)
-        name = "event_completed" if over else "event_cancelled"
-        level = Level.INFO if over else Level.WARNING
-        out.append(_note(level, name, gone.event, phase=gone.phase.value, stage=stage))
-        if not hooks:
-            continue
-        if running:
-            events[event_id] = replace(gone, pending=stage, in_document=False)
-        else:
-            state, events[event_id] = _start_stage(
-                state, replace(gone, in_document=False), stage, out
+            return state, _move(tracked, on, Phase.MISSED)
+        return state, _move(_still_waiting(tracked, state, now, out), on, phase)
+    if phase is Phase.INTERRUPTED:
+        return _resume(state, tracked, on, out)
+    if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING):
+        if phase is Phase.COORDINATING:
+            state, tracked = _stop_asking(state, tracked, out)
+        return state, _move(tracked, on, Phase.DONE)
+    return state, _move(tracked, on, phase)
+
+
+def _resume(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
+    """Before-hooks cut off by a stop run again while the event is still Scheduled."""
+    event = tracked.event
+    if event.status != SCHEDULED:
+        return state, _move(tracked, on, Phase.DONE)
+    rule = state.config.events.get(event.event_type)
+    if rule is None:  # a reload removed its type meanwhile: never an empty run by accident
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_UNHANDLED,
+                event,
+                reason=f"no hooks configured for {event.event_type} any more; left alone",
             )
-    if cancel:
-        out.append(CancelRuns(tuple(cancel)))
-    return state
+        )
+        return state, _move(tracked, on, Phase.UNHANDLED)
+    if not rule.before:  # configured with none now: approval per policy, as at first sight
+        return state, _decide(state, tracked, on, out)
+    state, run = _spawn(state, tracked, Stage.BEFORE, rule.before, out)
+    return state, _move(tracked, on, Phase.RUNNING, run=run)
 
 
-def _first_sight(event: Event, state: State, now: float) -> tuple[Phase, list[Effect]]:
+def _decide(state: State, tracked: Tracked, on: On, out: list[Effect]) -> Tracked:
+    phase, note = _approval(tracked.event, state)
+    if note is not None:
+        out.append(note)
+    return _move(tracked, on, phase)
+
+
+def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
+    """An event that left the document: over if it had started or we approved it, else
+    cancelled by Azure. Hooks still running for it are stopped first (ENDING); then its after-
+    or cancelled-hooks run (kept until they end)."""
+    on = On.LEFT
+    phase = gone.phase
+    if phase is Phase.NOT_OURS:
+        out.append(_note(Level.DEBUG, What.EVENT_GONE, gone.event))
+        return state, _move(gone, on, Phase.GONE)
+    if phase in (Phase.AFTER, Phase.ENDING):
+        return state, _move(gone, on, phase)
+    if phase is Phase.COORDINATING:
+        state, gone = _stop_asking(state, gone, out)
+    if not _prepared(gone):
+        out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
+        return state, _move(gone, on, Phase.GONE)
+    over = gone.event.status == STARTED or phase in (Phase.APPROVED, Phase.DONE)
+    stage = Stage.AFTER if over else Stage.CANCELLED
+    what, level = (
+        (What.EVENT_COMPLETED, Level.INFO) if over else (What.EVENT_CANCELLED, Level.WARNING)
+    )
+    if phase is Phase.RUNNING and gone.run is not None:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_GONE_WHILE_HOOKS_RUNNING,
+                gone.event,
+                phase=phase.value,
+                reason="it left the document; its hooks are stopped",
+            )
+        )
+        out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
+        state = _cancel(state, (gone.run,), out)
+        return state, _move(gone, on, Phase.ENDING, stage=stage)
+    out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
+    return _start_stage(state, gone, on, stage, out)
+
+
+def _first_sight(
+    event: Event, state: State, incarnation: int, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    new = Tracked(
+        event, Phase.NEW, boot_id=state.boot_id, vm_name=state.vm_name, incarnation=incarnation
+    )
+    on = On.SEEN
     vm_name = state.vm_name
     if not event.names(vm_name):
-        return Phase.NOT_OURS, [
-            _note(Level.INFO, "event_ignored", event, reason="not for this VM", vm_name=vm_name)
-        ]
-    detected = _note(Level.INFO, "event_detected", event)
+        out.append(
+            _note(Level.INFO, What.EVENT_IGNORED, event, reason="not for this VM", vm_name=vm_name)
+        )
+        return state, _move(new, on, Phase.NOT_OURS)
+    out.append(_note(Level.INFO, What.EVENT_DETECTED, event))
     if event.status == STARTED:
-        return Phase.MISSED, [
-            detected,
+        out.append(
             _note(
                 Level.WARNING,
-                "event_missed",
+                What.EVENT_MISSED,
                 event,
                 reason="first seen already Started; no hooks run",
-            ),
-        ]
+            )
+        )
+        return state, _move(new, on, Phase.MISSED)
     if event.status != SCHEDULED:
-        return Phase.UNHANDLED, [
-            detected,
-            _note(
-                Level.WARNING, "event_unhandled", event, reason=f"unknown status {event.status!r}"
-            ),
-        ]
-    rule = state.config.events.get(event.event_type)
-    if rule is None:
-        return Phase.UNHANDLED, [
-            detected,
+        out.append(
             _note(
                 Level.WARNING,
-                "event_unhandled",
+                What.EVENT_UNHANDLED,
+                event,
+                reason=f"unknown status {event.status!r}",
+            )
+        )
+        return state, _move(new, on, Phase.UNHANDLED)
+    rule = state.config.events.get(event.event_type)
+    if rule is None:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_UNHANDLED,
                 event,
                 reason=f"no hooks configured for {event.event_type}; left alone",
-            ),
-        ]
-    decided = _rule(event, rule, state)
+            )
+        )
+        return state, _move(new, on, Phase.UNHANDLED)
+    decided = _rule(event, rule, state, out)
     if decided is not None:
-        return decided[0], [detected, *decided[1]]
+        phase, why = decided
+        return state, _move(new, on, phase, rule=why)
     start_at = _start_at(event, rule, state, now)
     if start_at is not None:
-        return Phase.WAITING, [detected, _waiting(event, rule, start_at, state)]
+        out.append(_waiting(event, rule, start_at, state))
+        return state, _move(new, on, Phase.WAITING, start_at=start_at)
     if rule.before:
-        spawn = SpawnHooks(0, event, rule.before, state.incarnation or 0, vm_name)
-        return Phase.RUNNING, [detected, spawn]
-    phase, note = _approval(event, state)
-    return phase, [detected] if note is None else [detected, note]
+        state, run = _spawn(state, new, Stage.BEFORE, rule.before, out)
+        return state, _move(new, on, Phase.RUNNING, run=run)
+    return state, _decide(state, new, on, out)
 
 
 def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[float]:
@@ -1385,11 +1545,11 @@ def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Option
     return start_at if start_at > now else None
 
 
-def _waiting(event: Event, rule: EventRule, start_at: float, state: State) -> Log:
+def _waiting(event: Event, rule: EventRule, start_at: float, state: State) -> Record:
     wall = start_at + (state.wall_offset or 0.0)
     return _note(
         Level.INFO,
-        "event_waiting",
+        What.EVENT_WAITING,
         event,
         hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
         start_before=rule.start_before,
@@ -1397,82 +1557,74 @@ def _waiting(event: Event, rule: EventRule, start_at: float, state: State) -> Lo
     )
 
 
-def _lead(event: Event, state: State, now: float) -> float:
+def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]) -> Tracked:
+    """A NotBefore that moves, or a clock that steps, is followed."""
+    event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
     start_at = _start_at(event, rule, state, now)
-    return now if start_at is None else start_at
-
-
-def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]) -> Tracked:
-    """A NotBefore that moves is followed; an event that starts meanwhile was missed."""
-    event = tracked.event
-    if event.status == STARTED:
-        out.append(
-            _note(
-                Level.WARNING,
-                "event_missed",
-                event,
-                reason="it started while its hooks waited for their lead time",
-            )
-        )
-        return replace(tracked, phase=Phase.MISSED)
-    start_at = _lead(event, state, now)
+    start_at = now if start_at is None else start_at
     if abs(start_at - tracked.start_at) > 1 and start_at > now:
-        rule = state.config.events.get(event.event_type, EventRule())
         out.append(_waiting(event, rule, start_at, state))
     return replace(tracked, start_at=start_at)
 
 
-RULED = "event_rule"  # the log record that says which rule decided, and marks the event
-
-
-def _rule(event: Event, rule: EventRule, state: State) -> Optional[tuple[Phase, list[Effect]]]:
+def _rule(
+    event: Event, rule: EventRule, state: State, out: list[Effect]
+) -> Optional[tuple[Phase, Rule]]:
     """Rules that decide before any hook runs: events a person asked for, short Freezes."""
     user = state.config.user_events
     if event.source.casefold() == "user" and user is not UserEvents.HOOKS:
-        note = _note(
-            Level.INFO,
-            RULED,
-            event,
-            rule="user",
-            decision=user.value,
-            reason=f"EventSource User and user_events: {user.value}",
+        out.append(
+            _note(
+                Level.INFO,
+                What.EVENT_RULE,
+                event,
+                rule=Rule.USER.value,
+                decision=user.value,
+                reason=f"EventSource User and user_events: {user.value}",
+            )
         )
         if user is UserEvents.IGNORE:
-            return Phase.UNHANDLED, [note]
-        return Phase.APPROVING, [note]
+            return Phase.UNHANDLED, Rule.USER
+        return Phase.APPROVING, Rule.USER
     duration = event.duration_seconds
     short = rule.short_seconds
     if short is not None and duration is not None and 0 <= duration <= short:
-        note = _note(
-            Level.INFO,
-            RULED,
-            event,
-            rule="short",
-            reason=f"DurationInSeconds {duration} <= short_seconds {short}: no hooks",
+        out.append(
+            _note(
+                Level.INFO,
+                What.EVENT_RULE,
+                event,
+                rule=Rule.SHORT.value,
+                reason=f"DurationInSeconds {duration} <= short_seconds {short}: no hooks",
+            )
         )
         phase, approval = _approval(event, state)
-        return phase, [note] if approval is None else [note, approval]
+        if approval is not None:
+            out.append(approval)
+        return phase, Rule.SHORT
     return None
 
 
 def _prepared(tracked: Tracked) -> bool:
     """Its before-hooks started (or it had none to run): it gets after/cancelled hooks."""
-    return tracked.phase in PREPARED and not tracked.rule
+    return tracked.phase in PREPARED and tracked.rule is Rule.HOOKS
 
 
-def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
+def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
     """Approving lets the event proceed for every VM it names, hence the `sole` default.
 
     APPROVING events are posted by `_retry_approvals`, the one place approvals go out.
     """
     policy = state.config.policy(event.event_type)
     if event.status != SCHEDULED:
-        return Phase.DONE, _note(Level.INFO, "approval_not_needed", event, reason="already started")
+        return Phase.DONE, _note(
+            Level.INFO, What.APPROVAL_NOT_NEEDED, event, reason="already started"
+        )
     if policy is ApprovePolicy.NEVER:
         return Phase.NOT_APPROVED, _note(
             Level.INFO,
-            "approval_skipped",
+            What.APPROVAL_SKIPPED,
             event,
             reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
@@ -1481,7 +1633,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
     if policy is ApprovePolicy.ALL and others and coordination is not None:
         return Phase.COORDINATING, _note(
             Level.INFO,
-            "event_coordinating",
+            What.EVENT_COORDINATING,
             event,
             via="etcd" if coordination.etcd is not None else "gate",
             other_resources=" ".join(others),
@@ -1490,7 +1642,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Log]]:
     if policy in (ApprovePolicy.SOLE, ApprovePolicy.ALL) and others:
         return Phase.NOT_APPROVED, _note(
             Level.INFO,
-            "approval_skipped",
+            What.APPROVAL_SKIPPED,
             event,
             reason=f"shared with {len(others)} other VM(s), approving would rush them; "
             f"it proceeds at NotBefore (approve: {policy.value})",
@@ -1512,21 +1664,19 @@ def event_fields(event: Event) -> dict[str, object]:
     }
 
 
-def _note(level: Level, name: str, event: Event, **fields: object) -> Log:
-    return Log(level, name, {**event_fields(event), **fields})
+def _note(level: Level, what: What, event: Event, **fields: object) -> Record:
+    return Record(level, what, {**event_fields(event), **fields})
 
 
 def _with(state: State, event_id: str, tracked: Tracked) -> State:
+    if tracked.phase is Phase.GONE:
+        return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
     return replace(state, events={**state.events, event_id: tracked})
 
 
 def durable_events(events: Known) -> Known:
     """What the state file keeps: events for other VMs cost a write a second under churn."""
-    return {
-        k: replace(t, run=None, pending="", stage="", in_document=True, start_at=0.0)
-        for k, t in events.items()
-        if t.phase is not Phase.NOT_OURS
-    }
+    return {k: replace(t, run=None, start_at=0.0) for k, t in events.items() if t.phase in DURABLE}
 
 
 def status_text(state: State) -> str:
@@ -1548,6 +1698,8 @@ def status_text(state: State) -> str:
         text += f"; IMDS REJECTS OUR REQUEST: {state.poll.rejected[:120]}"
     if state.state_problem:
         text += "; DEGRADED: state not saved"
+    if state.faults:
+        text += f"; DEGRADED: {state.faults} internal error(s), see the journal"
     return text
 
 

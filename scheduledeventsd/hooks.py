@@ -7,6 +7,7 @@ can kill everything it started (SIGTERM to the group, then SIGKILL), not just th
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import signal
@@ -33,18 +34,44 @@ MAX_LINE = 4096
 MAX_ENV_VALUE = 8192
 
 
+class Outcome(str, enum.Enum):
+    """How a run of commands ended: the one classification hooks, gates and the engine share."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a command failed, timed out, or could not start
+    CANCELLED = "cancelled"  # we stopped it (shutdown, or its event left): it did not finish
+
+
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
     exit_status: Optional[int]  # None: it never ran, or was killed
     duration_s: float
     timed_out: bool = False
-    cancelled: bool = False
+    cancelled: bool = False  # we stopped it: it did not finish, whatever its exit status
     error: str = ""  # why it could not be started
 
     @property
+    def outcome(self) -> Outcome:
+        if self.cancelled:
+            return Outcome.CANCELLED
+        if self.exit_status == 0 and not self.timed_out:
+            return Outcome.SUCCEEDED
+        return Outcome.FAILED
+
+    @property
     def succeeded(self) -> bool:
-        return self.exit_status == 0
+        return self.outcome is Outcome.SUCCEEDED
+
+    @property
+    def label(self) -> str:
+        """The `result` label of a hook run: ok | failed | timeout | cancelled."""
+        if self.timed_out:
+            return "timeout"
+        outcome = self.outcome
+        if outcome is Outcome.SUCCEEDED:
+            return "ok"
+        return "cancelled" if outcome is Outcome.CANCELLED else "failed"
 
 
 OutputSink = Callable[[str, str], None]  # (stream name, line)
@@ -152,7 +179,7 @@ class ProcessRunner:
             status,
             time.monotonic() - started,
             timed_out=running.reason == "timeout",
-            cancelled=running.reason == "cancel" and code != 0,
+            cancelled=running.reason == "cancel",
             error=f"killed by signal {-code}" if code < 0 else "",
         )
 

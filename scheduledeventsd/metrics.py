@@ -29,6 +29,7 @@ from .engine import (
     ApprovalFailed,
     ApprovalSent,
     DocumentFetched,
+    Faulted,
     Message,
     Phase,
     PollFailed,
@@ -113,6 +114,11 @@ class Metrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800),
             registry=r,
         )
+        self.internal_errors = Counter(
+            "scheduledeventsd_internal_errors",
+            "Exceptions the daemon caught in a step or an effect and survived (a defect)",
+            registry=r,
+        )
         self.info = Gauge(
             "scheduledeventsd_info",
             "Always 1: the version and VM name",
@@ -163,6 +169,9 @@ class Metrics:
             self._approved(message.event_id, after, now)
         elif isinstance(message, ApprovalFailed):
             self.approvals.labels("error").inc()
+            self.changes += 1
+        elif isinstance(message, Faulted):
+            self.internal_errors.inc()
             self.changes += 1
 
     def _events(self, before: State, message: Message, after: State, now: float) -> None:

@@ -91,6 +91,10 @@ def parse_not_before(text: str) -> Optional[dt.datetime]:
             ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    try:  # every consumer needs it in UTC and as a timestamp: refuse what has neither
+        parsed.astimezone(dt.timezone.utc).timestamp()
+    except (OverflowError, ValueError, OSError):
+        raise ValueError(f"NotBefore is out of range: {_short(text)}") from None
     return parsed
 
 

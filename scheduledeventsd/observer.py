@@ -23,9 +23,9 @@ MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status wi
 
 # Phases in which an event of ours is not over: the maintenance is ahead, under way or its
 # after-hooks still run.
-PENDING = frozenset(Phase) - {Phase.NOT_OURS, Phase.OVER}
+PENDING = frozenset(Phase) - {Phase.NEW, Phase.NOT_OURS, Phase.OVER, Phase.GONE}
 _FROM_HOOKS_STARTED = PENDING - {Phase.WAITING, Phase.UNHANDLED, Phase.MISSED}
-_FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.RUNNING}
+_FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.RUNNING, Phase.INTERRUPTED}
 UNHEALTHY_PHASES: Mapping[HealthFrom, frozenset[Phase]] = {
     HealthFrom.DETECTED: PENDING,
     HealthFrom.HOOKS_STARTED: _FROM_HOOKS_STARTED,

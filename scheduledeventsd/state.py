@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .engine import Known, Phase, Tracked
+from .engine import Known, Tracked
+from .lifecycle import DURABLE, Phase, Rule, Stage
 from .model import parse_event
 
 STATE_FILE = "state.json"
 STATUS_FILE = "status.json"
-_VERSION = 1
+_VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still read
 
 
 class StateError(Exception):
@@ -141,7 +142,10 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "phase": t.phase.value,
                 "event": t.event.to_json(),
                 "boot_id": t.boot_id,
-                "rule": t.rule,
+                "rule": t.rule.value,
+                "stage": t.stage.value,
+                "vm_name": t.vm_name,
+                "incarnation": t.incarnation,
             }
             for t in known.values()
         ],
@@ -149,13 +153,27 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
 
 
 def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
-    if not isinstance(raw, dict) or raw.get("version") != _VERSION:
-        raise ValueError(f"not a version {_VERSION} state file")
+    if not isinstance(raw, dict) or raw.get("version") not in (1, _VERSION):
+        raise ValueError(f"not a version 1 or {_VERSION} state file")
     known: dict[str, Tracked] = {}
     for entry in raw["events"]:
         event = parse_event(entry["event"])
-        boot, rule = entry.get("boot_id", ""), entry.get("rule", "")
-        if not isinstance(boot, str) or not isinstance(rule, str):
-            raise TypeError("boot_id and rule must be strings")
-        known[event.event_id] = Tracked(event, Phase(entry["phase"]), boot_id=boot, rule=rule)
+        boot, name = entry.get("boot_id", ""), entry.get("vm_name", "")
+        incarnation = entry.get("incarnation", 0)
+        if not isinstance(boot, str) or not isinstance(name, str):
+            raise TypeError("boot_id and vm_name must be strings")
+        if isinstance(incarnation, bool) or not isinstance(incarnation, int):
+            raise TypeError("incarnation must be an integer")
+        phase = Phase(entry["phase"])
+        if phase not in DURABLE:
+            raise ValueError(f"phase {phase.value} is never stored")
+        known[event.event_id] = Tracked(
+            event,
+            phase,
+            boot_id=boot,
+            rule=Rule(entry.get("rule", "")),
+            stage=Stage(entry.get("stage", "before")),
+            vm_name=name,
+            incarnation=incarnation,
+        )
     return known

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .config import Config
-from .engine import Log, Message, Phase, State
+from .engine import Message, Phase, State
 from .model import Event
 from .observer import HookResult, Observer, unhealthy
+from .records import Record
 from .state import StateStore
 
 if TYPE_CHECKING:  # imported when configured: a daemon without them pays nothing for them
@@ -131,7 +132,7 @@ class Telemetry:
             self._write_status(after, wall)
             self._write_textfile()
 
-    def log(self, effect: Log) -> None:
+    def record(self, effect: Record) -> None:
         if self._webhooks is not None and self._state is not None:
             self._webhooks.notice(effect, self._state.vm_name, time.time())
         elif not self.publish and self.config.webhooks:

@@ -3,8 +3,7 @@
 Each webhook has a thread and a bounded queue of its own: delivery (retries with backoff,
 a receiver that hangs until its timeout) never holds up polling, hooks, approvals or another
 webhook. At least once: a receiver that answered too slowly may get a message twice. What is
-sent is chosen by the engine's log records (`kind_of`), so a webhook says exactly what the
-journal says.
+sent is chosen by the engine's typed records (`kind_of`), the same records the journal shows.
 """
 
 from __future__ import annotations
@@ -23,17 +22,17 @@ from urllib3.util.retry import Retry
 
 from . import __version__
 from .config import Webhook, WebhookFormat
-from .engine import Log
+from .records import Cause, Record, What
 
 QUEUE_SIZE = 200  # messages waiting per webhook; beyond it the oldest news is dropped
 BACKOFF = 0.5  # urllib3: 0.5 s, 1 s, 2 s, ... between attempts
 _KINDS = {
-    "event_detected": "detected",
-    "event_approved": "approved",
-    "event_missed": "missed",
-    "event_cancelled": "cancelled",
-    "event_completed": "completed",
-    "after_hooks_failed": "after_hooks_failed",
+    What.EVENT_DETECTED: "detected",
+    What.EVENT_APPROVED: "approved",
+    What.EVENT_MISSED: "missed",
+    What.EVENT_CANCELLED: "cancelled",
+    What.EVENT_COMPLETED: "completed",
+    What.AFTER_HOOKS_FAILED: "after_hooks_failed",
 }
 _WORDS = {
     "detected": "detected",
@@ -49,14 +48,15 @@ _EVENT_FIELDS = ("event_id", "event_type", "event_status", "not_before", "resour
 Reporter = Callable[[str, Mapping[str, object]], None]  # (log name, fields)
 
 
-def kind_of(effect: Log) -> Optional[str]:
-    """The webhook `on` name for an engine log record, or None if webhooks do not carry it."""
-    if effect.name == "event_not_approved" and effect.fields.get("cause") == "hooks_failed":
-        return "hooks_failed"
-    return _KINDS.get(effect.name)
+def kind_of(record: Record) -> Optional[str]:
+    """The webhook `on` name for an engine record, or None if webhooks do not carry it."""
+    if record.what is What.EVENT_NOT_APPROVED:
+        cause = record.fields.get("cause")
+        return "hooks_failed" if cause == Cause.HOOKS_FAILED.value else None
+    return _KINDS.get(record.what)
 
 
-def payload(hook: Webhook, kind: str, effect: Log, vm_name: str, wall: float) -> dict[str, Any]:
+def payload(hook: Webhook, kind: str, effect: Record, vm_name: str, wall: float) -> dict[str, Any]:
     fields = effect.fields
     if hook.format is WebhookFormat.TEXT:
         when = f", NotBefore {fields['not_before']}" if fields.get("not_before") else ""
@@ -86,7 +86,7 @@ class Webhooks:
     def __init__(self, hooks: tuple[Webhook, ...], report: Reporter) -> None:
         self._senders = [_Sender(h, report) for h in hooks]
 
-    def notice(self, effect: Log, vm_name: str, wall: float) -> None:
+    def notice(self, effect: Record, vm_name: str, wall: float) -> None:
         kind = kind_of(effect)
         if kind is None:
             return
@@ -103,7 +103,7 @@ class _Sender:
     def __init__(self, hook: Webhook, report: Reporter) -> None:
         self.hook = hook
         self._report = report
-        self._queue: queue.Queue[Optional[tuple[dict[str, Any], str, Log]]] = queue.Queue(
+        self._queue: queue.Queue[Optional[tuple[dict[str, Any], str, Record]]] = queue.Queue(
             QUEUE_SIZE
         )
         self._session = requests.Session()
@@ -124,7 +124,7 @@ class _Sender:
         self._thread = threading.Thread(target=self._loop, name="webhook", daemon=True)
         self._thread.start()
 
-    def put(self, body: dict[str, Any], kind: str, effect: Log) -> None:
+    def put(self, body: dict[str, Any], kind: str, effect: Record) -> None:
         try:
             self._queue.put_nowait((body, kind, effect))
         except queue.Full:
@@ -146,7 +146,7 @@ class _Sender:
             body, kind, effect = item
             self._deliver(body, kind, effect)
 
-    def _deliver(self, body: dict[str, Any], kind: str, effect: Log) -> None:
+    def _deliver(self, body: dict[str, Any], kind: str, effect: Record) -> None:
         fields: dict[str, object] = {
             "url": where(self.hook.url),
             "what": kind,

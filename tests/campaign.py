@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from scheduledeventsd.engine import PREPARED
+from scheduledeventsd.lifecycle import PREPARED, Rule
 from scheduledeventsd.simulator import Scenario, Simulator
 from scheduledeventsd.state import StateStore
 
@@ -269,7 +269,7 @@ class Campaign:
         known, _ = StateStore(self.state_dir).load()
         present = set(self.sim.event_ids())
         for event_id, tracked in known.items():
-            if tracked.phase in PREPARED and not tracked.rule and event_id in present:
+            if tracked.phase in PREPARED and tracked.rule is Rule.HOOKS and event_id in present:
                 self.sim.update_event(event_id, EventStatus="Started")
                 self.rebooted.add(event_id)
 

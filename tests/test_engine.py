@@ -19,7 +19,7 @@ from scheduledeventsd.engine import (
     Exit,
     Fetch,
     HooksFinished,
-    Log,
+    Record,
     NameResolved,
     Notify,
     Outcome,
@@ -81,7 +81,7 @@ class Machine:
         self, cfg=None, *, watchdog_usec=None, loaded=None, problem="", now=100.0, boot="boot-1"
     ):
         self.now = now
-        self.state = engine.initial(cfg or config(), watchdog_usec)
+        self.state = engine.initial(cfg or config(), watchdog_usec, strict=True)
         self.effects = self.send(Boot(loaded or {}, problem, boot))
 
     def send(self, message, at=None):
@@ -107,7 +107,7 @@ class Machine:
 
 
 def logs(effects, name=None):
-    found = [e for e in effects if isinstance(e, Log)]
+    found = [e for e in effects if isinstance(e, Record)]
     return [e for e in found if e.name == name] if name else [e.name for e in found]
 
 
@@ -127,17 +127,18 @@ def test_boot_with_a_configured_name_is_ready_and_fetches_at_once():
     assert of(m.effects, Fetch)
 
 
-def test_boot_forgets_runs_cut_off_by_a_stop_so_they_run_again():
+def test_boot_keeps_runs_cut_off_by_a_stop_as_interrupted_and_runs_them_again():
     loaded = {
         "E1": Tracked(event(), Phase.RUNNING),
         "E2": Tracked(event("E2"), Phase.APPROVED),
     }
     m = Machine(loaded=loaded)
     assert logs(m.effects, "hooks_interrupted")[0].fields["event_id"] == "E1"
-    assert list(m.state.events) == ["E2"]
-    assert of(m.effects, Persist)[0].events.keys() == {"E2"}
+    assert m.phase("E1") is Phase.INTERRUPTED
+    assert of(m.effects, Persist)[0].events["E1"].phase is Phase.INTERRUPTED
     m.fetched(doc(event(), event("E2")))
     assert [s.event.event_id for s in of(m.effects, SpawnHooks)] == ["E1"]
+    assert m.phase("E1") is Phase.RUNNING
 
 
 def test_an_unreadable_state_is_reported_and_shown_as_degraded_but_events_are_handled():
@@ -345,29 +346,32 @@ def test_events_that_leave_the_document_are_completed_and_forgotten():
 
 
 def test_a_run_whose_event_left_and_came_back_cannot_approve_it():
-    """Run ids: the first run's late result must not approve while the second still runs."""
+    """An event judged cancelled stays so: the stopped run's result (exit 0 or not) approves
+    nothing, and its return to the document does not start its preparation over."""
     m = Machine()
     m.fetched(doc(event()))
     m.fetched(doc(incarnation=3), at=101)
     assert logs(m.effects, "event_gone_while_hooks_running")
     assert of(m.effects, CancelRuns)[0].runs == (1,)
+    assert m.phase() is Phase.ENDING
     m.fetched(doc(event(), incarnation=4), at=102)
-    assert of(m.effects, SpawnHooks)[0].run == 2
+    assert not of(m.effects, SpawnHooks)
     m.send(HooksFinished(1, Outcome.SUCCEEDED), at=103)
-    assert logs(m.effects) == ["hook_result_ignored"]
     assert not of(m.effects, PostApproval)
-    assert m.phase() is Phase.RUNNING
-    m.send(HooksFinished(2, Outcome.SUCCEEDED), at=104)
-    assert of(m.effects, PostApproval)
+    assert m.phase() is Phase.OVER
+    m.fetched(doc(incarnation=5), at=104)
+    assert "E1" not in m.state.events
 
 
-def test_a_cancelled_run_stays_running_on_disk_and_is_not_run_again_by_this_process():
+def test_a_cancelled_run_is_interrupted_on_disk_and_runs_again_while_still_scheduled():
+    """At least once: before-hooks that did not finish are never taken as done."""
     m = Machine()
     m.fetched(doc(event()))
     m.send(HooksFinished(1, Outcome.CANCELLED), at=101)
-    assert m.phase() is Phase.RUNNING
-    assert not of(m.effects, Persist)
-    assert not of(m.fetched(doc(event(), incarnation=3), at=102), SpawnHooks)
+    assert m.phase() is Phase.INTERRUPTED
+    assert of(m.effects, Persist)[0].events["E1"].phase is Phase.INTERRUPTED
+    assert not of(m.effects, PostApproval)
+    assert of(m.fetched(doc(event(), incarnation=3), at=102), SpawnHooks)[0].run == 2
 
 
 # ---- polling -------------------------------------------------------------------------------
@@ -520,7 +524,7 @@ def test_stop_waits_for_running_hooks_then_exits_without_fetching_more():
     assert of(m.effects, Exit)[0].status == 0
 
 
-def test_at_the_end_of_the_grace_hooks_are_cancelled_and_stay_running_on_disk():
+def test_at_the_end_of_the_grace_hooks_are_cancelled_and_are_interrupted_on_disk():
     m = Machine()
     m.fetched(doc(event()))
     m.send(StopRequested(), at=101)
@@ -530,7 +534,7 @@ def test_at_the_end_of_the_grace_hooks_are_cancelled_and_stay_running_on_disk():
     assert logs(m.effects, "hooks_cancelled")
     m.send(HooksFinished(1, Outcome.CANCELLED), at=112)
     assert of(m.effects, Exit)
-    assert of(m.effects, Persist)[0].events["E1"].phase is Phase.RUNNING
+    assert of(m.effects, Persist)[0].events["E1"].phase is Phase.INTERRUPTED
 
 
 def test_hooks_that_ignore_the_cancel_do_not_keep_the_daemon_from_exiting():

@@ -16,16 +16,16 @@ from tests.test_engine import config, event
 
 UNHEALTHY = {
     HealthFrom.DETECTED: {
-        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.RUNNING, Phase.COORDINATING,
-        Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE,
-        Phase.AFTER,
+        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.RUNNING, Phase.INTERRUPTED,
+        Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
+        Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
     HealthFrom.HOOKS_STARTED: {
-        Phase.RUNNING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED,
-        Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
+        Phase.RUNNING, Phase.INTERRUPTED, Phase.ENDING, Phase.COORDINATING, Phase.APPROVING,
+        Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
     HealthFrom.HOOKS_DONE: {
-        Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
+        Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
 }  # fmt: skip

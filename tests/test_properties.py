@@ -202,7 +202,7 @@ class History:
         self.stage_runs: dict[str, int] = {}  # event id -> after/cancelled runs started
         self.before_ok: set[str] = set()  # events whose current before-run succeeded
         self.posting: list[str] = []
-        self.state = engine.initial(cfg)
+        self.state = engine.initial(cfg, strict=True)
         self.feed(Boot({}, "", self.boot))
 
     def feed(self, message) -> None:
@@ -283,7 +283,7 @@ class History:
         if rebooted:
             self.boot = f"boot-{self.next_id}"
         self.posting.clear()  # before_ok stays: an APPROVING event is posted again
-        self.state = engine.initial(self.cfg)
+        self.state = engine.initial(self.cfg, strict=True)
         self.feed(Boot(self.saved, "", self.boot))
         self.document()
 
