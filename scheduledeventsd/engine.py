@@ -403,7 +403,7 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
             )
         ]
         new = state
-    changed = new.events is not state.events and durable_events(new.events) != durable_events(
+    changed = new.events is not state.events and _durable_view(new.events) != _durable_view(
         state.events
     )
     if changed and not any(isinstance(e, Persist) for e in out):
@@ -714,6 +714,8 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         return _stage_finished(state, tracked, outcome, out)
     on = _BEFORE_ENDED[outcome]
     if tracked.phase is Phase.ENDING:
+        if state.stopping is not None:  # its stage runs after the restart, not in the grace
+            return _with(state, event_id, _move(tracked, on, Phase.ENDING, run=None))
         state, tracked = _start_stage(state, tracked, on, tracked.stage, out)
         return _with(state, event_id, tracked)
     if outcome is Outcome.CANCELLED:
@@ -756,9 +758,20 @@ def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[
         )
     else:
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, event, stage=stage))
-    listed = event.event_id in state.listed
-    over = _move(tracked, On.STAGE_ENDED, Phase.OVER if listed else Phase.GONE, run=None)
+    state, over = _over(state, tracked, On.STAGE_ENDED)
     return _with(state, event.event_id, over)
+
+
+def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
+    """Nothing is left to do for it: kept while listed, else forgotten. A cancelled event that
+    came back Scheduled is forgotten too, and judged anew at the next poll: never left
+    unprepared because it once left the document."""
+    event = tracked.event
+    listed = event.event_id in state.listed
+    back = listed and tracked.stage is Stage.CANCELLED and event.status == SCHEDULED
+    if back:
+        state = replace(state, incarnation=None)
+    return state, _move(tracked, on, Phase.OVER if listed and not back else Phase.GONE, run=None)
 
 
 def _start_stage(
@@ -768,8 +781,7 @@ def _start_stage(
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
     if not hooks:
-        listed = tracked.event.event_id in state.listed
-        return state, _move(tracked, on, Phase.OVER if listed else Phase.GONE, run=None)
+        return _over(state, replace(tracked, stage=stage), on)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
     state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
     return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
@@ -1672,6 +1684,16 @@ def _with(state: State, event_id: str, tracked: Tracked) -> State:
     if tracked.phase is Phase.GONE:
         return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
     return replace(state, events={**state.events, event_id: tracked})
+
+
+def _durable_view(events: Known) -> Known:
+    """What decides whether the state file must be written: a new incarnation listing the same
+    events is not worth an fsync (the file gets it with the next real change)."""
+    return {
+        k: replace(t, run=None, start_at=0.0, incarnation=0)
+        for k, t in events.items()
+        if t.phase in DURABLE
+    }
 
 
 def durable_events(events: Known) -> Known:

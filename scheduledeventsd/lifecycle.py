@@ -154,10 +154,14 @@ _ROWS: list[Transition] = [
         _t(P.ENDING, on, _ENDS, "its cancelled- (or after-) hooks run now")
         for on in (On.HOOKS_OK, On.HOOKS_FAILED, On.HOOKS_CANCELLED, On.RESTARTED)
     ],
+    *[
+        _t(P.ENDING, on, [P.ENDING], "stopping: its stage runs after the restart")
+        for on in (On.HOOKS_OK, On.HOOKS_FAILED, On.HOOKS_CANCELLED)
+    ],
     _t(P.ENDING, On.REBOOTED, _ENDS, "the maintenance happened: after-hooks"),
-    _t(P.ENDING, On.LISTED, [P.ENDING], "nothing: it was already judged over"),
-    _t(P.ENDING, On.STARTED, [P.ENDING], "nothing: it was already judged over"),
-    _t(P.ENDING, On.LEFT, [P.ENDING], "nothing: it was already judged over"),
+    _t(P.ENDING, On.LISTED, [P.ENDING], "nothing until its stage has run"),
+    _t(P.ENDING, On.STARTED, [P.ENDING], "nothing until its stage has run"),
+    _t(P.ENDING, On.LEFT, [P.ENDING], "nothing until its stage has run"),
     _t(P.COORDINATING, On.PEERS_READY, [P.APPROVING], "peers_ready"),
     _t(P.COORDINATING, On.GATE_YES, [P.APPROVING], "gate_approved"),
     _t(P.COORDINATING, On.PEER_FAILED, [P.NOT_APPROVED], "event_not_approved cause=peer_failed"),
@@ -183,7 +187,14 @@ _ROWS: list[Transition] = [
         for p in (P.COORDINATING, P.APPROVING, P.APPROVED, P.NOT_APPROVED, P.HOOKS_FAILED, P.DONE)
     ],
     *[_t(p, On.REBOOTED, [p], "carries on") for p in (P.UNHANDLED, P.MISSED, P.OVER)],
-    _t(P.AFTER, On.STAGE_ENDED, [P.OVER, P.GONE], "after_hooks_finished or _failed (never again)"),
+    _t(P.AFTER, On.STAGE_ENDED, [P.OVER], "after_hooks_finished or _failed (never again)"),
+    _t(
+        P.AFTER,
+        On.STAGE_ENDED,
+        [P.GONE],
+        "forgotten if it left; if it came back Scheduled after "
+        "being cancelled, judged anew at the next poll",
+    ),
     _t(P.AFTER, On.LISTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.STARTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),

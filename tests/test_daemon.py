@@ -144,7 +144,7 @@ def test_restart_does_not_rerun_hooks_of_an_event_already_handled(daemons, sim, 
         lambda: not json.loads((daemons.state_dir / "state.json").read_text())["events"],
         what="the completed event to leave the state file",
     )
-    assert state["version"] == 1
+    assert state["version"] == 2
 
 
 def test_hooks_cut_off_by_a_crash_run_again_after_restart(daemons, sim, hooks):
@@ -392,7 +392,9 @@ def test_sigterm_lets_running_hooks_finish_then_exits_zero(daemons, sim, hooks):
     )
 
 
-def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_to_run_again(daemons, sim, hooks):
+def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_interrupted_to_run_again(
+    daemons, sim, hooks
+):
     cmd = hooks.make("slow", 'echo run >> "$OUT/order"\nsleep 300')
     cfg = daemons.config(
         hooks={"slow": [{"command": [cmd]}]}, events={"Reboot": ["slow"]}, shutdown_grace=0.5
@@ -406,7 +408,7 @@ def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_to_run_again(daemons,
     assert time.monotonic() - started < 8
     assert daemon.logs("hooks_cancelled")
     state = json.loads((daemons.state_dir / "state.json").read_text())
-    assert [e["phase"] for e in state["events"]] == ["running"]
+    assert [e["phase"] for e in state["events"]] == ["interrupted"]
 
 
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_invalid(daemons, sim, hooks):

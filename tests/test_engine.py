@@ -19,7 +19,6 @@ from scheduledeventsd.engine import (
     Exit,
     Fetch,
     HooksFinished,
-    Record,
     NameResolved,
     Notify,
     Outcome,
@@ -28,6 +27,7 @@ from scheduledeventsd.engine import (
     Phase,
     PollFailed,
     PostApproval,
+    Record,
     Reloaded,
     ResolveName,
     SpawnHooks,
@@ -346,8 +346,8 @@ def test_events_that_leave_the_document_are_completed_and_forgotten():
 
 
 def test_a_run_whose_event_left_and_came_back_cannot_approve_it():
-    """An event judged cancelled stays so: the stopped run's result (exit 0 or not) approves
-    nothing, and its return to the document does not start its preparation over."""
+    """The stopped run's result (exit 0 or not) approves nothing; the event that came back is
+    judged anew once that run has ended, and only its new run's success approves it."""
     m = Machine()
     m.fetched(doc(event()))
     m.fetched(doc(incarnation=3), at=101)
@@ -355,12 +355,14 @@ def test_a_run_whose_event_left_and_came_back_cannot_approve_it():
     assert of(m.effects, CancelRuns)[0].runs == (1,)
     assert m.phase() is Phase.ENDING
     m.fetched(doc(event(), incarnation=4), at=102)
-    assert not of(m.effects, SpawnHooks)
+    assert not of(m.effects, SpawnHooks), "not while its first run is being stopped"
     m.send(HooksFinished(1, Outcome.SUCCEEDED), at=103)
     assert not of(m.effects, PostApproval)
-    assert m.phase() is Phase.OVER
-    m.fetched(doc(incarnation=5), at=104)
     assert "E1" not in m.state.events
+    m.fetched(doc(event(), incarnation=4), at=104)
+    assert of(m.effects, SpawnHooks)[0].run == 2
+    m.send(HooksFinished(2, Outcome.SUCCEEDED), at=105)
+    assert of(m.effects, PostApproval)
 
 
 def test_a_cancelled_run_is_interrupted_on_disk_and_runs_again_while_still_scheduled():

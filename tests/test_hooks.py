@@ -11,6 +11,7 @@ from pathlib import Path
 from scheduledeventsd.hooks import (
     BASE_ENV,
     MAX_ENV_VALUE,
+    Outcome,
     ProcessRunner,
     hook_environment,
     hook_stdin,
@@ -137,7 +138,8 @@ def test_a_command_that_fails_on_its_own_while_another_run_is_cancelled_is_a_fai
     assert results[1].cancelled
 
 
-def test_a_command_we_signalled_that_still_exits_zero_succeeded():
+def test_a_command_we_signalled_that_still_exits_zero_was_cancelled_not_successful():
+    """A drain we interrupted did not finish, whatever its exit status says."""
     runner = ProcessRunner()
     results = []
     script = "trap 'exit 0' TERM; echo up; while :; do sleep 0.05; done"
@@ -153,8 +155,10 @@ def test_a_command_we_signalled_that_still_exits_zero_succeeded():
     wait_for(lambda: lines, what="the command to start")
     runner.cancel(7)
     thread.join(10)
-    assert results[0].succeeded
-    assert not results[0].cancelled
+    assert results[0].exit_status == 0
+    assert results[0].cancelled
+    assert not results[0].succeeded
+    assert results[0].outcome is Outcome.CANCELLED
 
 
 def test_an_output_sink_that_raises_does_not_stop_the_draining_of_the_pipe():
