@@ -253,7 +253,7 @@ class Daemon:
         )
         if isinstance(message, Faulted):
             return  # the report of a fault failed itself: never recurse
-        self._feed(Faulted(where, repr(error)[:500]))
+        self._feed(Faulted(where, repr(error)[:500], message))
 
     # ---- effects --------------------------------------------------------------------------
 

@@ -178,6 +178,7 @@ class Faulted:
 
     where: str
     error: str
+    dropped: Optional[Message] = None  # what it was handling: what that held is released
 
 
 Message = Union[
@@ -885,7 +886,21 @@ def _tick(state: State, msg: Tick, now: float, out: list[Effect]) -> State:
 
 
 def _faulted(state: State, msg: Faulted, now: float, out: list[Effect]) -> State:
-    return replace(state, faults=state.faults + 1)
+    """Release what the dropped message held, by the plainest means (its own handler is what
+    failed): a poll in flight, a run, an approval in flight, a name lookup."""
+    state = replace(state, faults=state.faults + 1)
+    dropped = msg.dropped
+    if isinstance(dropped, (DocumentFetched, PollFailed)):
+        poll = replace(state.poll, in_flight_since=None, next_at=now + POLL_BACKOFF_CAP)
+        state = replace(state, poll=poll)
+    elif isinstance(dropped, (HooksFinished, GateAnswered)):
+        state = _without_run(state, dropped.run)
+    elif isinstance(dropped, (ApprovalSent, ApprovalFailed)):
+        posting = state.approvals.posting - {dropped.event_id}
+        state = replace(state, approvals=replace(state.approvals, posting=posting))
+    elif isinstance(dropped, NameResolved):
+        state = replace(state, resolving=False)
+    return state
 
 
 def _reload_requested(state: State, msg: ReloadRequested, now: float, out: list[Effect]) -> State:

@@ -299,7 +299,9 @@ class Simulator:
             "Resources": [self.vm_name]
             if spec.get("Resources") is None
             else list(spec["Resources"]),
-            "NotBefore": ""
+            "NotBefore": str(spec["NotBefore"])  # as given: tests send what IMDS should not
+            if "NotBefore" in spec
+            else ""
             if status == "Started" or not_before_in is None
             else rfc1123(time.time() + float(not_before_in)),
             "Description": spec.get("Description", "Host server is undergoing maintenance."),
@@ -430,7 +432,7 @@ def _parse_rfc1123(text: Any) -> Optional[float]:  # noqa: ANN401
         return None
     try:
         return email.utils.parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -278,3 +279,25 @@ def daemons(tmp_path: Path, sim: Simulator) -> Iterator[DaemonFactory]:
     factory = DaemonFactory(tmp_path, sim)
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    """systemd's side of sd_notify: a datagram socket to point NOTIFY_SOCKET at."""
+    path = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.05)
+    yield path, sock
+    sock.close()
+
+
+def receive(sock: socket.socket) -> list[dict[str, str]]:
+    """Every datagram waiting on a notify socket, as key=value maps."""
+    out = []
+    while True:
+        try:
+            data = sock.recv(4096)
+        except (TimeoutError, socket.timeout):
+            return out
+        out.append(dict(line.split("=", 1) for line in data.decode().splitlines()))

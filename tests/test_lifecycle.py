@@ -4,6 +4,7 @@ Azure cancels it, and after-hooks after a reboot (a new boot id), with real hook
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import uuid
@@ -96,7 +97,15 @@ def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
     again = daemons.start(cfg, prefix=wrapper, ready=False)
     again.wait_log("reboot_detected", event_id=event_id)
     again.wait_log("after_hooks_finished", event_id=event_id)
-    assert env_of(hooks, "undrain")["SCHEDULED_EVENT_REBOOTED"] == "1"
+    undrain = env_of(hooks, "undrain")
+    assert undrain["SCHEDULED_EVENT_REBOOTED"] == "1"
+    # IMDS is silent, so the name is not known yet: the event's own is what `kubectl uncordon
+    # "$SCHEDULED_EVENT_VM_NAME"` needs (it was '' and incarnation 0).
+    assert undrain["SCHEDULED_EVENT_VM_NAME"] == VM
+    drained_in = env_of(hooks, "drain")["SCHEDULED_EVENT_DOCUMENT_INCARNATION"]
+    assert undrain["SCHEDULED_EVENT_DOCUMENT_INCARNATION"] == drained_in != "0"
+    stdin = json.loads((hooks.out / "undrain.stdin").read_text())
+    assert (stdin["VmName"], stdin["DocumentIncarnation"]) == (VM, int(drained_in))
     sim.clear_faults()
     again.polls_seen(sim)
     sim.remove_event(event_id)

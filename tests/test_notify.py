@@ -3,35 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
-
-import pytest
 
 from scheduledeventsd.notify import Notifier
 from scheduledeventsd.simulator import Fault
 
-from .conftest import VM, wait_for
-
-
-@pytest.fixture
-def notify_socket(tmp_path):
-    path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.05)
-    yield path, sock
-    sock.close()
-
-
-def receive(sock) -> list[dict[str, str]]:
-    out = []
-    while True:
-        try:
-            data = sock.recv(4096)
-        except (TimeoutError, socket.timeout):
-            return out
-        out.append(dict(line.split("=", 1) for line in data.decode().splitlines()))
+from .conftest import VM, receive, wait_for
 
 
 def test_without_notify_socket_every_call_is_a_quiet_no_op():
