@@ -4,8 +4,9 @@ The engine decides (approve once every VM named is ready, never when one failed)
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under a lease that outlives the
 event, reads the event's keys, then watches them and sends every change to the inbox as
-PeersChanged, until told to stop. Any failure ends the worker with one CoordinationFailed; the
-engine's backoff decides when to try again.
+PeersChanged, until told to stop (a `failed` write reports the keys once, and ends). Any
+failure ends the worker with one CoordinationFailed; the engine's backoff decides when to try
+again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Callable, Optional
 
 from .config import Etcd
 from .engine import Coordinate, CoordinationFailed, Message, PeersChanged
-from .etcd import EtcdClient, EtcdError
+from .etcd import EtcdClient, EtcdError, KeyValue
 from .model import Event
 
 # A watch that stays silent this long is checked with a linearizable read: a member cut off
@@ -139,7 +140,8 @@ class _Worker:
         prefix = event_prefix(self.settings, effect.event.event_id)
         own = prefix + _segment(effect.vm_name.casefold())
         self._write(own)
-        if not effect.ready:
+        if not effect.ready:  # `failed` is written: say what the keys hold now, once
+            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in self._read(prefix)})
             return
         while not self._stopped.is_set():
             revision, kvs = self._client.range(prefix)
@@ -159,8 +161,18 @@ class _Worker:
             # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
 
     def _write(self, key: str) -> None:
-        lease = self._client.grant(lease_ttl(self.effect.event, time.time()))
-        self._client.put(key, record(self.effect), lease)
+        """One lease per event and VM: a worker started again (after a failed watch, or to say
+        failed) writes under the lease its key already has; a new one only for a new key."""
+        try:
+            self._client.put(key, record(self.effect), keep_lease=True)
+        except EtcdError as e:
+            if e.kind != "not_found":
+                raise
+            lease = self._client.grant(lease_ttl(self.effect.event, time.time()))
+            self._client.put(key, record(self.effect), lease)
+
+    def _read(self, prefix: str) -> list[KeyValue]:
+        return self._client.range(prefix)[1]
 
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():

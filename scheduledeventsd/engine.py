@@ -732,8 +732,10 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
             )
         )
         if _approval(event, state)[0] is Phase.COORDINATING and _etcd(state):
-            # The others stop waiting for us (a VM that never writes is waited out the same).
-            out.append(Coordinate(event, tracked.vm_name, False, tracked.incarnation))
+            # The others stop waiting for us, once `failed` is written: `_coordinate` writes
+            # it, again after a failure, until the keys come back (a VM that never writes is
+            # waited out the same).
+            state = replace(state, peers={**state.peers, event_id: Peers()})
         return _with(state, event_id, _move(tracked, on, Phase.HOOKS_FAILED, run=None))
     phase, note = _approval(event, state)
     if note is not None:
@@ -1009,6 +1011,8 @@ def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect
     """Approve a shared event once every VM it names wrote ready; one failed: nobody does."""
     state = _coordination_works(state, out)  # even if the event was decided meanwhile
     tracked = state.events.get(msg.event_id)
+    if tracked is not None and tracked.phase is Phase.HOOKS_FAILED:
+        return _without_peers(state, msg.event_id)  # our `failed` is written: announced
     if tracked is None or tracked.phase is not Phase.COORDINATING:
         return state
     event = tracked.event
@@ -1073,7 +1077,10 @@ def _coordination_failed(
                 },
             )
         )
-    if tracked is None or tracked.phase is not Phase.COORDINATING:
+    announcing = tracked is not None and tracked.phase is Phase.HOOKS_FAILED
+    if tracked is None or not (tracked.phase is Phase.COORDINATING or announcing):
+        return state
+    if announcing and msg.event_id not in state.peers:
         return state
     peers = state.peers.get(msg.event_id, Peers())
     peers = replace(peers, asking=False, next_at=failures.retry_at)
@@ -1225,14 +1232,15 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
     if coordination is None:
         return state
     for event_id, t in state.events.items():
-        if t.phase is not Phase.COORDINATING:
+        announce = t.phase is Phase.HOOKS_FAILED and event_id in state.peers
+        if t.phase is not Phase.COORDINATING and not announce:
             continue
         peers = state.peers.get(event_id, Peers())
         if peers.asking or now < peers.next_at:
             continue
         vm_name = t.vm_name or state.vm_name
         if coordination.etcd is not None:
-            out.append(Coordinate(t.event, vm_name, True, t.incarnation))
+            out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
         else:
             state, run = _new_run(state, event_id)
             out.append(AskGate(run, t.event, t.incarnation, vm_name))
@@ -1364,7 +1372,8 @@ def next_wakeup(state: State, now: float) -> float:
         if t.phase is Phase.WAITING and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)
-        if t.phase is Phase.COORDINATING and state.stopping is None:
+        announce = t.phase is Phase.HOOKS_FAILED and peers is not None
+        if (t.phase is Phase.COORDINATING or announce) and state.stopping is None:
             if peers is None:
                 times.append(now)
             elif not peers.asking:
@@ -1475,7 +1484,7 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         return state, _move(gone, on, Phase.GONE)
     if phase in (Phase.AFTER, Phase.ENDING):
         return state, _move(gone, on, phase)
-    if phase is Phase.COORDINATING:
+    if phase is Phase.COORDINATING or gone.event.event_id in state.peers:
         state, gone = _stop_asking(state, gone, out)
     if not _prepared(gone):
         out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))

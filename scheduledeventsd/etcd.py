@@ -26,11 +26,12 @@ from .config import Etcd
 _UNAUTHENTICATED = 16
 _PERMISSION_DENIED = 7
 _INVALID_AUTH_TOKEN = "invalid auth token"  # noqa: S105 - an error message etcd sends
+_KEY_NOT_FOUND = "key not found"  # a put with ignore_lease on a key that does not exist
 
 
 class EtcdError(Exception):
     """`kind` is a stable label for logs: unreachable, timeout, tls, auth_failed,
-    permission_denied, rejected, watch_cancelled, compacted, bad_answer."""
+    permission_denied, rejected, not_found, watch_cancelled, compacted, bad_answer."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -91,11 +92,16 @@ class EtcdClient:
             raise EtcdError("bad_answer", f"lease grant without an ID: {answer!r:.200}")
         return lease
 
-    def put(self, key: str, value: bytes, lease: Optional[str] = None) -> int:
-        """Returns the revision of the write."""
+    def put(
+        self, key: str, value: bytes, lease: Optional[str] = None, *, keep_lease: bool = False
+    ) -> int:
+        """Returns the revision of the write. `keep_lease`: under the lease the key already
+        has (EtcdError `not_found` when there is no such key)."""
         body: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
         if lease is not None:
             body["lease"] = lease
+        if keep_lease:
+            body["ignore_lease"] = True
         return _revision(self._call("/v3/kv/put", body))
 
     def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
@@ -302,6 +308,8 @@ def _error(path: str, status: int, answer: dict[str, Any]) -> EtcdError:
         return EtcdError("permission_denied", f"{path}: {message}")
     if answer.get("code") == _UNAUTHENTICATED:
         return EtcdError("auth_failed", f"{path}: {message}")
+    if _KEY_NOT_FOUND in message:
+        return EtcdError("not_found", f"{path}: {message}")
     return EtcdError("rejected", f"{path}: HTTP {status}: {message}")
 
 

@@ -113,8 +113,36 @@ def test_our_own_failed_hooks_are_announced_and_never_approved():
     assert m.phase() is Phase.HOOKS_FAILED
     (coordinate,) = of(effects, Coordinate)
     assert not coordinate.ready
+    m.send(PeersChanged("E1", {VM: "failed"}), at=103)
     effects = m.tick(200)
-    assert not of(effects, Coordinate), "a failed event is announced once, not watched"
+    assert not of(effects, Coordinate), "a failed event is announced, not watched"
+
+
+def test_a_failed_announcement_is_written_again_until_the_keys_come_back():
+    """etcd down when our hooks failed: the others would wait for NotBefore without knowing."""
+    m = Machine(fleet())
+    m.fetched(doc(event(resources=SHARED)), at=101)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.FAILED), at=102)
+    m.send(CoordinationFailed("E1", "unreachable", "connection refused"), at=102.1)
+    assert not of(m.effects, Coordinate), "not at once: after the backoff"
+    retry_at = m.wake()
+    (again,) = of(m.tick(retry_at), Coordinate)
+    assert not again.ready
+    m.send(PeersChanged("E1", {VM: "failed", "vm-b": "ready"}), at=retry_at + 0.1)
+    assert m.phase() is Phase.HOOKS_FAILED
+    assert "E1" not in m.state.peers, "announced: nothing more to write"
+    assert not of(m.tick(retry_at + 60), Coordinate)
+
+
+def test_a_failed_announcement_stops_when_its_event_leaves():
+    m = Machine(fleet())
+    m.fetched(doc(event(resources=SHARED)), at=101)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.FAILED), at=102)
+    effects = m.fetched(doc(incarnation=3), at=103)
+    assert of(effects, StopCoordinating)[0].event_ids == ("E1",)
+    assert not m.state.peers
 
 
 def test_an_event_naming_only_this_vm_is_approved_as_with_sole():

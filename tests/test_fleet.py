@@ -302,3 +302,35 @@ def test_dry_run_shows_the_coordination_it_would_do_and_touches_no_etcd(fleet, s
     assert not daemon.logs("coordination_failed")
     assert not approvals(sim, event_id)
     assert fleet.runs() == [], "no hook ran"
+
+
+def test_a_worker_started_again_writes_under_the_lease_it_already_has(cluster, tmp_path):
+    """A flapping watch restarts its worker every few seconds: one lease per event and VM,
+    not one more each time (each lived until an hour after NotBefore), and `failed` too."""
+    import queue  # noqa: PLC0415
+
+    from scheduledeventsd.config import Etcd  # noqa: PLC0415
+    from scheduledeventsd.coordination import EtcdCoordinator  # noqa: PLC0415
+    from scheduledeventsd.engine import Coordinate, PeersChanged  # noqa: PLC0415
+    from tests.test_engine import event  # noqa: PLC0415
+
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    coordinator = EtcdCoordinator(settings, inbox.put)
+    shared = event(resources=("vm-a", "vm-b"))
+    try:
+        for ready in (True, True, True, False):
+            coordinator.start(Coordinate(shared, "vm-a", ready, 7))
+            message = inbox.get(timeout=20)
+            assert isinstance(message, PeersChanged), message
+            assert message.states["vm-a"] == ("ready" if ready else "failed")
+    finally:
+        coordinator.stop_all()
+    listed = subprocess.run(
+        ["etcdctl", "--endpoints", ",".join(cluster.endpoints), "lease", "list"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    ).stdout
+    assert listed.splitlines()[0] == "found 1 leases", listed
