@@ -36,6 +36,7 @@ GATE_LATER = 75  # EX_TEMPFAIL: "not yet"
 # After cancelling hooks at shutdown: the runner's SIGKILL comes KILL_GRACE after SIGTERM; the
 # margin lets their results arrive before the daemon exits.
 KILL_WAIT = KILL_GRACE + 2.0
+STOP_MARGIN = 10.0  # beyond the grace and the kill wait, for the final state write
 # A fetch in flight this much longer than its own timeouts means its worker is wedged: the
 # watchdog is no longer pinged, so systemd restarts the daemon.
 STALL_MARGIN = 30.0
@@ -994,6 +995,8 @@ def _stop_requested(state: State, msg: StopRequested, now: float, out: list[Effe
             {
                 "STOPPING": "1",
                 "STATUS": f"stopping; waiting up to {grace:g}s for {len(state.runs)} hook run(s)",
+                # systemd's TimeoutStopSec follows shutdown_grace, whatever the unit says.
+                "EXTEND_TIMEOUT_USEC": str(int((grace + KILL_WAIT + STOP_MARGIN) * 1_000_000)),
             }
         )
     )

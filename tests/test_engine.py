@@ -526,6 +526,15 @@ def test_stop_waits_for_running_hooks_then_exits_without_fetching_more():
     assert of(m.effects, Exit)[0].status == 0
 
 
+def test_stopping_extends_systemds_stop_timeout_to_cover_a_long_grace():
+    """shutdown_grace may be an hour while the unit's TimeoutStopSec is 180 s."""
+    m = Machine(config(shutdown_grace=3600.0))
+    m.send(StopRequested(), at=101)
+    (stopping,) = of(m.effects, Notify)
+    extend = int(stopping.fields["EXTEND_TIMEOUT_USEC"]) / 1_000_000
+    assert extend >= 3600 + engine.KILL_WAIT, "SIGKILL must not come before our own kill wait"
+
+
 def test_at_the_end_of_the_grace_hooks_are_cancelled_and_are_interrupted_on_disk():
     m = Machine()
     m.fetched(doc(event()))
