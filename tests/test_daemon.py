@@ -404,8 +404,9 @@ def test_shutdown_grace_expiry_kills_hooks_and_leaves_them_interrupted_to_run_ag
     daemon.wait_log("hook_started", event_id=event_id)
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.proc.wait(15) == 0
-    assert time.monotonic() - started < 8
+    assert daemon.proc.wait(60) == 0
+    # Cause, not speed: far sooner than the hook's own 300 s, so the grace ended it.
+    assert time.monotonic() - started < 60
     assert daemon.logs("hooks_cancelled")
     state = json.loads((daemons.state_dir / "state.json").read_text())
     assert [e["phase"] for e in state["events"]] == ["interrupted"]

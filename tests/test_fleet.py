@@ -283,8 +283,10 @@ def test_gate_1_never_approves(fleet, sim):
 def test_a_hanging_gate_is_killed_at_its_timeout_and_asked_again(fleet, sim):
     daemon = fleet.start("vm-a", fleet.config("vm-a", gate_settings(fleet, "sleep 600", 1)))
     event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
-    killed = daemon.wait_log("hook_timed_out", stage="gate", timeout=10)
-    assert killed["duration_s"] < 3
+    killed = daemon.wait_log("hook_timed_out", stage="gate", timeout=30)
+    # Killed by its 1 s timeout: not before it, and long before its own 600 s (a loaded
+    # machine once took 3.017 s here; the cause is what matters, not the speed).
+    assert 1 <= killed["duration_s"] < 60
     failed = daemon.wait_log("coordination_failed", timeout=5)
     assert failed["kind"] == "gate_timeout"
     wait_for(lambda: len(daemon.logs("hook_started", stage="gate")) >= 2, 10, "a second ask")

@@ -59,7 +59,7 @@ def test_stdin_is_delivered_and_a_hook_that_ignores_it_does_not_block():
     started = time.monotonic()
     result, _ = run(["/bin/true"], stdin=big)
     assert result.succeeded
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30, "a hook that ignores stdin blocked the runner"
 
 
 def test_arguments_are_never_interpreted_by_a_shell(tmp_path):
@@ -84,7 +84,7 @@ def test_timeout_kills_the_process_group_including_children_that_ignore_sigterm(
     result, _ = run(["/bin/sh", "-c", script], timeout=0.5)
     assert result.timed_out
     assert result.exit_status is None
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60, "ended by its timeout, not by its own 300 s"
     pid = int(pidfile.read_text())
     time.sleep(0.2)
     try:

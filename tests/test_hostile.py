@@ -44,7 +44,8 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
     skipped = [r["reason"] for r in daemon.logs("event_skipped")]
     assert any("EventId is not an identifier: 'xxxx" in r for r in skipped)
     assert any("EventId is not an identifier: 'two\\nlines'" in r for r in skipped)
-    assert detected_in < 10, f"10 000 events slowed detection to {detected_in:.1f} s"
+    # Within a Preempt's 30 s notice, however loaded the machine (bench/ measures the speed).
+    assert detected_in < 25, f"10 000 events slowed detection to {detected_in:.1f} s"
     # Nothing is named after an event: the state directory holds what it always holds.
     settled = wait_for(  # a write may be under way: its temporary file is there for a moment
         lambda: (
