@@ -63,6 +63,7 @@ bench-quick: bootstrap
 	./scripts/apt-need etcd-server etcd-client
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
+	$(PY) -m bench.step
 	$(PY) -m bench.fleet --quick
 	$(PY) -m bench.observed --quick
 

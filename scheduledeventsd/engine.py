@@ -1351,7 +1351,7 @@ def _exit(state: State, out: list[Effect]) -> State:
     return state
 
 
-def next_wakeup(state: State, now: float) -> float:
+def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branch per timer
     """The earliest instant a timer of this state is due (never in the past)."""
     times: list[float] = []
     if state.watchdog_every is not None:
@@ -1370,13 +1370,16 @@ def next_wakeup(state: State, now: float) -> float:
                 state.poll.in_flight_since + md.first_call_timeout + md.timeout + STALL_MARGIN
             )
     for event_id, t in state.events.items():
-        if t.phase is Phase.APPROVING and event_id not in state.approvals.posting:
+        phase = t.phase
+        if phase is Phase.NOT_OURS:  # most of them under churn, and never a timer
+            continue
+        if phase is Phase.APPROVING and event_id not in state.approvals.posting:
             times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
-        if t.phase is Phase.WAITING and state.stopping is None:
+        if phase is Phase.WAITING and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)
-        announce = t.phase is Phase.HOOKS_FAILED and peers is not None
-        if (t.phase is Phase.COORDINATING or announce) and state.stopping is None:
+        announce = phase is Phase.HOOKS_FAILED and peers is not None
+        if (phase is Phase.COORDINATING or announce) and state.stopping is None:
             if peers is None:
                 times.append(now)
             elif not peers.asking:

@@ -541,6 +541,7 @@ MUTANT_SETTINGS = settings(
 )
 
 
+@pytest.mark.campaign  # seven more runs of the model: with the campaigns, after the suite
 @pytest.mark.parametrize("leak", sorted(MUTANTS))
 def test_the_model_catches_each_leak(leak):
     """Each leak the issue found, put back into the engine, fails the model-based test."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -45,10 +46,19 @@ json_values = st.recursive(
     max_leaves=6,
 )
 field_values = scalars | st.lists(st.text(max_size=12), max_size=3) | json_values
+# Times at the edges of what datetime can hold, in both of the formats IMDS is seen to use.
+edge_times = st.datetimes(
+    min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)
+).flatmap(
+    lambda when: st.sampled_from(
+        [when.strftime("%Y-%m-%dT%H:%M:%S") + zone for zone in ("Z", "-01:00", "+14:00", "-23:59")]
+        + [when.strftime("%a, %d %b ") + f"{when.year:04d}" + when.strftime(" %H:%M:%S -0100")]
+    )
+) | st.sampled_from(["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"])
 event_like = st.fixed_dictionaries(
     {},
     optional={
-        key: field_values
+        key: (field_values | edge_times) if key == "NotBefore" else field_values
         for key in (
             "EventId",
             "EventType",
@@ -62,22 +72,46 @@ event_like = st.fixed_dictionaries(
         )
     },
 )
+# Events IMDS could send, but for their times: what must reach the engine and not break it.
+plausible_event = st.fixed_dictionaries(
+    {
+        "EventId": st.text("ABCDEF0123456789-", min_size=1, max_size=12),
+        "EventType": st.sampled_from(["Reboot", "Freeze", "Redeploy", "Preempt", "Terminate"]),
+        "EventStatus": st.sampled_from(["Scheduled", "Started"]),
+        "ResourceType": st.just("VirtualMachine"),
+        "Resources": st.lists(st.sampled_from(["vm-a", "vm-b"]), min_size=1, max_size=2),
+        "NotBefore": edge_times | st.just(""),
+    },
+    optional={"DurationInSeconds": st.integers(-1, 60), "EventSource": st.just("User")},
+)
 documents = st.fixed_dictionaries(
     {},
     optional={
         "DocumentIncarnation": json_values,
-        "Events": st.lists(event_like, max_size=4) | json_values,
+        "Events": st.lists(event_like | plausible_event, max_size=4) | json_values,
     },
 )
 
 
 def _parses_or_refuses(body: bytes) -> None:
+    """A Document or a DocumentError; and a Document never makes the engine raise, whether its
+    events are ours or not (the first one's first resource is taken as this VM)."""
     try:
         doc = parse_document(body)
     except DocumentError:
         return
     assert isinstance(doc, Document)
     assert all(e.event_id and e.event_type and e.status for e in doc.events)
+    step_through_the_engine(doc)
+
+
+def step_through_the_engine(doc: Document) -> None:
+    names = [r for e in doc.events for r in e.resources[:1]]
+    cfg = dataclasses.replace(CONFIG, vm_name=names[0] if names else VM)
+    state, _ = engine.step(engine.initial(cfg, strict=True), Boot({}, "", "b"), 0.0)
+    state, _ = engine.step(state, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+    state, _ = engine.step(state, Tick(), 3600.0)
+    engine.step(state, DocumentFetched(Document(doc.incarnation + 1, ()), 1_800_003_600.0), 3601)
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,6 +125,14 @@ def test_any_bytes_are_a_document_or_a_document_error(body):
 @given(documents)
 def test_any_json_shaped_like_a_document_is_a_document_or_a_document_error(raw):
     _parses_or_refuses(json.dumps(raw).encode())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.lists(plausible_event, min_size=1, max_size=4))
+def test_no_document_imds_could_send_makes_a_step_of_the_engine_raise(incarnation, events):
+    """Times at the edges of what Python can hold included (a NotBefore past 9999 in UTC)."""
+    body = {"DocumentIncarnation": incarnation, "Events": events}
+    _parses_or_refuses(json.dumps(body).encode())
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
