@@ -941,12 +941,9 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     for event_id, t in state.events.items():
         if t.phase is Phase.WAITING and t.event.event_type not in new.events:
             out.append(
-                _note(
-                    Level.WARNING,
-                    What.EVENT_UNHANDLED,
+                _unhandled(
                     t.event,
-                    reason=f"the reload left no hooks configured for {t.event.event_type}; "
-                    "left alone",
+                    f"the reload left no hooks configured for {t.event.event_type}; left alone",
                 )
             )
             state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
@@ -1458,12 +1455,7 @@ def _resume(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[
     rule = state.config.events.get(event.event_type)
     if rule is None:  # a reload removed its type meanwhile: never an empty run by accident
         out.append(
-            _note(
-                Level.WARNING,
-                What.EVENT_UNHANDLED,
-                event,
-                reason=f"no hooks configured for {event.event_type} any more; left alone",
-            )
+            _unhandled(event, f"no hooks configured for {event.event_type} any more; left alone")
         )
         return state, _move(tracked, on, Phase.UNHANDLED)
     if not rule.before:  # configured with none now: approval per policy, as at first sight
@@ -1542,25 +1534,11 @@ def _first_sight(
         )
         return state, _move(new, on, Phase.MISSED)
     if event.status != SCHEDULED:
-        out.append(
-            _note(
-                Level.WARNING,
-                What.EVENT_UNHANDLED,
-                event,
-                reason=f"unknown status {event.status!r}",
-            )
-        )
+        out.append(_unhandled(event, f"unknown status {event.status!r}"))
         return state, _move(new, on, Phase.UNHANDLED)
     rule = state.config.events.get(event.event_type)
     if rule is None:
-        out.append(
-            _note(
-                Level.WARNING,
-                What.EVENT_UNHANDLED,
-                event,
-                reason=f"no hooks configured for {event.event_type}; left alone",
-            )
-        )
+        out.append(_unhandled(event, f"no hooks configured for {event.event_type}; left alone"))
         return state, _move(new, on, Phase.UNHANDLED)
     decided = _rule(event, rule, state, out)
     if decided is not None:
@@ -1704,6 +1682,10 @@ def event_fields(event: Event) -> dict[str, object]:
         "not_before": iso_utc(event.not_before) or None,
         "resources": " ".join(event.resources),
     }
+
+
+def _unhandled(event: Event, reason: str) -> Record:
+    return _note(Level.WARNING, What.EVENT_UNHANDLED, event, reason=reason)
 
 
 def _note(level: Level, what: What, event: Event, **fields: object) -> Record:

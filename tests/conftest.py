@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 
+from scheduledeventsd import config as config_mod
+from scheduledeventsd.daemon import Daemon as InProcessDaemon
 from scheduledeventsd.simulator import Scenario, Simulator
 
 VM = "test-vm"
@@ -301,3 +304,29 @@ def receive(sock: socket.socket) -> list[dict[str, str]]:
         except (TimeoutError, socket.timeout):
             return out
         out.append(dict(line.split("=", 1) for line in data.decode().splitlines()))
+
+
+@pytest.fixture
+def in_process(sim: Simulator, hooks: Hooks, tmp_path: Path) -> Iterator[Any]:
+    """The daemon in this process, so a fault can be put into one of its steps or effects:
+    (daemon, its unstarted thread, the structlog capture, its metrics textfile)."""
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[capture])
+    cfg = config_mod.parse(
+        {
+            "metadata": {"url": sim.url, "poll_interval": 0.25, "first_call_timeout": 5},
+            "vm_name": VM,
+            "state_dir": str(tmp_path / "state"),
+            "hooks": {"a": [{"command": [hooks.recorder("a")]}]},
+            "events": {"Reboot": ["a"]},
+            "metrics_textfile": str(tmp_path / "scheduledeventsd.prom"),
+        },
+        "test",
+    )
+    daemon = InProcessDaemon(cfg)
+    thread = threading.Thread(target=daemon.run)
+    yield daemon, thread, capture, tmp_path / "scheduledeventsd.prom"
+    daemon.request_stop()
+    thread.join(20)
+    structlog.reset_defaults()
+    assert not thread.is_alive()

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 
-import pytest
 import structlog
 
-from scheduledeventsd import config, engine
-from scheduledeventsd.daemon import Daemon
+from scheduledeventsd import engine
 from scheduledeventsd.engine import PollFailed
 from scheduledeventsd.simulator import Fault
 
@@ -40,31 +37,6 @@ def test_a_not_before_past_year_9999_is_skipped_and_the_daemon_goes_on(daemons, 
     daemon.wait_log("event_approved", event_id=event_id)
     assert daemon.proc.poll() is None
     assert not daemon.logs("internal_error")
-
-
-@pytest.fixture
-def in_process(sim, hooks, tmp_path):
-    """The daemon in this process, so a fault can be put into one of its steps or effects."""
-    capture = structlog.testing.LogCapture()
-    structlog.configure(processors=[capture])
-    cfg = config.parse(
-        {
-            "metadata": {"url": sim.url, "poll_interval": 0.25, "first_call_timeout": 5},
-            "vm_name": VM,
-            "state_dir": str(tmp_path / "state"),
-            "hooks": {"a": [{"command": [hooks.recorder("a")]}]},
-            "events": {"Reboot": ["a"]},
-            "metrics_textfile": str(tmp_path / "scheduledeventsd.prom"),
-        },
-        "test",
-    )
-    daemon = Daemon(cfg)
-    thread = threading.Thread(target=daemon.run)
-    yield daemon, thread, capture, tmp_path / "scheduledeventsd.prom"
-    daemon.request_stop()
-    thread.join(20)
-    structlog.reset_defaults()
-    assert not thread.is_alive()
 
 
 def test_any_exception_in_a_step_is_logged_once_counted_and_survived(in_process, sim, monkeypatch):

@@ -7,14 +7,11 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 import time
 
 import pytest
 import structlog
 
-from scheduledeventsd import config
-from scheduledeventsd.daemon import Daemon
 from scheduledeventsd.simulator import Fault
 
 from .conftest import VM, wait_for
@@ -85,44 +82,29 @@ def test_a_run_whose_event_left_and_came_back_does_not_approve_it(daemons, sim, 
     daemon.wait_log("event_approved", event_id=event_id)
 
 
-def test_a_hook_run_whose_logging_raises_still_ends_in_one_result(sim, hooks, tmp_path):
+def test_a_hook_run_whose_logging_raises_still_ends_in_one_result(in_process, sim):
     """In-process, with a log processor that fails on hook_started (a journald send error)."""
+    daemon, thread, capture, _ = in_process
 
     def explode(_logger, _method, event_dict):
         if event_dict.get("event") == "hook_started":
             raise OSError("journald is gone")
         return event_dict
 
-    capture = structlog.testing.LogCapture()
     structlog.configure(processors=[explode, capture])
-    try:
-        cfg = config.parse(
-            {
-                "metadata": {"url": sim.url, "poll_interval": 0.25, "first_call_timeout": 5},
-                "vm_name": VM,
-                "state_dir": str(tmp_path / "state"),
-                "hooks": {"a": [{"command": [hooks.recorder("a")]}]},
-                "events": {"Reboot": ["a"]},
-            },
-            "test",
-        )
-        daemon = Daemon(cfg)
-        thread = threading.Thread(target=daemon.run)
-        thread.start()
-        event_id = sim.add_event("Reboot", [VM])
-        wait_for(
-            lambda: any(e["event"] == "event_not_approved" for e in capture.entries),
-            what="the run's result",
-        )
-        stopped = time.monotonic()
-        daemon.request_stop()
-        thread.join(10)
-        assert not thread.is_alive()
-        # Cause: waiting for a result that never comes would take the whole 120 s grace.
-        assert time.monotonic() - stopped < 60, "shutdown waited for a run that never ended"
-        assert not sim.approved(event_id)
-    finally:
-        structlog.reset_defaults()
+    thread.start()
+    event_id = sim.add_event("Reboot", [VM])
+    wait_for(
+        lambda: any(e["event"] == "event_not_approved" for e in capture.entries),
+        what="the run's result",
+    )
+    stopped = time.monotonic()
+    daemon.request_stop()
+    thread.join(60)
+    assert not thread.is_alive()
+    # Cause: waiting for a result that never comes would take the whole 120 s grace.
+    assert time.monotonic() - stopped < 60, "shutdown waited for a run that never ended"
+    assert not sim.approved(event_id)
 
 
 def test_a_200_kb_description_still_reaches_the_hooks_and_is_approved(daemons, sim, hooks):
