@@ -276,12 +276,23 @@ class DaemonFactory:
         for daemon in self.started:
             daemon.stop()
 
+    def defects(self) -> list[dict[str, Any]]:
+        """What no daemon may ever log: a change of phase the lifecycle table does not
+        declare, or an exception it had to survive (the daemon carries on; the test fails)."""
+        return [
+            r
+            for daemon in self.started
+            for r in daemon.records
+            if r.get("event") in ("transition_refused", "internal_error")
+        ]
+
 
 @pytest.fixture
 def daemons(tmp_path: Path, sim: Simulator) -> Iterator[DaemonFactory]:
     factory = DaemonFactory(tmp_path, sim)
     yield factory
     factory.stop_all()
+    assert not factory.defects(), factory.defects()
 
 
 @pytest.fixture

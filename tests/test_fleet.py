@@ -82,6 +82,8 @@ class Fleet:
     def stop(self):
         for factory in self.factories.values():
             factory.stop_all()
+        defects = [d for factory in self.factories.values() for d in factory.defects()]
+        assert not defects, defects
 
 
 @pytest.fixture

@@ -47,10 +47,10 @@ def test_the_watchdog_is_pinged_from_the_loop_even_when_polls_are_rare(daemons, 
         env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"},
     )
     pings: list[float] = []
-    deadline = time.monotonic() + 6
+    deadline = time.monotonic() + 4
     while time.monotonic() < deadline:
         pings.extend(time.monotonic() for m in receive(sock) if "WATCHDOG" in m)
-    assert len(pings) >= 3
+    assert len(pings) >= 2
     gaps = [b - a for a, b in zip(pings, pings[1:])]
     # Cause: pinged by the loop's own timer, not by the polls 20 s apart.
     assert max(gaps) < 5, gaps
@@ -64,15 +64,15 @@ def test_the_watchdog_is_pinged_while_a_poll_hangs(daemons, sim, notify_socket):
         env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"},
     )
     receive(sock)
-    sim.add_fault(Fault("delay", delay=6.0, count=1))
+    sim.add_fault(Fault("delay", delay=4.5, count=1))
     wait_for(lambda: any(r.at for r in list(sim.requests)[-1:]), what="a request")
     pings: list[float] = []
-    deadline = time.monotonic() + 6.0
+    deadline = time.monotonic() + 4.5
     while time.monotonic() < deadline:
         pings.extend(time.monotonic() for m in receive(sock) if "WATCHDOG" in m)
     gaps = [b - a for a, b in zip(pings, pings[1:])]
     assert len(pings) >= 2
-    # Cause: pings went on during the 6 s the GET hung (behind it, one gap would be 6 s).
+    # Cause: pings went on while the GET hung (behind it, one gap would be its 4.5 s).
     assert max(gaps) < 3, gaps
 
 
