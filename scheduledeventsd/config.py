@@ -543,6 +543,20 @@ def _check_events(
     hooks: Mapping[str, Hook],
 ) -> Mapping[str, EventRule]:
     if raw is None:
+        # The defaults are checked like a written section: they name hooks that a config with
+        # its own `hooks` may not define (the first event of this VM would then find none).
+        named = sorted(
+            {h for rule in DEFAULT_EVENTS.values() for s in STAGES for h in rule.hooks_for(s)}
+        )
+        missing = [name for name in named if name not in hooks]
+        if missing:
+            c.fail(
+                "events",
+                f"not given, so the default events apply, and they name hook(s) "
+                f"{', '.join(missing)} not defined under hooks (defined: "
+                f"{', '.join(sorted(hooks)) or 'none'}); give events, or define "
+                f"{', '.join(named)}",
+            )
         return DEFAULT_EVENTS
     if not isinstance(raw, dict):
         c.fail("events", f"must be a mapping of event type to hook names, got {_kind(raw)}")

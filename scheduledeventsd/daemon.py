@@ -366,6 +366,11 @@ class Daemon:
                 return HooksFinished(effect.run, Outcome.SUCCEEDED)
             return HooksFinished(effect.run, failure.outcome)
 
+        missing = [name for name in effect.hooks if name not in self.config.hooks]
+        if missing:  # the validator refuses such a config; never a KeyError in the loop
+            detail = f"hook(s) {', '.join(missing)} not defined under hooks"
+            self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
+            return
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
         self._run_commands(
             effect.run,

@@ -68,6 +68,20 @@ def test_a_given_events_mapping_replaces_the_default_wholly(tmp_path, hook):
     assert dict(cfg.events) == {"Preempt": config.EventRule(("h",))}
 
 
+def test_own_hooks_without_events_fail_check_config_instead_of_crashing_the_daemon(tmp_path, hook):
+    """The default events name drain, checkpoint, undrain and shutdown: with only `ok` defined,
+    the first event of this VM used to kill `run` with KeyError: 'drain', on every restart."""
+    path = tmp_path / "config.yaml"
+    path.write_text(f"hooks:\n  ok:\n    - command: [{hook}]\n")
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}: events: not given, so the default events apply" in result.stderr
+    assert "checkpoint, drain, shutdown, undrain not defined under hooks (defined: ok)" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_every_problem_is_reported_at_once_with_file_and_key_path(tmp_path, hook):
     found = problems(
         tmp_path,
