@@ -434,7 +434,7 @@ class Daemon:
                 "run": run,
             }
             self.telemetry.hook_finished(
-                event.event_id, hook, stage, result.label, result.duration_s
+                event.event_id, hook, stage, result.label(stage), result.duration_s
             )
             outcome = result.outcome
             if outcome is Outcome.SUCCEEDED:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
 from .config import ApprovePolicy, Config, EventRule, UserEvents
-from .hooks import KILL_GRACE, Outcome
+from .hooks import GATE_LATER, KILL_GRACE, Outcome
 from .lifecycle import DURABLE, PREPARED, IllegalTransitionError, On, Phase, Rule, Stage, check
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .records import Cause, Level, Record, What
@@ -32,7 +32,6 @@ NAME_BACKOFF = Backoff(2.0, 60.0)
 # etcd without quorum or a gate timing out: ask again soon, never more than every 10 s, so a
 # cluster back before NotBefore is used at once.
 COORDINATION_BACKOFF = Backoff(0.5, 10.0)
-GATE_LATER = 75  # EX_TEMPFAIL: "not yet"
 # After cancelling hooks at shutdown: the runner's SIGKILL comes KILL_GRACE after SIGTERM; the
 # margin lets their results arrive before the daemon exits.
 KILL_WAIT = KILL_GRACE + 2.0

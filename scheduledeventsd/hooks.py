@@ -26,6 +26,7 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
 }
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL to a timed-out hook's group
+GATE_LATER = 75  # EX_TEMPFAIL: the gate's "not yet, ask again"
 OUTPUT_DRAIN = 2.0  # how long to wait for output from processes a finished hook left behind
 MAX_LINE = 4096
 # One environment string may hold 128 KiB on Linux and all of them together about 2 MiB: an
@@ -63,9 +64,11 @@ class CommandResult:
     def succeeded(self) -> bool:
         return self.outcome is Outcome.SUCCEEDED
 
-    @property
-    def label(self) -> str:
-        """The `result` label of a hook run: ok | failed | timeout | cancelled."""
+    def label(self, stage: str) -> str:
+        """The `result` label of a hook run: ok | failed | timeout | cancelled, and not_yet
+        for a gate that said "ask again later" (a normal wait, not a failure)."""
+        if stage == "gate" and self.exit_status == GATE_LATER and not self.cancelled:
+            return "not_yet"
         if self.timed_out:
             return "timeout"
         outcome = self.outcome

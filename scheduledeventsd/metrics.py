@@ -143,7 +143,7 @@ class Metrics:
     def use(self, config: Config) -> None:
         """Zero-initialise the hooks a (re)loaded config can run, in the stages it runs them."""
         for hook, stage in _hook_stages(config):
-            for result in HOOK_RESULTS:
+            for result in (*HOOK_RESULTS, "not_yet") if stage == "gate" else HOOK_RESULTS:
                 self.hook_runs.labels(hook, stage, result)
             self.hook_duration.labels(hook, stage)
         self.changes += 1

@@ -264,13 +264,20 @@ def test_gate_75_then_0_approves(fleet, sim):
         f'[ "$(wc -l < {counter})" -ge 2 ] && exit 0\n'
         "exit 75"
     )
-    daemon = fleet.start("vm-a", fleet.config("vm-a", gate_settings(fleet, body)))
+    textfile = fleet.tmp_path / "vm-a.prom"
+    cfg = fleet.config("vm-a", gate_settings(fleet, body), metrics_textfile=str(textfile))
+    daemon = fleet.start("vm-a", cfg)
     event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
     daemon.wait_log("gate_not_yet", timeout=10)
     wait_for(lambda: approvals(sim, event_id), 10, "the approval")
     asked = counter.read_text().split("\n")
     assert asked[0] == f"gate {event_id}"
     assert approvals(sim, event_id)[0].at - float(fleet.done_at("vm-a")) >= 0.9, "interval"
+    # "Not yet" is a normal wait, not a failed hook: the shipped HookFailed alert stays quiet.
+    gate = 'scheduledeventsd_hook_runs_total{hook="gate",result="%s",stage="gate"}'
+    wait_for(lambda: f"{gate % 'ok'} 1.0" in textfile.read_text(), 40, "the textfile")
+    assert f"{gate % 'not_yet'} 1.0" in textfile.read_text()
+    assert f"{gate % 'failed'} 0.0" in textfile.read_text()
 
 
 def test_gate_1_never_approves(fleet, sim):
