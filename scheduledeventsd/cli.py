@@ -20,7 +20,7 @@ from .identity import resolve
 from .imds import ImdsClient, ImdsError
 from .model import EVENT_TYPES
 from .rehearsal import rehearse
-from .state import STATUS_FILE, read_status
+from .state import STATUS_FILE, daemon_running, read_status
 
 EXIT_CONFIG = 2
 
@@ -223,10 +223,16 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
         except (requests.RequestException, ValueError) as e:
             problems.append(f"{url}: {e}")
     try:
-        return read_status(cfg.state_dir), ""
+        doc = read_status(cfg.state_dir)
     except (OSError, ValueError) as e:
         problems.append(f"{cfg.state_dir / STATUS_FILE}: {e}")
-    return None, "; ".join(problems)
+        return None, "; ".join(problems)
+    if daemon_running(cfg.state_dir) is False:  # the file outlives the daemon that wrote it
+        return (
+            None,
+            f"no daemon holds {cfg.state_dir / 'lock'}; {STATUS_FILE} is from a stopped one",
+        )
+    return doc, ""
 
 
 def cmd_test_hooks(args: argparse.Namespace) -> int:

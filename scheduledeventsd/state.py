@@ -16,15 +16,17 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .engine import Known, Tracked
 from .lifecycle import DURABLE, Phase, Rule, Stage
 from .model import parse_event
 
 STATE_FILE = "state.json"
+LOCK_TRIES = 10  # 0.1 s apart
 STATUS_FILE = "status.json"
 _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still read
 
@@ -43,11 +45,17 @@ class StateStore:
         """Two daemons on one state directory would both run every hook: refuse the second."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StateError(f"{self.path.parent} is in use by another scheduledeventsd") from None
+        for attempt in range(LOCK_TRIES):  # `status` may hold it for an instant (daemon_running)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == LOCK_TRIES - 1:
+                    os.close(fd)
+                    raise StateError(
+                        f"{self.path.parent} is in use by another scheduledeventsd"
+                    ) from None
+                time.sleep(0.1)
         self._lock_fd = fd
 
     def unlock(self) -> None:
@@ -99,6 +107,24 @@ class StateStore:
         fsynced (it is rewritten within a minute, and a crash makes it stale, not wrong)."""
         data = json.dumps(document, indent=1, sort_keys=True).encode()
         write_atomically(self.path.with_name(STATUS_FILE), data, durable=False)
+
+
+def daemon_running(directory: Path) -> Optional[bool]:
+    """Whether a daemon holds `directory`'s lock (None: cannot tell, e.g. not root). A shared,
+    non-blocking try, released at once; the daemon's own lock waits out such a moment."""
+    try:
+        fd = os.open(directory / "lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
 
 
 def read_status(directory: Path) -> dict[str, Any]:
