@@ -458,6 +458,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
     out.append(ResolveName())
+    # READY=1 waits for the name, whose first IMDS call may outlast the unit's TimeoutStartSec.
+    wait = md.first_call_timeout + md.timeout + STALL_MARGIN
+    out.append(Notify({"EXTEND_TIMEOUT_USEC": str(int(wait * 1_000_000))}))
     return replace(state, resolving=True)
 
 

@@ -526,6 +526,15 @@ def test_stop_waits_for_running_hooks_then_exits_without_fetching_more():
     assert of(m.effects, Exit)[0].status == 0
 
 
+def test_starting_extends_systemds_start_timeout_to_cover_the_first_imds_call():
+    """first_call_timeout may be 900 s while the unit's TimeoutStartSec is 300."""
+    cfg = config(vm_name=None, metadata=Metadata(first_call_timeout=900.0, timeout=5.0))
+    m = Machine(cfg)
+    (extend,) = [n for n in of(m.effects, Notify) if "EXTEND_TIMEOUT_USEC" in n.fields]
+    assert int(extend.fields["EXTEND_TIMEOUT_USEC"]) / 1_000_000 >= 905
+    assert of(m.effects, ResolveName)
+
+
 def test_stopping_extends_systemds_stop_timeout_to_cover_a_long_grace():
     """shutdown_grace may be an hour while the unit's TimeoutStopSec is 180 s."""
     m = Machine(config(shutdown_grace=3600.0))
