@@ -20,7 +20,7 @@ lint: bootstrap
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries.
 test: bootstrap
-	./scripts/apt-need etcd-server etcd-client openssl prometheus
+	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
 	$(PY) -m pytest -q -m campaign
 

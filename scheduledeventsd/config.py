@@ -774,6 +774,12 @@ def _check_textfile(c: _Checker, raw: Any) -> Optional[Path]:  # noqa: ANN401
         return None
     if c.check_files and not path.parent.is_dir():
         c.fail(where, f"{path.parent}: no such directory")
+    elif c.check_files and path.is_symlink():
+        c.fail(
+            where,
+            f"{path} is a symbolic link: the daemon writes as root and replaces the file, so "
+            "it must be a plain file (or absent)",
+        )
     return path
 
 

@@ -9,7 +9,8 @@ pays nothing for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Optional, get_args
 
 from prometheus_client import (
@@ -20,8 +21,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
-    write_to_textfile,
 )
+from prometheus_client.metrics_core import Metric
 
 from . import __version__
 from .config import STAGES, Config
@@ -38,6 +39,7 @@ from .engine import (
 from .imds import Failure
 from .model import EVENT_TYPES
 from .observer import next_not_before, pending
+from .state import write_atomically
 
 HOOK_RESULTS = ("ok", "failed", "timeout", "cancelled")
 KNOWN_POLL_ERRORS = (
@@ -203,8 +205,12 @@ class Metrics:
         return generate_latest(self.registry)
 
     def write_textfile(self, path: str) -> None:
-        """Atomically (a temporary file renamed over it), as node_exporter expects."""
-        write_to_textfile(path, self.registry)
+        """For node_exporter's textfile collector: only the daemon's own families (its own
+        process_* would clash with node_exporter's: "was collected before", and the scrape
+        fails), readable by its user (0644: nothing secret), written atomically and safely
+        in a directory another user may own."""
+        body = generate_latest(_Own(self.registry))
+        write_atomically(Path(path), body, durable=False, mode=0o644)
 
     def _approved(self, event_id: str, after: State, now: float) -> None:
         self.approvals.labels("ok").inc()
@@ -220,6 +226,16 @@ class Metrics:
         self._vm_name = vm_name
         self.info.labels(__version__, vm_name).set(1)
         self.changes += 1
+
+
+class _Own:
+    """The registry's families that are the daemon's own (scheduledeventsd_*)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (f for f in self.registry.collect() if f.name.startswith("scheduledeventsd_"))
 
 
 def _hook_stages(config: Config) -> Iterable[tuple[str, str]]:

@@ -135,18 +135,21 @@ def read_status(directory: Path) -> dict[str, Any]:
     return raw
 
 
-def write_atomically(path: Path, data: bytes, *, durable: bool) -> None:
+def write_atomically(path: Path, data: bytes, *, durable: bool, mode: Optional[int] = None) -> None:
     """Readers see the old file or the new one, never half of one (temp file, rename); with
-    `durable`, both the data and the rename are fsynced."""
+    `durable`, both the data and the rename are fsynced. The temp file has an unpredictable
+    name and is created exclusively (mkstemp: O_EXCL, so never through a symlink someone
+    planted in a directory they own), and its mode is set on the descriptor, not by path.
+    `mode` defaults to 0600 for durable state, 0644 otherwise (whatever the umask)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode if mode is not None else 0o600 if durable else 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o644 if not durable else 0o600)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -542,3 +542,14 @@ def test_a_list_as_a_key_is_a_yaml_error_not_a_traceback(tmp_path):
     shown = cli("check-config", "--config", str(path))
     assert shown.returncode == 2
     assert "Traceback" not in shown.stderr
+
+
+def test_a_metrics_textfile_that_is_a_symlink_is_refused(tmp_path):
+    """The daemon writes it as root: a link planted there is not where root asked to write."""
+    target = tmp_path / "elsewhere"
+    link = tmp_path / "scheduledeventsd.prom"
+    link.symlink_to(target)
+    found = problems(tmp_path, f"metrics_textfile: {link}\n")
+    assert any(f"metrics_textfile: {link} is a symbolic link" in problem for problem in found), (
+        found
+    )

@@ -5,11 +5,13 @@ over HTTP and parsed with prometheus_client's parser, webhooks received by real 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import requests
@@ -196,6 +198,97 @@ def test_the_metrics_textfile_is_written_for_node_exporter(daemons, hooks, sim, 
     names = {f.name for f in text_string_to_metric_families(textfile.read_text())}
     assert "scheduledeventsd_info" in names
     assert [p.name for p in textfile.parent.iterdir()] == ["scheduledeventsd.prom"], "no temp left"
+
+
+UNIT_UMASK = ("sh", "-c", 'umask 077 && exec "$@"', "sh")  # the unit's UMask=0077
+
+
+@pytest.fixture
+def node_exporter_dir():
+    """A textfile directory as Debian ships it: owned by `prometheus`, readable by all (and
+    outside pytest's 0700 root-only temp tree, so node_exporter's user can read it)."""
+    import pwd  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    user = pwd.getpwnam("prometheus")
+    path = Path(tempfile.mkdtemp(prefix="scheduledeventsd-textfile-", dir="/tmp"))
+    os.chown(path, user.pw_uid, user.pw_gid)
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_debians_node_exporter_running_as_prometheus_serves_the_daemons_metrics(
+    daemons, sim, node_exporter_dir
+):
+    """The unit's UMask=0077 made the textfile 0600 root, which node_exporter's user cannot
+    read; and the daemon's own process_* families clashed with node_exporter's ("collected
+    before"): its metrics never arrived."""
+    textfile = node_exporter_dir / "scheduledeventsd.prom"
+    cfg = daemons.config(vm_name=VM, metrics_textfile=str(textfile))
+    daemons.start(cfg, prefix=UNIT_UMASK)
+    wait_for(textfile.exists, 10, "the textfile")
+    assert textfile.stat().st_mode & 0o777 == 0o644
+    (port,) = free_ports(1)
+    exporter = subprocess.Popen(
+        [
+            "setpriv", "--reuid=prometheus", "--regid=prometheus", "--init-groups",
+            "--pdeathsig", "KILL", "/usr/bin/prometheus-node-exporter",
+            f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+            "--collector.textfile", f"--collector.textfile.directory={node_exporter_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scraped():
+            try:
+                return requests.get(url, timeout=5).text
+            except requests.ConnectionError:
+                return None
+
+        text = wait_for(scraped, 15, "node_exporter")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert f'scheduledeventsd_info{{version="0.1.0",vm_name="{VM}"}} 1' in text
+        (error,) = families["node_textfile_scrape_error"].samples
+        assert error.value == 0
+        assert "scheduledeventsd_polls" in families
+    finally:
+        exporter.kill()
+        _, stderr = exporter.communicate(timeout=10)
+    assert "collected before" not in stderr, stderr[-2000:]
+
+
+def test_a_symlink_planted_in_the_textfile_directory_redirects_no_write(node_exporter_dir):
+    """The directory's owner (node_exporter's `prometheus`) plants symlinks to a root-only file
+    at the temporary name prometheus_client's writer used and reused every 30 s
+    (PATH.<pid>.<thread>) and at the textfile itself: the daemon, root, writes through neither."""
+    import threading  # noqa: PLC0415
+
+    from scheduledeventsd.config import Config  # noqa: PLC0415
+    from scheduledeventsd.metrics import Metrics  # noqa: PLC0415
+
+    textfile = node_exporter_dir / "scheduledeventsd.prom"
+    precious = node_exporter_dir.parent / f"{node_exporter_dir.name}-precious"
+    precious.write_text("root's own\n")
+    precious.chmod(0o600)
+    try:
+        predictable = Path(f"{textfile}.{os.getpid()}.{threading.current_thread().ident}")
+        predictable.symlink_to(precious)
+        textfile.symlink_to(precious)
+        Metrics(Config(hooks={}, events={})).write_textfile(str(textfile))
+        assert precious.read_text() == "root's own\n"
+        assert not textfile.is_symlink()
+        assert "scheduledeventsd_info" in textfile.read_text()
+        assert "process_cpu_seconds_total" not in textfile.read_text()
+        leftovers = {p for p in node_exporter_dir.iterdir()} - {textfile, predictable}
+        assert not leftovers, "no temp file left behind"
+    finally:
+        precious.unlink()
 
 
 # ---- status --------------------------------------------------------------------------------
