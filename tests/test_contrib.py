@@ -76,3 +76,20 @@ def test_rules_and_dashboard_name_only_metrics_the_daemon_exports():
     used = {name for e in exprs for name in _NAME.findall(e)}
     assert used, "the rules name no metric"
     assert used <= exported, f"not exported: {sorted(used - exported)}"
+
+
+def test_rules_and_dashboard_select_only_labels_the_daemon_exports():
+    """A selector on a label the metric does not have matches nothing, silently."""
+    gate = Coordination(gate=Gate(HookCommand(("/bin/true",))))
+    text = Metrics(Config(coordination=gate)).render().decode()
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    alerts = yaml.safe_load(RULES.read_text())
+    exprs = [r["expr"] for g in alerts["groups"] for r in g["rules"]] + dashboard_exprs()
+    selectors = [m for e in exprs for m in re.findall(r"(scheduledeventsd_[a-z_]+)\{([^}]*)\}", e)]
+    assert selectors, "no selector with labels"
+    for name, body in selectors:
+        used = set(re.findall(r"([a-z_]+)\s*[=!]~?", body)) - {"instance", "job"}
+        assert used <= labels[name], f"{name}: no label {sorted(used - labels[name])}"
