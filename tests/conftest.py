@@ -341,3 +341,14 @@ def in_process(sim: Simulator, hooks: Hooks, tmp_path: Path) -> Iterator[Any]:
     thread.join(20)
     structlog.reset_defaults()
     assert not thread.is_alive()
+
+
+def logging_fails_on(name: str) -> Callable[..., Any]:
+    """A structlog processor that raises on one record, as a journald send error would."""
+
+    def explode(_logger: object, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        if event_dict.get("event") == name:
+            raise OSError("journald is gone")
+        return event_dict
+
+    return explode

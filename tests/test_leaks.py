@@ -14,7 +14,7 @@ from scheduledeventsd import engine
 from scheduledeventsd.engine import PollFailed
 from scheduledeventsd.simulator import Fault
 
-from .conftest import VM, receive, wait_for
+from .conftest import VM, logging_fails_on, receive, wait_for
 
 OUT_OF_RANGE = "9999-12-31T23:59:59-01:00"  # parses, but is past year 9999 in UTC
 
@@ -73,12 +73,7 @@ def test_an_exception_in_an_effect_skips_that_effect_only(in_process, sim):
     """A record that cannot be logged (journald gone) loses that record, not the event."""
     _, thread, capture, _ = in_process
 
-    def explode(_logger, _method, event_dict):
-        if event_dict.get("event") == "event_detected":
-            raise OSError("journald is gone")
-        return event_dict
-
-    structlog.configure(processors=[explode, capture])
+    structlog.configure(processors=[logging_fails_on("event_detected"), capture])
     thread.start()
     event_id = sim.add_event("Reboot", [VM])
     wait_for(lambda: sim.approved(event_id), what="the approval")

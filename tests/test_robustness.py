@@ -14,7 +14,7 @@ import structlog
 
 from scheduledeventsd.simulator import Fault
 
-from .conftest import VM, wait_for
+from .conftest import VM, logging_fails_on, wait_for
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 
@@ -86,12 +86,7 @@ def test_a_hook_run_whose_logging_raises_still_ends_in_one_result(in_process, si
     """In-process, with a log processor that fails on hook_started (a journald send error)."""
     daemon, thread, capture, _ = in_process
 
-    def explode(_logger, _method, event_dict):
-        if event_dict.get("event") == "hook_started":
-            raise OSError("journald is gone")
-        return event_dict
-
-    structlog.configure(processors=[explode, capture])
+    structlog.configure(processors=[logging_fails_on("hook_started"), capture])
     thread.start()
     event_id = sim.add_event("Reboot", [VM])
     wait_for(
