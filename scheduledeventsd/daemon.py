@@ -235,10 +235,26 @@ class Daemon:
             try:
                 self._do(effect)
             except Exception as e:  # noqa: BLE001
-                self._fault(f"effect {type(effect).__name__}", e, message)
+                self._fault(f"effect {type(effect).__name__}", e, None)
+                self._effect_failed(effect, f"internal error: {e!r}"[:500])
 
-    def _fault(self, where: str, error: Exception, message: Message) -> None:
-        """Logged once per distinct failure with its traceback, counted, shown as degraded."""
+    def _effect_failed(self, effect: Effect, detail: str) -> None:
+        """An effect that raised still ends in the message its failure sends, so the engine's
+        own rules (backoff, retry, a failed run) take it from there."""
+        if isinstance(effect, Fetch):
+            self.inbox.put(_poll_error(detail))
+        elif isinstance(effect, PostApproval):
+            self.inbox.put(ApprovalFailed(effect.event.event_id, "internal", detail))
+        elif isinstance(effect, ResolveName):
+            self.inbox.put(_name_error(detail))
+        elif isinstance(effect, SpawnHooks):
+            self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
+        elif isinstance(effect, AskGate):
+            self.inbox.put(GateAnswered(effect.run, None, detail=detail))
+
+    def _fault(self, where: str, error: Exception, message: Optional[Message]) -> None:
+        """Logged once per distinct failure with its traceback, counted, shown as degraded;
+        `message`: the one a step dropped (what it held is released), None for an effect."""
         key = (where, type(error).__name__, str(error)[:200])
         first = key not in self._faults_seen
         if first and len(self._faults_seen) < 100:
@@ -247,7 +263,7 @@ class Daemon:
             "internal_error",
             where=where,
             error=repr(error)[:2000],
-            dropped=type(message).__name__,
+            dropped=type(message).__name__ if message is not None else None,
             traceback=_traceback(error) if first else None,
             reason="a defect: the message was dropped and the daemon carries on",
         )

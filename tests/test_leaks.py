@@ -69,6 +69,28 @@ def test_any_exception_in_a_step_is_logged_once_counted_and_survived(in_process,
     )
 
 
+def test_an_effect_that_raises_ends_as_its_failure_and_polling_goes_on(in_process, sim):
+    """A Fetch that cannot be handed to its lane is a failed poll, retried: not a poll left
+    in flight forever (the daemon alive but blind)."""
+    daemon, thread, capture, _ = in_process
+    submit = daemon._poller.submit
+    calls = []
+
+    def refuse_once(call, on_error):
+        calls.append(call)
+        if len(calls) == 2:
+            raise RuntimeError("the poll lane is gone")
+        submit(call, on_error)
+
+    daemon._poller.submit = refuse_once
+    thread.start()
+    wait_for(lambda: len(calls) >= 6, what="polls after the refused one")
+    (error,) = [e for e in capture.entries if e["event"] == "internal_error"]
+    assert error["where"] == "effect Fetch"
+    event_id = sim.add_event("Reboot", [VM])
+    wait_for(lambda: sim.approved(event_id), what="an event handled after it")
+
+
 def test_an_exception_in_an_effect_skips_that_effect_only(in_process, sim):
     """A record that cannot be logged (journald gone) loses that record, not the event."""
     _, thread, capture, _ = in_process
