@@ -64,6 +64,7 @@ bench-quick: bootstrap
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
 	$(PY) -m bench.step
+	$(PY) -m bench.hook_output
 	$(PY) -m bench.fleet --quick
 	$(PY) -m bench.observed --quick
 

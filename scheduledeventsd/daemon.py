@@ -452,6 +452,15 @@ class Daemon:
             self.telemetry.hook_finished(
                 event.event_id, hook, stage, result.label(stage), result.duration_s
             )
+            if result.dropped_lines:
+                bound.warning(
+                    "hook_output_truncated",
+                    hook=hook,
+                    run=run,
+                    lines_dropped=result.dropped_lines,
+                    bytes_dropped=result.dropped_bytes,
+                    reason="past the run's logging budget; drained, not logged",
+                )
             outcome = result.outcome
             if outcome is Outcome.SUCCEEDED:
                 bound.info("hook_finished", **fields)

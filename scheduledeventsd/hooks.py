@@ -10,6 +10,7 @@ import contextlib
 import enum
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -26,9 +27,17 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
 }
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL to a timed-out hook's group
+# When a command ends, what is left of its process group gets SIGTERM, then SIGKILL this much
+# later, and its output readers stop within this much (a process that left the group with
+# setsid may hold the pipes: it is not waited for). Lasting work belongs in `systemd-run`.
+LEFTOVER_GRACE = 1.0
 GATE_LATER = 75  # EX_TEMPFAIL: the gate's "not yet, ask again"
-OUTPUT_DRAIN = 2.0  # how long to wait for output from processes a finished hook left behind
-MAX_LINE = 4096
+MAX_LINE = 4096  # bytes of one output line that are logged; the rest is cut with a marker
+# Logged per run (every command of a stage, stdout and stderr together); past it the output is
+# still drained, so the hook never blocks, and only counted: hook_output_truncated.
+MAX_LOGGED_LINES = 1000
+MAX_LOGGED_BYTES = 256 * 1024
+_CHUNK = 65536
 # One environment string may hold 128 KiB on Linux and all of them together about 2 MiB: an
 # event with a 200 kB Description would fail to start with E2BIG. Values are cut to this many
 # bytes with a marker; the whole event is on stdin.
@@ -43,6 +52,37 @@ class Outcome(str, enum.Enum):
     CANCELLED = "cancelled"  # we stopped it (shutdown, or its event left): it did not finish
 
 
+class OutputBudget:
+    """How much of one run's output is still to be logged; what is past it is counted."""
+
+    def __init__(self, lines: int = MAX_LOGGED_LINES, size: int = MAX_LOGGED_BYTES) -> None:
+        self._lock = threading.Lock()
+        self._lines = lines
+        self._bytes = size
+        self.dropped_lines = 0
+        self.dropped_bytes = 0
+
+    @property
+    def spent(self) -> bool:
+        return self._lines <= 0 or self._bytes <= 0
+
+    def take(self, size: int) -> bool:
+        """One line of `size` bytes: True if it is to be logged."""
+        with self._lock:
+            if self._lines > 0 and self._bytes > 0:
+                self._lines -= 1
+                self._bytes -= size
+                return True
+            self.dropped_lines += 1
+            self.dropped_bytes += size
+            return False
+
+    def drop(self, lines: int, size: int) -> None:
+        with self._lock:
+            self.dropped_lines += lines
+            self.dropped_bytes += size
+
+
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
@@ -51,6 +91,8 @@ class CommandResult:
     timed_out: bool = False
     cancelled: bool = False  # we stopped it: it did not finish, whatever its exit status
     error: str = ""  # why it could not be started
+    dropped_lines: int = 0  # output past the run's logging budget: drained, counted, not logged
+    dropped_bytes: int = 0
 
     @property
     def outcome(self) -> Outcome:
@@ -139,8 +181,11 @@ class ProcessRunner:
         on_output: OutputSink,
         *,
         run: Optional[int] = None,
+        budget: Optional[OutputBudget] = None,
     ) -> CommandResult:
         started = time.monotonic()
+        budget = budget if budget is not None else OutputBudget()
+        lines_before, bytes_before = budget.dropped_lines, budget.dropped_bytes
         with self._lock:
             if run in self._cancelled:
                 return CommandResult(argv, None, 0.0, cancelled=True, error="cancelled")
@@ -161,17 +206,28 @@ class ProcessRunner:
         with self._lock:
             self._live.add(running)
             cancel_now = run in self._cancelled  # cancelled while it was being started
+        stop = threading.Event()
         try:
             if cancel_now:
                 running.stop("cancel")
-            readers = [
-                _start(_pump, proc.stdout, "stdout", on_output),
-                _start(_pump, proc.stderr, "stderr", on_output),
-            ]
-            _start(_feed, proc.stdin, stdin)
+            try:
+                readers = [
+                    _start(_pump, proc.stdout, "stdout", on_output, budget, stop),
+                    _start(_pump, proc.stderr, "stderr", on_output, budget, stop),
+                ]
+                _start(_feed, proc.stdin, stdin)
+            except RuntimeError as e:  # no thread for it: never leave the process running
+                running.stop("cancel")
+                proc.wait()
+                _signal_group(proc, signal.SIGKILL)
+                return CommandResult(argv, None, time.monotonic() - started, error=str(e))
             _wait(running, timeout)
+            deadline = time.monotonic() + LEFTOVER_GRACE
             for reader in readers:
-                reader.join(OUTPUT_DRAIN)
+                reader.join(max(0.0, deadline - time.monotonic()))
+            stop.set()  # a process that escaped the group may still hold the pipes
+            for reader in readers:
+                reader.join(LEFTOVER_GRACE)
         finally:
             with self._lock:
                 self._live.discard(running)
@@ -184,6 +240,8 @@ class ProcessRunner:
             timed_out=running.reason == "timeout",
             cancelled=running.reason == "cancel",
             error=f"killed by signal {-code}" if code < 0 else "",
+            dropped_lines=budget.dropped_lines - lines_before,
+            dropped_bytes=budget.dropped_bytes - bytes_before,
         )
 
 
@@ -197,12 +255,14 @@ def _wait(running: _Running, timeout: float) -> None:
     proc.wait()
     running.exited.set()
     timer.cancel()
-    if running.reason:
-        # The leader is gone; its group may not be (children that ignore SIGTERM or outlive it).
-        deadline = time.monotonic() + KILL_GRACE
-        while _group_alive(proc) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _signal_group(proc, signal.SIGKILL)
+    # The leader is gone; its group may not be: children that ignore SIGTERM, or that it left
+    # running in the background. A run leaves nothing behind, whether it succeeded or not.
+    if not running.reason and _group_alive(proc):
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + (KILL_GRACE if running.reason else LEFTOVER_GRACE)
+    while _group_alive(proc) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_group(proc, signal.SIGKILL)
 
 
 def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
@@ -234,17 +294,79 @@ def _feed(pipe: Optional[IO[bytes]], data: bytes) -> None:
         pipe.close()
 
 
-def _pump(pipe: Optional[IO[bytes]], stream: str, on_output: OutputSink) -> None:
+def _pump(
+    pipe: Optional[IO[bytes]],
+    stream: str,
+    on_output: OutputSink,
+    budget: OutputBudget,
+    stop: threading.Event,
+) -> None:
+    """Drain a pipe to its end, or until `stop`: lines logged within the budget (each cut at
+    MAX_LINE), the rest counted without being split, so no output can cost memory or CPU in
+    proportion to its size, and the hook never blocks on a full pipe."""
     if pipe is None:
         return
     with pipe:
-        for raw in iter(pipe.readline, b""):
-            line = raw.rstrip(b"\r\n").decode("utf-8", "replace")
-            try:
-                on_output(stream, line[:MAX_LINE])
-            except Exception:  # noqa: BLE001, S112 - a failing log must not stop the draining
-                # If this reader stopped, the pipe would fill and the hook would hang.
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        line = _Line(stream, on_output, budget)
+        while not stop.is_set():
+            if not select.select([fd], [], [], 0.1)[0]:
                 continue
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            line.feed(chunk)
+        line.end()
+
+
+class _Line:
+    """Splits one stream's bytes into lines and hands them to the sink."""
+
+    def __init__(self, stream: str, on_output: OutputSink, budget: OutputBudget) -> None:
+        self.stream = stream
+        self.on_output = on_output
+        self.budget = budget
+        self.partial = bytearray()
+        self.cut = False  # the current line was cut: its rest is dropped
+
+    def feed(self, chunk: bytes) -> None:
+        if self.budget.spent:  # only counted: no splitting, no decoding
+            self.budget.drop(chunk.count(b"\n"), len(self.partial) + len(chunk))
+            self.partial.clear()
+            return
+        *lines, rest = chunk.split(b"\n")
+        for piece in lines:
+            if self.cut:
+                self.cut = False
+            else:
+                self._emit(bytes(self.partial + piece), newline=True)
+            self.partial.clear()
+        if self.cut:
+            return
+        self.partial += rest
+        if len(self.partial) > MAX_LINE:
+            self._emit(bytes(self.partial[:MAX_LINE]), cut=True)
+            self.partial.clear()
+            self.cut = True
+
+    def end(self) -> None:
+        if self.partial and not self.cut:
+            self._emit(bytes(self.partial))
+
+    def _emit(self, raw: bytes, *, cut: bool = False, newline: bool = False) -> None:
+        """One line; its size as printed (with its newline) counts against the budget."""
+        if not self.budget.take(len(raw) + newline):
+            return
+        text = raw.rstrip(b"\r").decode("utf-8", "replace")
+        if cut:
+            text += f" [cut: longer than {MAX_LINE} bytes]"
+        # A failing log must not stop the draining: the pipe would fill and the hook hang.
+        with contextlib.suppress(Exception):
+            self.on_output(self.stream, text)
 
 
 def hook_environment(
@@ -322,6 +444,7 @@ def run_hooks(
     was cancelled by a stop (then the hooks did not finish and must run again).
     """
     stdin = hook_stdin(event, incarnation, vm_name)
+    budget = OutputBudget()  # for the whole run
     for hook in hooks:
         env = hook_environment(
             event, hook.name, incarnation, vm_name, extra_env, stage=stage, rebooted=rebooted
@@ -329,7 +452,13 @@ def run_hooks(
         for command in hook.commands:
             on_started(hook.name, command.argv)
             result = runner.run(
-                command.argv, env, stdin, command.timeout, _tagged(on_output, hook.name), run=run
+                command.argv,
+                env,
+                stdin,
+                command.timeout,
+                _tagged(on_output, hook.name),
+                run=run,
+                budget=budget,
             )
             on_finished(hook.name, result)
             if not result.succeeded:

@@ -163,6 +163,9 @@ def test_the_numbers_the_docs_state_are_the_codes():
         f"else every {telemetry.TEXTFILE_EVERY:g} s",
         f"the textfile every {telemetry.TEXTFILE_EVERY:g} s",
         f"unreachable for over {observer.BLIND_AFTER / 60:g} minutes",
+        f"each line cut at {hooks.MAX_LINE} bytes with a marker, at most "
+        f"{hooks.MAX_LOGGED_LINES} lines or {hooks.MAX_LOGGED_BYTES // 1024} KiB per",
+        "then SIGKILL a second later" if hooks.LEFTOVER_GRACE == 1 else "LEFTOVER_GRACE",
     ]
     assert telemetry.STATUS_EVERY == 60, "the README says 'at least every minute'"
     assert "at least every minute" in README

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import signal
 import threading
 import time
 from pathlib import Path
 
+from scheduledeventsd.config import Hook, HookCommand
 from scheduledeventsd.hooks import (
     BASE_ENV,
     MAX_ENV_VALUE,
+    MAX_LINE,
+    MAX_LOGGED_LINES,
     Outcome,
     ProcessRunner,
     hook_environment,
     hook_stdin,
+    run_hooks,
 )
 from scheduledeventsd.model import Event
 
@@ -171,7 +177,8 @@ def test_an_output_sink_that_raises_does_not_stop_the_draining_of_the_pipe():
     script = "i=0; while [ $i -lt 3000 ]; do echo line-$i-$(printf %040d 0); i=$((i+1)); done"
     result = ProcessRunner().run(("/bin/sh", "-c", script), BASE_ENV, b"", 20, broken)
     assert result.succeeded, "the pipe (64 KiB) would have filled and the hook hung"
-    assert len(calls) == 3000
+    assert len(calls) == MAX_LOGGED_LINES  # then past the budget: drained, counted
+    assert result.dropped_lines == 3000 - MAX_LOGGED_LINES
 
 
 def test_environment_values_are_bounded_so_a_huge_description_still_runs(tmp_path):
@@ -201,3 +208,87 @@ def test_the_hook_environment_is_minimal_and_explicit():
     assert env["X"] == "1"
     assert set(env) - set(BASE_ENV) - {"X"} == {k for k in env if k.startswith("SCHEDULED_EVENT_")}
     assert b'"DocumentIncarnation": 7' in hook_stdin(EVENT, 7, "vm")
+
+
+# ---- hostile output and leftovers (issue 16) ------------------------------------------------
+
+
+def test_a_line_without_end_is_cut_and_its_100_mb_cost_no_memory():
+    """100 MB without a newline took the daemon from 17 to 216 MB RSS."""
+    before = _rss_mb()
+    result, lines = run(["/bin/sh", "-c", "head -c 100000000 /dev/zero | tr '\\0' x; exit 3"])
+    assert result.exit_status == 3, "the hook's exit status still decides"
+    (line,) = lines
+    assert line[1].endswith(f" [cut: longer than {MAX_LINE} bytes]")
+    assert len(line[1]) < MAX_LINE + 100
+    assert _rss_mb() - before < 20, "the output was not kept"
+
+
+def test_past_the_runs_budget_output_is_drained_and_counted_not_logged():
+    result, lines = run(["/bin/sh", "-c", "seq 200000"])
+    assert result.succeeded
+    assert len(lines) == MAX_LOGGED_LINES
+    assert lines[-1] == ("stdout", str(MAX_LOGGED_LINES))
+    assert result.dropped_lines == 200000 - MAX_LOGGED_LINES
+    assert result.dropped_bytes == len(
+        "".join(f"{n}\n" for n in range(MAX_LOGGED_LINES + 1, 200001))
+    )
+
+
+def test_one_budget_covers_every_command_of_a_run(tmp_path):
+    hook = Hook("h", (HookCommand(("/usr/bin/seq", "700")), HookCommand(("/usr/bin/seq", "700"))))
+    logged, finished = [], []
+    failure = run_hooks(
+        ProcessRunner(),
+        hooks=(hook,),
+        event=EVENT,
+        incarnation=1,
+        vm_name="vm",
+        extra_env={},
+        on_started=lambda *a: None,
+        on_finished=lambda hook, result: finished.append(result),
+        on_output=lambda hook, stream, line: logged.append(line),
+    )
+    assert failure is None
+    assert len(logged) == MAX_LOGGED_LINES
+    assert [r.dropped_lines for r in finished] == [0, 1400 - MAX_LOGGED_LINES]
+
+
+def test_a_successful_run_leaves_no_process_of_its_group_behind(tmp_path):
+    """`sleep 300 &` in a hook used to outlive the run, whatever its outcome."""
+    pidfile = tmp_path / "pid"
+    result, _ = run(["/bin/sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"])
+    assert result.succeeded
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not _alive(pid), 10, "the background child to be stopped")
+
+
+def test_a_child_that_left_the_group_keeps_neither_the_run_nor_its_output(tmp_path):
+    """(setsid ... &) holds the pipes: the run took 4 s (two serial 2 s joins), kept two reader
+    threads as long as the grandchild lived, and logged its later output under the run."""
+    pidfile = tmp_path / "pid"
+    script = f"(setsid sh -c 'echo $$ > {pidfile}; sleep 2; echo late; sleep 20' &); echo early"
+    threads_before = threading.active_count()
+    try:
+        result, lines = run(["/bin/sh", "-c", script])
+        assert result.succeeded
+        assert lines == [("stdout", "early")]
+        wait_for(lambda: threading.active_count() <= threads_before, 5, "its readers to end")
+        time.sleep(2.5)  # past the grandchild's "late"
+        assert lines == [("stdout", "early")], "output after the run is not the run's"
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _rss_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024

@@ -68,3 +68,18 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
         if record.get("event_id") == traversal and "resources" in record:
             assert record["resources"] == f"{VM} x\nPWNED=1"
             assert "PWNED" not in record
+
+
+def test_a_hook_printing_200000_lines_is_logged_within_its_budget_and_approved(daemons, sim, hooks):
+    """200 000 lines cost 4.6 s of the daemon's CPU in structlog, and millions of journal
+    records would make journald drop the daemon's own."""
+    from scheduledeventsd.hooks import MAX_LOGGED_LINES  # noqa: PLC0415
+
+    chatty = hooks.make("chatty", "seq 200000")
+    cfg = daemons.config(hooks={"chatty": [{"command": [chatty]}]}, events={"Reboot": ["chatty"]})
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=event_id, timeout=30)
+    (truncated,) = daemon.logs("hook_output_truncated", event_id=event_id)
+    assert truncated["lines_dropped"] == 200000 - MAX_LOGGED_LINES
+    assert len(daemon.logs("hook_output", event_id=event_id)) == MAX_LOGGED_LINES
