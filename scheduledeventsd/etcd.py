@@ -9,10 +9,8 @@ authenticates again once. Never through a proxy, never following a redirect.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import Any, Optional
 import requests
 
 from .config import Etcd
+from .deadline import abort
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
 _UNAUTHENTICATED = 16
@@ -172,7 +171,7 @@ class EtcdClient:
             self._closed = True
             stream = self._stream
         if stream is not None:
-            _abort(stream)
+            abort(stream)
         self._session.close()
 
     # ---- HTTP ---------------------------------------------------------------------------
@@ -322,17 +321,6 @@ def _revision(answer: dict[str, Any]) -> int:
     if isinstance(revision, int) and not isinstance(revision, bool) and revision >= 0:
         return revision
     raise EtcdError("bad_answer", f"no revision in {answer!r:.200}")
-
-
-def _abort(response: requests.Response) -> None:
-    """Close a streaming response under a thread blocked reading it (shutdown wakes the read)."""
-    raw = getattr(response, "raw", None)
-    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-    sock = getattr(connection, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-    response.close()
 
 
 def _short(e: BaseException) -> str:

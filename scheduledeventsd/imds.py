@@ -17,6 +17,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from . import __version__
+from .deadline import Deadline
 from .model import Document, DocumentError, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
@@ -147,11 +148,15 @@ class ImdsClient:
             raise ImdsError("connection", _root(e)) from None
         except requests.RequestException as e:
             raise ImdsError("request", _root(e)) from None
-        with response:
+        with response, Deadline(response, deadline - time.monotonic()) as whole:
             try:
                 body = _read_capped(response, deadline)
             except requests.RequestException as e:
+                if whole.expired:
+                    raise ImdsError("timeout", "the response outlived its timeout") from None
                 raise ImdsError("connection", f"while reading the body: {_root(e)}") from None
+            if whole.expired:
+                raise ImdsError("timeout", "the response outlived its timeout")
         self._answered = True
         if response.is_redirect or 300 <= response.status_code < 400:
             location = response.headers.get("Location", "")[:200]
@@ -181,7 +186,8 @@ def _retry_after(value: str) -> Optional[float]:
 
 
 def _read_capped(response: requests.Response, deadline: float) -> bytes:
-    """A trickling or huge response must not hold the poll loop hostage."""
+    """A huge response must not hold the poll loop hostage (a trickling one is cut by the
+    Deadline around this read)."""
     chunks: list[bytes] = []
     size = 0
     for chunk in response.iter_content(65536):

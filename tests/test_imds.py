@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 
 import pytest
 
@@ -74,6 +76,38 @@ def test_a_huge_response_is_refused_not_buffered():
         client(f"http://127.0.0.1:{port}/metadata/scheduledevents").fetch_document()
     assert info.value.kind == "too_large"
     listener.close()
+
+
+def test_a_trickling_body_gets_one_deadline_not_one_per_read():
+    """20 bytes every 0.4 s, each read well inside a 1 s timeout: it held a poll for 8 s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        with contextlib.suppress(OSError):
+            for _ in range(50):  # 20 s of trickle in all
+                conn.sendall(b"x" * 20)
+                if stop.wait(0.4):
+                    break
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    slow = ImdsClient(f"http://127.0.0.1:{port}/metadata/scheduledevents", "2020-07-01", 1.0, 1.0)
+    started = time.monotonic()
+    with pytest.raises(ImdsError) as info:
+        slow.fetch_document()
+    took = time.monotonic() - started
+    stop.set()
+    listener.close()
+    assert info.value.kind == "timeout"
+    assert took < 10, f"{took:.1f} s: cut by its deadline, not after the 20 s of trickle"
 
 
 def test_connection_refused_is_a_connection_error():
