@@ -13,7 +13,7 @@ import datetime as dt
 import queue
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
 import requests
@@ -80,6 +80,19 @@ def where(url: str) -> str:
     """A webhook URL for the log: its path often is the secret (Slack, Teams), so only the host."""
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}/..."
+
+
+def redact(text: str, url: str, secrets: Iterable[str] = ()) -> str:
+    """`text` without the URL's path and query, its credentials or header values: requests
+    names the whole URL in its errors ("Max retries exceeded with url: /services/T000/...")."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    instead = {url: where(url), path: "/...", parts.path: "/..."}
+    for secret in (parts.query, parts.password or "", *secrets):
+        instead.setdefault(secret, "[redacted]")
+    for piece in sorted((p for p in instead if len(p) > 1), key=len, reverse=True):
+        text = text.replace(piece, instead[piece])
+    return text
 
 
 class Webhooks:
@@ -161,7 +174,8 @@ class _Sender:
                 allow_redirects=False,
             )
         except requests.RequestException as e:
-            self._report("webhook_failed", {**fields, "error": str(e)[:300]})
+            error = redact(str(e), self.hook.url, self.hook.headers.values())
+            self._report("webhook_failed", {**fields, "error": error[:300]})
             return
         response.close()
         if 200 <= response.status_code < 300:

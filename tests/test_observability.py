@@ -449,6 +449,26 @@ def test_webhooks_tell_each_step_and_a_failing_receiver_gets_it_once_after_retri
     assert logged["status"] == 200
 
 
+def test_a_failed_webhooks_error_names_no_secret(daemons, hooks, sim):
+    """requests' error text carries the whole URL: the path of a Slack or Teams URL is its
+    secret, and it reached the log through `error`, past the host-only `url` field."""
+    secret = "T000/B000/XXXXSECRETXXXX"  # noqa: S105 - a made-up one, to look for in the log
+    down = f"http://127.0.0.1:{_closed_port()}/services/{secret}?token=QUERYSECRET"
+    cfg = daemons.config(
+        vm_name=VM,
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        webhooks=[{"url": down, "timeout": 1, "retries": 0, "headers": {"X-Key": "HEADERSECRET"}}],
+    )
+    daemon = daemons.start(cfg)
+    sim.add_event("Reboot", [VM], not_before_in=600)
+    failed = daemon.wait_log("webhook_failed", timeout=15)
+    assert "refused" in failed["error"] or "Max retries" in failed["error"]
+    text = daemon.output()
+    for leaked in ("SECRET", "services/T000"):
+        assert leaked not in text, f"{leaked} in the log"
+
+
 def test_a_hanging_or_absent_receiver_delays_nothing(daemons, hooks, sim, receivers):
     hanging = receivers(hang=30)
     down = f"http://127.0.0.1:{_closed_port()}/hook"
