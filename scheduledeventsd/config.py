@@ -273,8 +273,25 @@ def key_paths() -> frozenset[str]:
     )
 
 
+MAX_FILE = 1 << 20  # bytes of a config file
+MAX_PROBLEM = 300  # characters of one problem's text
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; in a root daemon's config that hides mistakes."""
+    """PyYAML keeps the last of two equal keys; in a root daemon's config that hides mistakes.
+    Aliases are refused: a few hundred bytes of nested `*a` expand to gigabytes (a 474-byte
+    file made a 122 MB error message), and a config has no need of them."""
+
+    def compose_node(self, parent: Optional[yaml.Node], index: int) -> Optional[yaml.Node]:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "aliases (*name) are not allowed in the configuration: write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:  # noqa: ANN401
@@ -319,7 +336,10 @@ class _Checker:
         self.problems: list[str] = []
 
     def fail(self, where: str, problem: str) -> None:
-        self.problems.append(f"{self.source}: {where}: {problem}")
+        """One problem; never unbounded (a value quoted in it may be megabytes)."""
+        if len(problem) > MAX_PROBLEM:
+            problem = f"{problem[:MAX_PROBLEM]}... ({len(problem)} characters)"
+        self.problems.append(f"{self.source}: {_bounded(where)}: {problem}")
 
     def mapping(self, value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:  # noqa: ANN401
         if value is None:
@@ -967,7 +987,20 @@ def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Config:
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM else f"{text[:MAX_PROBLEM]}..."
+
+
+def _read_bounded(path: Path) -> str:
+    """At most MAX_FILE bytes: a config is a few kilobytes, and SIGHUP reads it on the loop."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise ConfigError([f"{path}: larger than {MAX_FILE // 1024} KiB; not a configuration"])
+    return data.decode("utf-8")
+
+
+def load(path: Path, *, reader: Callable[[Path], str] = _read_bounded) -> Config:
     """Read and validate a config file; a missing file is an error, never silent defaults."""
     source = str(path)
     try:
@@ -982,7 +1015,7 @@ def load(path: Path, *, reader: Callable[[Path], str] = Path.read_text) -> Confi
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError([f"{source}: {where}: {problem}"]) from None
+        raise ConfigError([f"{source}: {where}: {_bounded(problem)}"]) from None
     config = parse(raw, source, path)
     return replace(config, warnings=_secret_warnings(config, path))
 

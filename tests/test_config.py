@@ -553,3 +553,34 @@ def test_a_metrics_textfile_that_is_a_symlink_is_refused(tmp_path):
     assert any(f"metrics_textfile: {link} is a symbolic link" in problem for problem in found), (
         found
     )
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_error(tmp_path):
+    """474 bytes of nested aliases made a 122 MB error message and 264 MiB RSS in 1.5 s."""
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, 9):
+        levels.append(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]")
+    levels.append("approve: *a8")  # quoted in its error message, it was 10^9 strings long
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(levels) + "\n")
+    assert len(path.read_bytes()) < 620
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert "aliases (*name) are not allowed" in result.stderr
+    assert len(result.stderr) < 1000
+    assert "Traceback" not in result.stderr
+
+
+def test_a_config_over_a_mebibyte_is_refused_unread(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        config.load(path)
+
+
+def test_no_problem_quotes_an_unbounded_value(tmp_path):
+    found = problems(tmp_path, f"approve: {'x' * 100_000}\nvm_name: '{'y z' * 50_000}'\n")
+    huge = [p for p in found if ": approve:" in p or ": vm_name:" in p]
+    assert len(huge) == 2
+    assert all(len(p) < 600 for p in found), [len(p) for p in found]
+    assert any("characters)" in p for p in found)
