@@ -152,6 +152,25 @@ def test_hook_commands_must_be_safe_executables(tmp_path, hook):
     assert "not a regular file" in found
 
 
+def test_a_script_given_to_an_interpreter_is_checked_like_the_hook_itself(tmp_path):
+    """[/usr/bin/python3, /opt/app/drain.py] passed while drain.py was writable by others."""
+    script = tmp_path / "drain.py"
+    script.write_text("print('drain')\n")
+    script.chmod(0o666)
+    found = problems(
+        tmp_path,
+        f"hooks:\n  a:\n    - command: [/usr/bin/env, {script}, --flag]\nevents: {{}}\n",
+    )
+    assert any(
+        "hooks.a[0].command[1]" in p and "writable by group or others" in p for p in found
+    ), found
+    script.chmod(0o644)
+    linked = tmp_path / "link.py"
+    linked.symlink_to(script)
+    cfg = load(tmp_path, f"hooks:\n  a:\n    - command: [/usr/bin/env, {linked}]\nevents: {{}}\n")
+    assert cfg.hooks["a"].commands[0].argv[1] == str(script), "the checked file is what runs"
+
+
 def test_duplicate_keys_and_yaml_syntax_errors_name_the_line(tmp_path):
     (dup,) = problems(tmp_path, "approve: sole\napprove: always\n")
     assert "line 2" in dup
