@@ -129,7 +129,7 @@ class Daemon:
         self.log = log.get().bind(dry_run=True) if dry_run else log.get()
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.runner = ProcessRunner()
-        self.store = StateStore(config.state_dir)
+        self.store = StateStore(config.state_dir, read_only=dry_run)
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))

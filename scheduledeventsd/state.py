@@ -36,8 +36,10 @@ class StateError(Exception):
 
 
 class StateStore:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, read_only: bool = False) -> None:
+        """`read_only` (a dry run beside the service): a bad file is reported, never moved."""
         self.path = directory / STATE_FILE
+        self.read_only = read_only
         self._lock_fd: int | None = None
         self._saved: Known | None = None
 
@@ -75,8 +77,11 @@ class StateStore:
             return {}, ""
         except IsADirectoryError:
             return {}, self._move_aside("is a directory")
-        except (OSError, UnicodeDecodeError) as e:
-            return {}, f"{self.path}: cannot read: {e}"
+        except UnicodeDecodeError as e:
+            return {}, self._move_aside(f"not UTF-8: {e.reason}")
+        except OSError as e:
+            # Unreadable is not absent: the first save must not overwrite what it may hold.
+            return {}, self._move_aside(f"cannot read: {e.strerror or e}")
         try:
             self._saved = _decode(json.loads(text))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
@@ -84,6 +89,8 @@ class StateStore:
         return self._saved, ""
 
     def _move_aside(self, problem: str) -> str:
+        if self.read_only:
+            return f"{self.path}: {problem}; left as it is (dry run)"
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}")
         try:

@@ -10,7 +10,7 @@ import pytest
 
 from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.model import Event
-from scheduledeventsd.state import StateError, StateStore
+from scheduledeventsd.state import STATE_FILE, StateError, StateStore
 
 EVENT = Event(
     "E1",
@@ -99,3 +99,24 @@ def test_unchanged_state_is_not_rewritten(tmp_path):
     inode = os.stat(store.path).st_ino
     store.save({"E1": ours})
     assert (os.stat(store.path).st_ino, os.stat(store.path).st_mtime_ns) == (inode, written)
+
+
+def test_an_unreadable_state_file_is_moved_aside_not_overwritten_by_the_next_save(tmp_path):
+    """Unreadable is not absent: it may hold what a restart needs, for a person to recover."""
+    (tmp_path / STATE_FILE).symlink_to(tmp_path / STATE_FILE)  # ELOOP, even for root
+    known, problem = StateStore(tmp_path).load()
+    assert known == {}
+    assert "cannot read" in problem
+    assert "moved to" in problem
+    StateStore(tmp_path).save({"E1": Tracked(EVENT, Phase.APPROVED)})
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(f"{STATE_FILE}.corrupt-")]
+    assert len(aside) == 1
+    assert aside[0].is_symlink(), "the unreadable file itself, kept"
+
+
+def test_a_dry_run_reports_a_corrupt_state_file_and_leaves_it_where_it_is(tmp_path):
+    (tmp_path / STATE_FILE).write_text("{not json")
+    known, problem = StateStore(tmp_path, read_only=True).load()
+    assert known == {}
+    assert "left as it is (dry run)" in problem
+    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]
