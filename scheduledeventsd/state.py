@@ -15,6 +15,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -44,8 +45,16 @@ class StateStore:
         self._saved: Known | None = None
 
     def lock(self) -> None:
-        """Two daemons on one state directory would both run every hook: refuse the second."""
+        """Two daemons on one state directory would both run every hook: refuse the second.
+        And one that others can write: whoever can write the state can make hooks be skipped."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(self.path.parent)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise StateError(
+                f"{self.path.parent} is owned by uid {st.st_uid} with mode "
+                f"{stat.S_IMODE(st.st_mode):o}: only the daemon's own user may write its state "
+                f"(chown {os.geteuid()} and chmod 700 it)"
+            )
         fd = os.open(self.path.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         for attempt in range(LOCK_TRIES):  # `status` may hold it for an instant (daemon_running)
             try:

@@ -166,7 +166,7 @@ def test_a_read_only_state_dir_degrades_but_events_are_still_handled(daemons, si
         "-m",
         "sh",
         "-c",
-        f'mount -t tmpfs -o ro tmpfs {daemons.state_dir} && exec "$@"',
+        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
         "sh",
     )
     daemon = daemons.start(one_hook(daemons, hooks), prefix=wrapper)

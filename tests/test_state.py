@@ -120,3 +120,14 @@ def test_a_dry_run_reports_a_corrupt_state_file_and_leaves_it_where_it_is(tmp_pa
     assert known == {}
     assert "left as it is (dry run)" in problem
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]
+
+
+@pytest.mark.parametrize(("owner", "mode"), [(65534, 0o700), (0, 0o777)])
+def test_a_state_directory_others_can_write_is_refused(tmp_path, owner, mode):
+    """Whoever can write the state can make the daemon skip an event's hooks."""
+    directory = tmp_path / "state"
+    directory.mkdir()
+    os.chown(directory, owner, -1)
+    directory.chmod(mode)
+    with pytest.raises(StateError, match="only the daemon's own user may write its state"):
+        StateStore(directory).lock()
