@@ -6,6 +6,7 @@ Listening on a non-loopback address is for the load balancer: other hosts get /h
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import socket
@@ -18,6 +19,10 @@ from .config import Listen
 from .model import Event
 
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing is dropped, it cannot hold a thread
+# At most this many connections are handled at once; past it one is accepted and closed at
+# once, so no number of clients can take the descriptors hooks and the state file need.
+MAX_CONNECTIONS = 16
+REQUEST_DEADLINE = 10.0  # seconds for a whole request: one byte every 4 s no longer keeps it
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,28 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, listen: Listen, handler: type[BaseHTTPRequestHandler]) -> None:
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((listen.host, listen.port), handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed at once, never a thread of its own
+            return
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # no thread for it
+            self._slots.release()
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        timer = threading.Timer(REQUEST_DEADLINE, _cut, args=(request,))
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self._slots.release()
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A client that hangs up mid-answer is not worth a traceback on stderr."""
@@ -56,6 +82,12 @@ class WebServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _cut(sock: socket.socket) -> None:
+    """The request's deadline: shutting the socket down wakes the read blocked on it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _local(address: str) -> bool:

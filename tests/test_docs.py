@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduledeventsd import cli, config, engine, hooks, imds, model, observer, telemetry
+from scheduledeventsd import cli, config, engine, hooks, imds, model, observer, telemetry, web
 from scheduledeventsd.metrics import Metrics
 from scheduledeventsd.records import What
 
@@ -166,6 +166,8 @@ def test_the_numbers_the_docs_state_are_the_codes():
         f"each line cut at {hooks.MAX_LINE} bytes with a marker, at most "
         f"{hooks.MAX_LOGGED_LINES} lines or {hooks.MAX_LOGGED_BYTES // 1024} KiB per",
         "then SIGKILL a second later" if hooks.LEFTOVER_GRACE == 1 else "LEFTOVER_GRACE",
+        f"at most {web.MAX_CONNECTIONS} connections",
+        f"each request has {web.REQUEST_DEADLINE:g} s in all",
     ]
     assert telemetry.STATUS_EVERY == 60, "the README says 'at least every minute'"
     assert "at least every minute" in README

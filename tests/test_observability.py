@@ -4,6 +4,7 @@ over HTTP and parsed with prometheus_client's parser, webhooks received by real 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -289,6 +290,86 @@ def test_a_symlink_planted_in_the_textfile_directory_redirects_no_write(node_exp
         assert not leftovers, "no temp file left behind"
     finally:
         precious.unlink()
+
+
+def test_a_thousand_slow_clients_keep_no_event_from_its_hooks_or_approval(daemons, hooks, sim):
+    """200 half-open requests made 202 threads; with LimitNOFILE low, 80 idle connections made
+    hooks fail to start (EMFILE) and the state save fail."""
+    (port,) = free_ports(1)
+    cfg = daemons.config(
+        vm_name=VM,
+        http={"listen": f"127.0.0.1:{port}"},
+        hooks={"drain": [{"command": [hooks.recorder("drain", "sleep 0.5")]}]},
+        events={"Reboot": ["drain"]},
+    )
+    daemon = daemons.start(cfg, prefix=("prlimit", "--nofile=128:128"))
+    clients = []
+    for _ in range(1000):  # all at once
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        clients.append(client)
+    stop = threading.Event()
+
+    def trickle():  # half a request, then a byte every 2 s: within the 5 s of each read
+        first = b"GET /health HTTP/1.1\r\nHost: "
+        while not stop.is_set():
+            for client in clients:
+                with contextlib.suppress(OSError):
+                    client.send(first or b"x")
+            first = b""
+            stop.wait(2)
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        time.sleep(3)  # they are established, and held wherever the server let them be
+        event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+        daemon.wait_log("event_approved", event_id=event_id, timeout=60)
+        assert hooks.order() == ["drain"]
+    finally:
+        stop.set()
+        trickler.join(10)
+        for client in clients:
+            client.close()
+    wait_for(lambda: health(port)[0] in (200, 503), 30, "/health answering again")
+    assert "Too many open files" not in daemon.output()
+    assert not daemon.logs("state_degraded")
+
+
+def test_a_request_trickling_in_is_cut_at_its_deadline():
+    """One byte every 4 s kept a connection, and its thread, for as long as the client liked."""
+    from scheduledeventsd import web  # noqa: PLC0415
+    from scheduledeventsd.config import Listen  # noqa: PLC0415
+
+    (port,) = free_ports(1)
+    server = web.WebServer(
+        Listen("127.0.0.1", port),
+        web.Answers(lambda: None, lambda: b"", "text/plain", lambda: {}),
+    )
+    server.start()
+    try:
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        client.setblocking(False)  # to see the server's close without waiting for it
+        started = time.monotonic()
+        cut = None
+        for byte in b"GET /health HTTP/1.1\r\nHost: a-slow-client\r\n":  # 50 s at this pace
+            try:
+                client.send(bytes([byte]))
+                if client.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                    cut = time.monotonic() - started
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                cut = time.monotonic() - started
+                break
+            time.sleep(1.0)
+        client.close()
+        assert cut is not None, "the trickle was served to its end"
+        assert web.REQUEST_DEADLINE - 1 <= cut < 3 * web.REQUEST_DEADLINE, cut
+    finally:
+        server.stop()
 
 
 # ---- status --------------------------------------------------------------------------------
