@@ -996,8 +996,11 @@ def parse(
 
 
 def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
-    """YAML as the config is read: safe, no duplicate keys, YAML 1.2 booleans."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """YAML as the config is read: safe, no duplicate keys, no aliases, YAML 1.2 booleans."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # `[[[[...` thousands deep (found by atheris)
+        raise yaml.YAMLError("nested too deeply to be a configuration") from None
 
 
 def _bounded(text: str) -> str:

@@ -37,9 +37,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, listen: Listen, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self, listen: Listen, handler: type[BaseHTTPRequestHandler], deadline: float
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._deadline = deadline
         super().__init__((listen.host, listen.port), handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
@@ -53,7 +56,7 @@ class _Server(ThreadingHTTPServer):
             self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
-        timer = threading.Timer(REQUEST_DEADLINE, _cut, args=(request,))
+        timer = threading.Timer(self._deadline, _cut, args=(request,))
         timer.daemon = True
         timer.start()
         try:
@@ -67,9 +70,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class WebServer:
-    def __init__(self, listen: Listen, answers: Answers) -> None:
+    def __init__(
+        self, listen: Listen, answers: Answers, *, deadline: float = REQUEST_DEADLINE
+    ) -> None:
         self.listen = listen
-        self._server = _Server(listen, _handler(answers))
+        self._server = _Server(listen, _handler(answers), deadline)
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

@@ -603,3 +603,13 @@ def test_no_problem_quotes_an_unbounded_value(tmp_path):
     assert len(huge) == 2
     assert all(len(p) < 600 for p in found), [len(p) for p in found]
     assert any("characters)" in p for p in found)
+
+
+def test_a_config_nested_thousands_deep_is_an_error_not_a_crash(tmp_path):
+    """Found by atheris once aliases were refused: `[[{{{[[...` raised RecursionError."""
+    path = tmp_path / "config.yaml"
+    path.write_text("[[{{{" + "[" * 4000)
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert "nested too deeply to be a configuration" in result.stderr
+    assert "Traceback" not in result.stderr

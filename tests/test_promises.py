@@ -387,7 +387,7 @@ class Promises(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=200,  # in every suite run; the mutants below run 3000 each with the campaigns
+    max_examples=100,  # in every suite run; the mutants below run 3000 each with the campaigns
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -127,7 +127,7 @@ def test_any_json_shaped_like_a_document_is_a_document_or_a_document_error(raw):
     _parses_or_refuses(json.dumps(raw).encode())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31), st.lists(plausible_event, min_size=1, max_size=4))
 def test_no_document_imds_could_send_makes_a_step_of_the_engine_raise(incarnation, events):
     """Times at the edges of what Python can hold included (a NotBefore past 9999 in UTC)."""
