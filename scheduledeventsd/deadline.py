@@ -14,14 +14,19 @@ import threading
 import requests
 
 
+def shut_down(sock: socket.socket) -> None:
+    """Wake a thread blocked reading `sock`: shutting it down does, closing alone does not."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 def abort(response: requests.Response) -> None:
-    """Close a streaming response under a thread blocked reading it (shutdown wakes the read)."""
+    """Close a streaming response under a thread blocked reading it."""
     raw = getattr(response, "raw", None)
     connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
     sock = getattr(connection, "sock", None)
     if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        shut_down(sock)
     response.close()
 
 

@@ -6,7 +6,6 @@ Listening on a non-loopback address is for the load balancer: other hosts get /h
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import socket
@@ -16,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
 from .config import Listen
+from .deadline import shut_down
 from .model import Event
 
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing is dropped, it cannot hold a thread
@@ -56,7 +56,7 @@ class _Server(ThreadingHTTPServer):
             self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
-        timer = threading.Timer(self._deadline, _cut, args=(request,))
+        timer = threading.Timer(self._deadline, shut_down, args=(request,))  # the deadline
         timer.daemon = True
         timer.start()
         try:
@@ -87,12 +87,6 @@ class WebServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-def _cut(sock: socket.socket) -> None:
-    """The request's deadline: shutting the socket down wakes the read blocked on it."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _local(address: str) -> bool:
