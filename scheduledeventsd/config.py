@@ -21,7 +21,9 @@ from typing import Any, Callable, Optional, TypeVar
 
 import yaml
 
+from . import schema
 from .model import EVENT_TYPES
+from .schema import WEBHOOK_EVENTS
 
 DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -59,17 +61,6 @@ class WebhookFormat(str, enum.Enum):
     TEXT = "text"  # {"text": "one line"}: Slack, Mattermost, Teams workflows
 
 
-# What a webhook can be sent for (the `on` list), each named after the engine's log record.
-WEBHOOK_EVENTS = (
-    "detected",
-    "hooks_failed",
-    "approved",
-    "missed",
-    "cancelled",
-    "completed",
-    "after_hooks_failed",
-)
-
 E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat)
 
 
@@ -83,17 +74,17 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Metadata:
-    url: str = "http://169.254.169.254/metadata/scheduledevents"
-    api_version: str = "2020-07-01"
-    poll_interval: float = 1.0
-    timeout: float = 5.0
-    first_call_timeout: float = 150.0
+    url: str = schema.text("metadata.url")
+    api_version: str = schema.text("metadata.api_version")
+    poll_interval: float = schema.number("metadata.poll_interval")
+    timeout: float = schema.number("metadata.timeout")
+    first_call_timeout: float = schema.number("metadata.first_call_timeout")
 
 
 @dataclass(frozen=True)
 class HookCommand:
     argv: tuple[str, ...]
-    timeout: float = 300.0
+    timeout: float = schema.number("hooks.NAME[].timeout")
 
 
 @dataclass(frozen=True)
@@ -108,8 +99,8 @@ class Etcd:
     so it never sits in the config (or in anything that logs it)."""
 
     endpoints: tuple[str, ...]
-    prefix: str = "/scheduledeventsd"
-    timeout: float = 5.0
+    prefix: str = schema.text("coordination.etcd.prefix")
+    timeout: float = schema.number("coordination.etcd.timeout")
     ca_file: Optional[Path] = None
     cert_file: Optional[Path] = None
     key_file: Optional[Path] = None
@@ -122,7 +113,7 @@ class Gate:
     """A command that says whether a shared event may be approved now (0), later (75), never."""
 
     command: HookCommand
-    interval: float = 10.0
+    interval: float = schema.number("coordination.gate.interval")
 
 
 @dataclass(frozen=True)
@@ -148,8 +139,8 @@ class Webhook:
     url: str
     format: WebhookFormat = WebhookFormat.JSON
     on: tuple[str, ...] = WEBHOOK_EVENTS
-    timeout: float = 5.0
-    retries: int = 5
+    timeout: float = schema.number("webhooks[].timeout")
+    retries: int = int(schema.number("webhooks[].retries"))
     headers: Mapping[str, str] = field(default_factory=dict)
     proxy: Optional[str] = None
 
@@ -174,22 +165,9 @@ class EventRule:
 
 
 STAGES = ("before", "after", "cancelled")
-_DEFAULT_HOOK_DIR = "/etc/scheduledeventsd/hooks"
-DEFAULT_HOOKS: Mapping[str, Hook] = _frozen(
-    {
-        name: Hook(name, (HookCommand((f"{_DEFAULT_HOOK_DIR}/{name}",)),))
-        for name in ("drain", "undrain", "checkpoint", "shutdown")
-    }
-)
-DEFAULT_EVENTS: Mapping[str, EventRule] = _frozen(
-    {
-        "Freeze": EventRule(("checkpoint",)),
-        "Reboot": EventRule(("drain", "checkpoint"), ("undrain",), ("undrain",)),
-        "Redeploy": EventRule(("drain", "checkpoint"), ("undrain",), ("undrain",)),
-        "Preempt": EventRule(("shutdown",)),
-        "Terminate": EventRule(("drain", "shutdown")),
-    }
-)
+_APPROVE = ApprovePolicy(schema.text("approve"))
+_USER_EVENTS = UserEvents(schema.text("user_events"))
+_UNHEALTHY_FROM = HealthFrom(schema.text("health.unhealthy_from"))
 
 
 @dataclass(frozen=True)
@@ -197,17 +175,17 @@ class Config:
     path: Optional[Path] = None
     metadata: Metadata = field(default_factory=Metadata)
     vm_name: Optional[str] = None  # None: learn it from IMDS
-    state_dir: Path = Path("/var/lib/scheduledeventsd")
-    approve: ApprovePolicy = ApprovePolicy.SOLE
-    user_events: UserEvents = UserEvents.HOOKS
+    state_dir: Path = Path(schema.text("state_dir"))
+    approve: ApprovePolicy = _APPROVE
+    user_events: UserEvents = _USER_EVENTS
     hooks: Mapping[str, Hook] = field(default_factory=lambda: DEFAULT_HOOKS)
     events: Mapping[str, EventRule] = field(default_factory=lambda: DEFAULT_EVENTS)
     environment: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
-    shutdown_grace: float = 120.0
+    shutdown_grace: float = schema.number("shutdown_grace")
     coordination: Optional[Coordination] = None
     listen: Optional[Listen] = None  # http.listen: /metrics, /health, /status
     metrics_textfile: Optional[Path] = None
-    unhealthy_from: HealthFrom = HealthFrom.DETECTED
+    unhealthy_from: HealthFrom = _UNHEALTHY_FROM
     webhooks: tuple[Webhook, ...] = ()
     warnings: tuple[str, ...] = ()  # not errors: said by check-config and logged at start
 
@@ -217,60 +195,9 @@ class Config:
         return rule.approve if rule is not None and rule.approve is not None else self.approve
 
 
-# The keys the validator accepts: the one source of the configuration reference. The README,
-# the man page and the shipped config.yaml are checked against `key_paths()` by the tests.
-TOP_KEYS = (
-    "metadata",
-    "vm_name",
-    "state_dir",
-    "approve",
-    "user_events",
-    "hooks",
-    "events",
-    "environment",
-    "shutdown_grace",
-    "coordination",
-    "http",
-    "metrics_textfile",
-    "health",
-    "webhooks",
-)
-HTTP_KEYS = ("listen",)
-HEALTH_KEYS = ("unhealthy_from",)
-WEBHOOK_KEYS = ("url", "format", "on", "timeout", "retries", "headers", "proxy")
-COORDINATION_KEYS = ("etcd", "gate")
-ETCD_KEYS = (
-    "endpoints",
-    "prefix",
-    "timeout",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "username",
-    "password_file",
-)
-GATE_KEYS = ("command", "timeout", "interval")
-METADATA_KEYS = ("url", "api_version", "poll_interval", "timeout", "first_call_timeout")
-COMMAND_KEYS = ("command", "timeout")
-RULE_KEYS = ("before", "after", "cancelled", "approve", "short_seconds", "start_before")
-
-
 def key_paths() -> frozenset[str]:
     """Every key path a config may hold; user-chosen names (hook names) are `*`."""
-    return frozenset(
-        [
-            *TOP_KEYS,
-            *(f"metadata.{k}" for k in METADATA_KEYS),
-            *(f"hooks.*.{k}" for k in COMMAND_KEYS),
-            *(f"events.*.{k}" for k in RULE_KEYS),
-            *(f"coordination.{k}" for k in COORDINATION_KEYS),
-            *(f"coordination.etcd.{k}" for k in ETCD_KEYS),
-            *(f"coordination.gate.{k}" for k in GATE_KEYS),
-            *(f"http.{k}" for k in HTTP_KEYS),
-            *(f"health.{k}" for k in HEALTH_KEYS),
-            *(f"webhooks.*.{k}" for k in WEBHOOK_KEYS),
-        ]
-    )
+    return schema.key_paths()
 
 
 MAX_FILE = 1 << 20  # bytes of a config file
@@ -315,6 +242,24 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
 )
+
+
+def _construct_timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:  # noqa: ANN401
+    """`api_version: 2020-13-01` looks like a date to YAML; PyYAML then raises a bare
+    ValueError (a traceback from check-config, found by the fuzzer's seeds)."""
+    try:
+        return loader.construct_yaml_timestamp(node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"{_bounded(str(node.value))!r} looks like a date or time but is not one; "
+            "quote it to mean text",
+            node.start_mark,
+        ) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 # YAML 1.2 booleans only: under YAML 1.1 a webhook's `on:` key would be the boolean True, and
 # `yes`, `no`, `off` would not be the strings they look like.
 _BOOL = "tag:yaml.org,2002:bool"
@@ -339,9 +284,11 @@ class _Checker:
         """One problem; never unbounded (a value quoted in it may be megabytes)."""
         if len(problem) > MAX_PROBLEM:
             problem = f"{problem[:MAX_PROBLEM]}... ({len(problem)} characters)"
-        self.problems.append(f"{self.source}: {_bounded(where)}: {problem}")
+        self.problems.append(f"{self.source}: {_bounded(where) or 'top level'}: {problem}")
 
-    def mapping(self, value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:  # noqa: ANN401
+    def mapping(self, value: Any, where: str, section: str) -> dict[str, Any]:  # noqa: ANN401
+        """The keys of `section` (a schema path) that `value` holds; any other is a problem."""
+        allowed = schema.children(section)
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -358,10 +305,17 @@ class _Checker:
         self,
         value: Any,  # noqa: ANN401
         where: str,
-        default: float,
-        low: float,
-        high: float,
+        path: str,
+        *,
+        low: Optional[float] = None,
+        default: Optional[float] = None,
     ) -> float:
+        """Seconds within the range `path` declares (`low`, `default`: where they depend on
+        another key, e.g. first_call_timeout on timeout)."""
+        declared_low, high = schema.bounds(path)
+        low = declared_low if low is None else low
+        if default is None:
+            default = schema.number(path) if schema.key(path).default is not None else low
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -371,6 +325,16 @@ class _Checker:
             self.fail(where, f"must be between {low:g} and {high:g}, got {value:g}")
             return default
         return float(value)
+
+    def whole(self, value: Any, where: str, path: str) -> Optional[int]:  # noqa: ANN401
+        """A whole number within the range `path` declares; None when absent or wrong."""
+        low, high = schema.bounds(path)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(where, f"must be a whole number {low:g}..{high:g}, got {value!r}")
+            return None
+        return value
 
     def choice(self, value: Any, where: str, default: E) -> E:  # noqa: ANN401
         """One of an enum's values, e.g. `approve: sole`; the default when absent or wrong."""
@@ -404,11 +368,11 @@ def _join(where: str, key: str) -> str:
 
 
 def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
-    fields = c.mapping(raw, "metadata", METADATA_KEYS)
+    fields = c.mapping(raw, "metadata", "metadata")
     d = Metadata()
     url = c.string(fields.get("url"), "metadata.url", d.url)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    parts = _url_parts(url)
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         c.fail("metadata.url", f"must be an http:// URL with a host, got {url!r}")
     elif parts.query or parts.fragment or parts.username or parts.password:
         c.fail(
@@ -418,25 +382,20 @@ def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
     api_version = fields.get("api_version")
     if isinstance(api_version, dt.date):
         api_version = api_version.isoformat()  # an unquoted 2020-07-01 is a YAML date
-    timeout = c.number(fields.get("timeout"), "metadata.timeout", d.timeout, 0.1, 60)
+    timeout = c.number(fields.get("timeout"), "metadata.timeout", "metadata.timeout")
     return Metadata(
         url=url.rstrip("/"),
         api_version=c.string(api_version, "metadata.api_version", d.api_version),
         poll_interval=c.number(
-            # IMDS allows 5 requests/s per VM; stay clear of it with room for approvals.
-            fields.get("poll_interval"),
-            "metadata.poll_interval",
-            d.poll_interval,
-            0.25,
-            60,
+            fields.get("poll_interval"), "metadata.poll_interval", "metadata.poll_interval"
         ),
         timeout=timeout,
         first_call_timeout=c.number(
             fields.get("first_call_timeout"),
             "metadata.first_call_timeout",
-            max(d.first_call_timeout, timeout),
-            timeout,
-            900,
+            "metadata.first_call_timeout",
+            low=timeout,
+            default=max(d.first_call_timeout, timeout),
         ),
     )
 
@@ -507,25 +466,17 @@ def _check_directories(c: _Checker, where: str, real: str) -> None:
             return
 
 
-def _check_hooks(c: _Checker, raw: Any) -> Mapping[str, Hook]:  # noqa: ANN401
+def _check_hooks(c: _Checker, raw: Any, label: str = "hooks") -> Mapping[str, Hook]:  # noqa: ANN401
     if raw is None:
         # The defaults are checked like written ones: a missing default hook is found now,
         # not when the first event arrives.
-        resolved: dict[str, Hook] = {}
-        for hook in DEFAULT_HOOKS.values():
-            commands = []
-            for i, command in enumerate(hook.commands):
-                where = f"hooks (default).{hook.name}[{i}].command[0]"
-                program = _check_executable(c, where, command.argv[0])
-                commands.append(replace(command, argv=(program, *command.argv[1:])))
-            resolved[hook.name] = Hook(hook.name, tuple(commands))
-        return resolved if resolved != dict(DEFAULT_HOOKS) else DEFAULT_HOOKS
+        return _check_hooks(c, schema.key("hooks").default, "hooks (default)")
     if not isinstance(raw, dict):
-        c.fail("hooks", f"must be a mapping of hook name to commands, got {_kind(raw)}")
+        c.fail(label, f"must be a mapping of hook name to commands, got {_kind(raw)}")
         return {}
     hooks: dict[str, Hook] = {}
     for name, commands in raw.items():
-        where = f"hooks.{name}"
+        where = f"{label}.{name}"
         if not isinstance(name, str) or not _HOOK_NAME.match(name):
             c.fail(where, "hook names are letters, digits, '_', '.', '-' (at most 64)")
             continue
@@ -545,10 +496,10 @@ def _check_command(
     c: _Checker,
     where: str,
     entry: Any,  # noqa: ANN401 - YAML
-    keys: tuple[str, ...] = COMMAND_KEYS,
-    default_timeout: float = 300.0,
+    section: str = "hooks.NAME[]",
 ) -> Optional[HookCommand]:
-    fields = c.mapping(entry, where, keys)
+    """One command of a hook, or the gate (`section` says which declaration applies)."""
+    fields = c.mapping(entry, where, section)
     if not isinstance(entry, dict):
         return None
     argv = fields.get("command")
@@ -566,7 +517,7 @@ def _check_command(
         return None
     program = _check_executable(c, f"{where}.command[0]", argv[0])
     args = [_check_argument(c, f"{where}.command[{i}]", a) for i, a in enumerate(argv[1:], 1)]
-    timeout = c.number(fields.get("timeout"), f"{where}.timeout", default_timeout, 0.1, 86400)
+    timeout = c.number(fields.get("timeout"), f"{where}.timeout", f"{section}.timeout")
     return HookCommand((program, *args), timeout)
 
 
@@ -604,7 +555,8 @@ def _check_events(
             events[event_type] = EventRule(_hook_names(c, where, entry, hooks))
             continue
         if not isinstance(entry, dict):
-            c.fail(where, f"must be a list of hook names or a mapping of {', '.join(RULE_KEYS)}")
+            keys = ", ".join(schema.children("events.TYPE"))
+            c.fail(where, f"must be a list of hook names or a mapping of {keys}")
             continue
         events[event_type] = _check_rule(c, where, entry, hooks)
     return events
@@ -616,7 +568,7 @@ def _check_rule(
     entry: dict[str, Any],
     hooks: Mapping[str, Hook],
 ) -> EventRule:
-    fields = c.mapping(entry, where, RULE_KEYS)
+    fields = c.mapping(entry, where, "events.TYPE")
     before = _hook_names(c, f"{where}.before", fields.get("before"), hooks)
     after = _hook_names(c, f"{where}.after", fields.get("after"), hooks)
     cancelled = (
@@ -627,16 +579,14 @@ def _check_rule(
     approve = None
     if fields.get("approve") is not None:
         approve = c.choice(fields["approve"], f"{where}.approve", ApprovePolicy.SOLE)
-    short = None
-    if fields.get("short_seconds") is not None:
-        value = fields["short_seconds"]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3600:
-            c.fail(f"{where}.short_seconds", f"must be a whole number 0..3600, got {value!r}")
-        else:
-            short = value
+    short = c.whole(
+        fields.get("short_seconds"), f"{where}.short_seconds", "events.TYPE.short_seconds"
+    )
     start_before = None
     if fields.get("start_before") is not None:
-        start_before = c.number(fields["start_before"], f"{where}.start_before", 0.0, 0, 7 * 86400)
+        start_before = c.number(
+            fields["start_before"], f"{where}.start_before", "events.TYPE.start_before"
+        )
     return EventRule(before, after, cancelled, approve, short, start_before)
 
 
@@ -684,26 +634,26 @@ def _check_environment(c: _Checker, raw: Any) -> Mapping[str, str]:  # noqa: ANN
 def _check_coordination(c: _Checker, raw: Any) -> Optional[Coordination]:  # noqa: ANN401
     if raw is None:
         return None
-    fields = c.mapping(raw, "coordination", COORDINATION_KEYS)
-    chosen = [k for k in COORDINATION_KEYS if fields.get(k) is not None]
+    fields = c.mapping(raw, "coordination", "coordination")
+    chosen = [k for k in schema.children("coordination") if fields.get(k) is not None]
     if len(chosen) != 1:
         got = " and ".join(chosen) if chosen else "neither"
         c.fail("coordination", f"must set exactly one of etcd or gate, got {got}")
         return None
     if chosen == ["gate"]:
         where = "coordination.gate"
-        command = _check_command(c, where, fields["gate"], GATE_KEYS, default_timeout=60.0)
+        command = _check_command(c, where, fields["gate"], where)
         if command is None:
             return None
         gate_fields = fields["gate"]
-        interval = c.number(gate_fields.get("interval"), f"{where}.interval", 10.0, 1, 3600)
+        interval = c.number(gate_fields.get("interval"), f"{where}.interval", f"{where}.interval")
         return Coordination(gate=Gate(command, interval))
     return Coordination(etcd=_check_etcd(c, fields["etcd"]))
 
 
 def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
     where = "coordination.etcd"
-    fields = c.mapping(raw, where, ETCD_KEYS)
+    fields = c.mapping(raw, where, where)
     endpoints = fields.get("endpoints")
     if not isinstance(endpoints, list) or not endpoints:
         c.fail(f"{where}.endpoints", f"must be a non-empty list of URLs, got {_kind(endpoints)}")
@@ -711,8 +661,8 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
     urls: list[str] = []
     for i, url in enumerate(endpoints):
         text = url if isinstance(url, str) else ""
-        parts = urllib.parse.urlsplit(text)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        parts = _url_parts(text)
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             c.fail(f"{where}.endpoints[{i}]", f"must be an http(s):// URL with a host, got {url!r}")
         elif parts.path.strip("/") or parts.query or parts.fragment or parts.username:
             c.fail(
@@ -721,10 +671,10 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
             )
         else:
             urls.append(text.rstrip("/"))
-    prefix = c.string(fields.get("prefix"), f"{where}.prefix", "/scheduledeventsd")
+    prefix = c.string(fields.get("prefix"), f"{where}.prefix", schema.text(f"{where}.prefix"))
     if not prefix.startswith("/") or any(ch.isspace() for ch in prefix) or len(prefix) > 200:
         c.fail(f"{where}.prefix", f"must start with / and hold no white space, got {prefix!r}")
-    timeout = c.number(fields.get("timeout"), f"{where}.timeout", 5.0, 0.1, 60)
+    timeout = c.number(fields.get("timeout"), f"{where}.timeout", f"{where}.timeout")
     files: dict[str, Optional[Path]] = {}
     for key in ("ca_file", "cert_file", "key_file", "password_file"):
         secret = key in ("key_file", "password_file")
@@ -755,6 +705,17 @@ def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
     )
 
 
+def _url_parts(text: str) -> Optional[urllib.parse.SplitResult]:
+    """None for what urlsplit refuses (`https://[`) or a port that is not one (`:99999`):
+    both raise ValueError, the second only later, where the URL is used (found by the fuzzer)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        _ = parts.port
+    except ValueError:
+        return None
+    return parts
+
+
 def _loopback(url: str) -> bool:
     return _loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
@@ -767,7 +728,7 @@ def _loopback_host(host: str) -> bool:
 
 
 def _check_listen(c: _Checker, raw: Any) -> Optional[Listen]:  # noqa: ANN401
-    fields = c.mapping(raw, "http", HTTP_KEYS)
+    fields = c.mapping(raw, "http", "http")
     value = fields.get("listen")
     if value is None:
         return None
@@ -825,21 +786,18 @@ def _check_webhooks(c: _Checker, raw: Any) -> tuple[Webhook, ...]:  # noqa: ANN4
     hooks: list[Webhook] = []
     for i, entry in enumerate(raw):
         where = f"webhooks[{i}]"
-        fields = c.mapping(entry, where, WEBHOOK_KEYS)
+        fields = c.mapping(entry, where, "webhooks[]")
         if not isinstance(entry, dict):
             continue
         url = _check_url(c, f"{where}.url", fields.get("url"), required=True)
-        retries = fields.get("retries", 5)
-        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
-            c.fail(f"{where}.retries", f"must be a whole number 0..20, got {retries!r}")
-            retries = 5
+        retries = c.whole(fields.get("retries"), f"{where}.retries", "webhooks[].retries")
         hooks.append(
             Webhook(
                 url=url or "",
                 format=c.choice(fields.get("format"), f"{where}.format", WebhookFormat.JSON),
                 on=_check_on(c, f"{where}.on", fields.get("on")),
-                timeout=c.number(fields.get("timeout"), f"{where}.timeout", 5.0, 0.1, 60),
-                retries=retries,
+                timeout=c.number(fields.get("timeout"), f"{where}.timeout", "webhooks[].timeout"),
+                retries=Webhook.retries if retries is None else retries,
                 headers=_check_headers(c, f"{where}.headers", fields.get("headers")),
                 proxy=_check_url(c, f"{where}.proxy", fields.get("proxy"), required=False),
             )
@@ -880,9 +838,10 @@ def _check_url(c: _Checker, where: str, value: Any, *, required: bool) -> Option
     if value is None and not required:
         return None
     text = value if isinstance(value, str) else ""
-    parts = urllib.parse.urlsplit(text)
+    parts = _url_parts(text)
     if (
-        parts.scheme not in ("http", "https")
+        parts is None
+        or parts.scheme not in ("http", "https")
         or not parts.hostname
         or any(ch.isspace() for ch in text)
     ):
@@ -935,11 +894,11 @@ def parse(
     documented defaults on a machine without /etc/scheduledeventsd); the daemon never does.
     """
     c = _Checker(source, check_files=check_files)
-    top = c.mapping(raw, "", TOP_KEYS) if raw is not None else {}
+    top = c.mapping(raw, "", "") if raw is not None else {}
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(c.problems)
     defaults = Config()
-    vm_name = c.string(top.get("vm_name"), "vm_name", "auto")
+    vm_name = c.string(top.get("vm_name"), "vm_name", schema.text("vm_name"))
     if any(ch.isspace() for ch in vm_name):
         c.fail("vm_name", f"must not contain white space, got {vm_name!r}")
     state_dir = c.string(top.get("state_dir"), "state_dir", str(defaults.state_dir))
@@ -951,13 +910,13 @@ def parse(
     hooks = _check_hooks(c, top.get("hooks"))
     events = _check_events(c, top.get("events"), hooks)
     environment = _check_environment(c, top.get("environment"))
-    grace = c.number(top.get("shutdown_grace"), "shutdown_grace", defaults.shutdown_grace, 0, 3600)
+    grace = c.number(top.get("shutdown_grace"), "shutdown_grace", "shutdown_grace")
     coordination = _check_coordination(c, top.get("coordination"))
     listen = _check_listen(c, top.get("http"))
     textfile = _check_textfile(c, top.get("metrics_textfile"))
-    health = c.mapping(top.get("health"), "health", HEALTH_KEYS)
+    health = c.mapping(top.get("health"), "health", "health")
     unhealthy_from = c.choice(
-        health.get("unhealthy_from"), "health.unhealthy_from", HealthFrom.DETECTED
+        health.get("unhealthy_from"), "health.unhealthy_from", defaults.unhealthy_from
     )
     webhooks = _check_webhooks(c, top.get("webhooks"))
     wants_all = [
@@ -1001,6 +960,8 @@ def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:  # `[[[[...` thousands deep (found by atheris)
         raise yaml.YAMLError("nested too deeply to be a configuration") from None
+    except (ValueError, OverflowError) as e:  # a constructor's own error, never a traceback
+        raise yaml.YAMLError(f"not a value YAML can hold: {_bounded(str(e))}") from None
 
 
 def _bounded(text: str) -> str:
@@ -1053,3 +1014,18 @@ def _secret_warnings(config: Config, path: Path) -> tuple[str, ...]:
         f"{path}: {secrets[0]}: a secret in a file readable by group or others "
         f"(mode {stat.S_IMODE(mode):o}); chmod 600 {path}",
     )
+
+
+def _declared_defaults() -> tuple[Mapping[str, Hook], Mapping[str, EventRule]]:
+    """The default hooks and events are the schema's, read by the same checks as a file."""
+    c = _Checker("the schema's defaults", check_files=False)
+    hooks = _check_hooks(c, schema.key("hooks").default)
+    events = _check_events(c, schema.key("events").default, hooks)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return _frozen(hooks), _frozen(events)
+
+
+DEFAULT_HOOKS: Mapping[str, Hook]
+DEFAULT_EVENTS: Mapping[str, EventRule]
+DEFAULT_HOOKS, DEFAULT_EVENTS = _declared_defaults()

@@ -10,7 +10,10 @@ writes the input to ./crash-*.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import atheris
 import yaml
@@ -40,9 +43,18 @@ def one(data: bytes) -> None:
         config.parse(config.parse_yaml(text), "fuzz", check_files=False)
 
 
+# Hostile configs (alias bombs, deep nesting, tags, NaN, ...): where the fuzzer starts. Copied
+# to a scratch corpus, since libFuzzer adds what it finds to the first corpus directory.
+SEEDS = Path(__file__).parent / "seeds" / "config"
+
+
 def main() -> None:
-    atheris.Setup([*sys.argv, "-max_len=4096"], one)
-    atheris.Fuzz()
+    given = [arg for arg in sys.argv[1:] if not arg.startswith("-")]  # a crash to replay
+    with tempfile.TemporaryDirectory(prefix="fuzz-corpus-") as corpus:
+        for seed in SEEDS.iterdir():
+            shutil.copy(seed, corpus)
+        atheris.Setup([*sys.argv, "-max_len=20000", *([] if given else [corpus])], one)
+        atheris.Fuzz()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config, engine
+from scheduledeventsd import config, engine, schema
 from scheduledeventsd.coordination import state_of
 from scheduledeventsd.engine import (
     ApprovalFailed,
@@ -149,9 +149,7 @@ config_values = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
-            st.sampled_from(
-                [*config.TOP_KEYS, *config.METADATA_KEYS, *config.RULE_KEYS, "command", "x"]
-            )
+            st.sampled_from(sorted({key.name for key in schema.KEYS} | {"x"}))
             | st.text(max_size=10),
             inner,
             max_size=5,
