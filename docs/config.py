@@ -152,7 +152,7 @@ def _flat(value: Value) -> bool:
     return isinstance(value, list) and not any(isinstance(v, (dict, list)) for v in value)
 
 
-def _entries(parent: str, indent: str) -> list[str]:
+def _entries(parent: str, indent: str, *, example: bool = False) -> list[str]:
     """Every key under `parent`, each with its comment; example values for keys without
     a default (the shipped file shows these as a commented example)."""
     lines = []
@@ -162,10 +162,12 @@ def _entries(parent: str, indent: str) -> list[str]:
         lines += _about(key, indent)
         if key.kind is Kind.SECTION:
             lines.append(f"{indent}{key.name}:")
-            lines += _entries(key.path, indent + "  ")
+            lines += _entries(key.path, indent + "  ", example=example)
             continue
         value = flow(key.default)
-        if key.default in (None, [], {}) and key.example is not None:
+        if example and key.example is not None:
+            value = key.example
+        elif key.default in (None, [], {}) and key.example is not None:
             value = key.example if key.required or key.default is None else value
             if not key.required and key.default is None and parent in ("", "metadata", "http"):
                 value = f"null  # e.g. {key.example}"
@@ -179,6 +181,11 @@ def _list_item(lines: list[str], indent: str) -> list[str]:
     lines = list(lines)
     lines[first] = f"{indent}  - {lines[first].lstrip()}"
     return lines
+
+
+def _needs_example(section: Key) -> bool:
+    """A section off by default that, once given, needs keys of its own: shown commented."""
+    return any(k.required for k in schema.KEYS if k.path.startswith(f"{section.path}."))
 
 
 _ENTRY = {"hooks": "Each command of a hook holds", "events": "Each event type's mapping holds"}
@@ -215,11 +222,12 @@ def shipped() -> str:
                 )
             lines.append(f"{key.name}:")
             lines += _block(key.default, "  ")
-        elif key.kind is Kind.SECTION and key.default is None and key.path == "coordination":
-            lines += [f"#{key.name}:"] + [f"#{line}" for line in _entries(key.path, "  ")]
+        elif key.kind is Kind.SECTION and _needs_example(key):
+            lines += [f"#{key.name}:"]
+            lines += [f"#{line}" for line in _entries(key.path, "  ", example=True)]
             lines.append(f"{key.name}: null")
         elif item is not None and below:
-            example = _list_item(_entries(item, "    "), "")
+            example = _list_item(_entries(item, "    ", example=True), "")
             lines += [f"#{key.name}:"] + [f"#{line}" for line in example]
             lines.append(f"{key.name}: {flow(key.default)}")
         elif key.kind is Kind.SECTION:

@@ -180,9 +180,9 @@ def cmd_events(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.json:
-        print(report.as_json(doc, identity.name, cfg.events))
+        print(report.as_json(doc, identity.name, cfg, dt.datetime.now(dt.timezone.utc)))
     else:
-        print(report.table(doc, identity.name, dt.datetime.now(dt.timezone.utc), cfg.events))
+        print(report.table(doc, identity.name, dt.datetime.now(dt.timezone.utc), cfg))
     return 0
 
 

@@ -14,6 +14,7 @@ import re
 import stat
 import types
 import urllib.parse
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from . import schema
 from .model import EVENT_TYPES
 from .schema import WEBHOOK_EVENTS
+from .windows import DAYS, Window
 
 DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -159,9 +161,28 @@ class EventRule:
     approve: Optional[ApprovePolicy] = None  # None: the top-level `approve`
     short_seconds: Optional[int] = None  # DurationInSeconds 0..this: no hooks, just approve
     start_before: Optional[float] = None  # start `before` only this many s before NotBefore
+    window: Optional[bool] = None  # obey `windows`; None: as its type (WINDOWED)
+    fast: Optional[tuple[str, ...]] = None  # instead of `before` when little time is left
+    fast_below: float = schema.number("events.TYPE.fast_below")
 
     def hooks_for(self, stage: str) -> tuple[str, ...]:
         return {"before": self.before, "after": self.after, "cancelled": self.cancelled}[stage]
+
+    def obeys_windows(self, event_type: str) -> bool:
+        return self.window if self.window is not None else event_type in WINDOWED
+
+
+# The types whose maintenance can wait for a window by default: the others (Freeze, Preempt,
+# Terminate) come with seconds of notice or are not the VM's to plan.
+WINDOWED = ("Reboot", "Redeploy")
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most `max` VMs of `group` between before-hooks start and after-hooks end."""
+
+    group: str
+    max: int = int(schema.number("concurrency.max"))
 
 
 STAGES = ("before", "after", "cancelled")
@@ -187,6 +208,8 @@ class Config:
     metrics_textfile: Optional[Path] = None
     unhealthy_from: HealthFrom = _UNHEALTHY_FROM
     webhooks: tuple[Webhook, ...] = ()
+    windows: tuple[Window, ...] = ()
+    concurrency: Optional[Concurrency] = None
     warnings: tuple[str, ...] = ()  # not errors: said by check-config and logged at start
 
     def policy(self, event_type: str) -> ApprovePolicy:
@@ -261,14 +284,21 @@ def _construct_timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 # YAML 1.2 booleans only: under YAML 1.1 a webhook's `on:` key would be the boolean True, and
-# `yes`, `no`, `off` would not be the strings they look like.
+# `yes`, `no`, `off` would not be the strings they look like. No base-60 integers either: a
+# window's `end: 23:00` would be the number 82800.
 _BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
 _UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _INT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _UniqueKeyLoader.add_implicit_resolver(
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_UniqueKeyLoader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
 )
 
 
@@ -587,7 +617,19 @@ def _check_rule(
         start_before = c.number(
             fields["start_before"], f"{where}.start_before", "events.TYPE.start_before"
         )
-    return EventRule(before, after, cancelled, approve, short, start_before)
+    window = fields.get("window")
+    if window is not None and not isinstance(window, bool):
+        c.fail(f"{where}.window", f"must be true or false, got {_kind(window)}")
+        window = None
+    fast = None
+    if fields.get("fast") is not None:
+        fast = _hook_names(c, f"{where}.fast", fields["fast"], hooks)
+    fast_below = c.number(fields.get("fast_below"), f"{where}.fast_below", "events.TYPE.fast_below")
+    if "fast_below" in fields and fast is None:
+        c.fail(f"{where}.fast_below", "given without fast (the hooks to run instead of before)")
+    return EventRule(
+        before, after, cancelled, approve, short, start_before, window, fast, fast_below
+    )
 
 
 def _hook_names(
@@ -714,6 +756,83 @@ def _url_parts(text: str) -> Optional[urllib.parse.SplitResult]:
     except ValueError:
         return None
     return parts
+
+
+_CLOCK = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+
+
+def _check_windows(c: _Checker, raw: Any) -> tuple[Window, ...]:  # noqa: ANN401
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail("windows", f"must be a list of windows, got {_kind(raw)}")
+        return ()
+    windows = []
+    for i, entry in enumerate(raw):
+        where = f"windows[{i}]"
+        fields = c.mapping(entry, where, "windows[]")
+        if not isinstance(entry, dict):
+            continue
+        days = fields.get("days", schema.key("windows[].days").default)
+        if not isinstance(days, list) or not days or not all(d in DAYS for d in days):
+            c.fail(f"{where}.days", f"must be a non-empty list of {', '.join(DAYS)}, got {days!r}")
+            days = list(DAYS)
+        start = _clock(c, f"{where}.start", fields.get("start"))
+        end = _clock(c, f"{where}.end", fields.get("end"))
+        name = c.string(fields.get("timezone"), f"{where}.timezone", "UTC")
+        zone = _zone(name)
+        if zone is None:
+            c.fail(f"{where}.timezone", f"not a time zone this machine knows (IANA), got {name!r}")
+            continue
+        if start is None or end is None:
+            continue
+        if start == end:
+            c.fail(f"{where}.end", "must differ from start (a window of no time, or all day?)")
+            continue
+        windows.append(Window(frozenset(DAYS.index(d) for d in days), start, end, zone))
+    return tuple(windows)
+
+
+_ZONE_NAME = re.compile(r"^[A-Za-z0-9_+-]{1,30}(/[A-Za-z0-9_+-]{1,30}){0,2}$")
+
+
+def _zone(name: str) -> Optional[zoneinfo.ZoneInfo]:
+    """The IANA zone, or None. The name is looked up as a file: a name of 5000 characters made
+    zoneinfo raise OSError (found by a property test), hence the shape check first."""
+    if not _ZONE_NAME.match(name):
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+
+
+def _clock(c: _Checker, where: str, value: Any) -> Optional[dt.time]:  # noqa: ANN401
+    match = _CLOCK.match(value) if isinstance(value, str) else None
+    if match is None:
+        c.fail(where, f'must be a time of day "HH:MM" (00:00 to 23:59), got {value!r}')
+        return None
+    return dt.time(int(match[1]), int(match[2]))
+
+
+def _check_concurrency(c: _Checker, raw: Any, etcd: bool) -> Optional[Concurrency]:  # noqa: ANN401
+    if raw is None:
+        return None
+    fields = c.mapping(raw, "concurrency", "concurrency")
+    if not isinstance(raw, dict):
+        return None
+    group = c.string(fields.get("group"), "concurrency.group", "")
+    if not group:
+        c.fail("concurrency.group", "required: VMs naming the same group share its slots")
+    elif not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", group):
+        c.fail("concurrency.group", f"letters, digits, '_', '.', '-' (at most 64), got {group!r}")
+    most = c.whole(fields.get("max"), "concurrency.max", "concurrency.max")
+    if not etcd:
+        c.fail(
+            "concurrency",
+            "needs coordination.etcd: the slots are keys under leases in the fleet's etcd",
+        )
+    return Concurrency(group, Concurrency.max if most is None else most)
 
 
 def _loopback(url: str) -> bool:
@@ -919,6 +1038,9 @@ def parse(
         health.get("unhealthy_from"), "health.unhealthy_from", defaults.unhealthy_from
     )
     webhooks = _check_webhooks(c, top.get("webhooks"))
+    windows = _check_windows(c, top.get("windows"))
+    etcd = coordination is not None and coordination.etcd is not None
+    concurrency = _check_concurrency(c, top.get("concurrency"), etcd)
     wants_all = [
         where
         for where, policy in [
@@ -951,6 +1073,8 @@ def parse(
         metrics_textfile=textfile,
         unhealthy_from=unhealthy_from,
         webhooks=webhooks,
+        windows=windows,
+        concurrency=concurrency,
     )
 
 

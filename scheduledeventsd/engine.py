@@ -24,6 +24,7 @@ from .lifecycle import DURABLE, PREPARED, IllegalTransitionError, On, Phase, Rul
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .records import Cause, Level, Record, What
 from .retry import Backoff, Failures
+from .when import Held, fast_hooks, hold
 
 POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for longer
 APPROVAL_BACKOFF = Backoff(0.5, 8.0)
@@ -949,6 +950,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 )
             )
             state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
+    state = _replace_waiting(state, now, out)  # windows, lead times may have changed
     if new.metadata != old.metadata:
         # A fixed url/api_version is tried at once, not after the rejected request's backoff.
         state = replace(state, poll=replace(state.poll, next_at=now, rejected=""))
@@ -1256,17 +1258,9 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     for event_id, t in state.events.items():
         if t.phase is not Phase.WAITING or t.start_at > now:
             continue
-        rule = state.config.events.get(t.event.event_type)
-        if rule is None:  # a reload removed it (handled there); never an empty run by accident
-            continue
-        if rule.before:
-            state, run = _spawn(state, t, Stage.BEFORE, rule.before, out)
-            tracked = _move(t, On.LEAD_TIME, Phase.RUNNING, run=run, start_at=0.0)
-        else:
-            phase, note = _approval(t.event, state)
-            if note is not None:
-                out.append(note)
-            tracked = _move(t, On.LEAD_TIME, phase, start_at=0.0)
+        if t.event.event_type not in state.config.events:
+            continue  # a reload removed it (handled there); never an empty run by accident
+        state, tracked = _prepare(state, t, On.LEAD_TIME, now, out)
         state = _with(state, event_id, tracked)
     return state
 
@@ -1441,7 +1435,7 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
             return state, _move(tracked, on, Phase.MISSED)
         return state, _move(_still_waiting(tracked, state, now, out), on, phase)
     if phase is Phase.INTERRUPTED:
-        return _resume(state, tracked, on, out)
+        return _resume(state, tracked, on, now, out)
     if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING):
         if phase is Phase.COORDINATING:
             state, tracked = _stop_asking(state, tracked, out)
@@ -1449,7 +1443,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     return state, _move(tracked, on, phase)
 
 
-def _resume(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
+def _resume(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
     """Before-hooks cut off by a stop run again while the event is still Scheduled."""
     event = tracked.event
     if event.status != SCHEDULED:
@@ -1460,10 +1456,7 @@ def _resume(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[
             _unhandled(event, f"no hooks configured for {event.event_type} any more; left alone")
         )
         return state, _move(tracked, on, Phase.UNHANDLED)
-    if not rule.before:  # configured with none now: approval per policy, as at first sight
-        return state, _decide(state, tracked, on, out)
-    state, run = _spawn(state, tracked, Stage.BEFORE, rule.before, out)
-    return state, _move(tracked, on, Phase.RUNNING, run=run)
+    return _prepare(state, tracked, on, now, out)
 
 
 def _decide(state: State, tracked: Tracked, on: On, out: list[Effect]) -> Tracked:
@@ -1546,47 +1539,80 @@ def _first_sight(
     if decided is not None:
         phase, why = decided
         return state, _move(new, on, phase, rule=why)
-    start_at = _start_at(event, rule, state, now)
-    if start_at is not None:
-        out.append(_waiting(event, rule, start_at, state))
-        return state, _move(new, on, Phase.WAITING, start_at=start_at)
-    if rule.before:
-        state, run = _spawn(state, new, Stage.BEFORE, rule.before, out)
-        return state, _move(new, on, Phase.RUNNING, run=run)
-    return state, _decide(state, new, on, out)
+    held = _start_at(event, rule, state, now)
+    if held is not None:
+        out.append(_waiting(event, rule, held, state))
+        return state, _move(new, on, Phase.WAITING, start_at=held.at)
+    return _prepare(state, new, on, now, out)
 
 
-def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[float]:
-    """When a lead time holds back the before-hooks, the monotonic instant they start; None
-    when they start now (no start_before, no NotBefore, or NotBefore already close enough)."""
-    if rule.start_before is None or event.not_before is None or not rule.before:
+def _prepare(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Start the before-stage: `fast` instead of `before` when fewer than `fast_below` seconds
+    are left; with no hooks to run, approval per policy at once."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    hooks = rule.before
+    left = _seconds_left(event, state, now)
+    quick = fast_hooks(rule, left)
+    if quick is not None:
+        hooks = quick
+        seconds = max(0.0, left or 0.0)
+        out.append(
+            _note(
+                Level.INFO,
+                What.EVENT_RULE,
+                event,
+                rule=Rule.FAST.value,
+                hooks=list(hooks),
+                seconds_left=int(seconds),
+                reason=f"{seconds:.0f} s to NotBefore < fast_below {rule.fast_below:g}: the "
+                "fast hooks run instead of before",
+            )
+        )
+    if not hooks:
+        return state, _decide(state, tracked, on, out)
+    state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
+    return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)
+
+
+def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
+    if event.not_before is None or state.wall_offset is None:
         return None
+    return event.not_before.timestamp() - (now + state.wall_offset)
+
+
+def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[Held]:
+    """`when.hold` on the monotonic clock: the instant the before-hooks start, None for now."""
     if state.wall_offset is None:
         return None
-    start_at = event.not_before.timestamp() - rule.start_before - state.wall_offset
-    return start_at if start_at > now else None
+    held = hold(event, rule, state.config.windows, now + state.wall_offset)
+    return None if held is None else replace(held, at=held.at - state.wall_offset)
 
 
-def _waiting(event: Event, rule: EventRule, start_at: float, state: State) -> Record:
-    wall = start_at + (state.wall_offset or 0.0)
-    return _note(
-        Level.INFO,
-        What.EVENT_WAITING,
-        event,
-        hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
-        start_before=rule.start_before,
-        reason=f"NotBefore is more than start_before ({rule.start_before:g} s) away",
-    )
+def _waiting(event: Event, rule: EventRule, held: Held, state: State) -> Record:
+    wall = held.at + (state.wall_offset or 0.0)
+    fields: dict[str, object] = {
+        "hooks_start_at": iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        "reason": held.reason,
+    }
+    if held.window is not None:
+        fields["window"] = held.window
+    if rule.start_before is not None:
+        fields["start_before"] = rule.start_before
+    return _note(Level.INFO, What.EVENT_WAITING, event, **fields)
 
 
 def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]) -> Tracked:
-    """A NotBefore that moves, or a clock that steps, is followed."""
+    """A NotBefore that moves, a clock that steps, a reload that changes the windows: the wait
+    is placed again."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
-    start_at = _start_at(event, rule, state, now)
-    start_at = now if start_at is None else start_at
-    if abs(start_at - tracked.start_at) > 1 and start_at > now:
-        out.append(_waiting(event, rule, start_at, state))
+    held = _start_at(event, rule, state, now)
+    start_at = now if held is None else held.at
+    if held is not None and abs(start_at - tracked.start_at) > 1:
+        out.append(_waiting(event, rule, held, state))
     return replace(tracked, start_at=start_at)
 
 

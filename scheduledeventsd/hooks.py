@@ -378,8 +378,10 @@ def hook_environment(
     *,
     stage: str = "before",
     rebooted: bool = False,
+    now: Optional[float] = None,
 ) -> dict[str, str]:
-    """A minimal, explicit environment: the daemon's own (proxies, NOTIFY_SOCKET...) never leaks."""
+    """A minimal, explicit environment: the daemon's own (proxies, NOTIFY_SOCKET...) never leaks.
+    `now` (the wall clock, as the command starts) gives SCHEDULED_EVENT_SECONDS_LEFT."""
     env = dict(BASE_ENV)
     env.update(extra)
     event_env = {
@@ -399,9 +401,17 @@ def hook_environment(
         "SCHEDULED_EVENT_HOOK": hook,
         "SCHEDULED_EVENT_STAGE": stage,
         "SCHEDULED_EVENT_REBOOTED": "1" if rebooted else "0",
+        "SCHEDULED_EVENT_SECONDS_LEFT": seconds_left(event, time.time() if now is None else now),
     }
     env.update({k: bounded(v) for k, v in event_env.items()})
     return env
+
+
+def seconds_left(event: Event, now: float) -> str:
+    """Whole seconds from `now` to NotBefore, never negative; empty without NotBefore."""
+    if event.not_before is None:
+        return ""
+    return str(max(0, int(event.not_before.timestamp() - now)))
 
 
 def bounded(value: str, limit: int = MAX_ENV_VALUE) -> str:
@@ -446,10 +456,10 @@ def run_hooks(
     stdin = hook_stdin(event, incarnation, vm_name)
     budget = OutputBudget()  # for the whole run
     for hook in hooks:
-        env = hook_environment(
-            event, hook.name, incarnation, vm_name, extra_env, stage=stage, rebooted=rebooted
-        )
         for command in hook.commands:
+            env = hook_environment(  # per command: its SECONDS_LEFT is from its own start
+                event, hook.name, incarnation, vm_name, extra_env, stage=stage, rebooted=rebooted
+            )
             on_started(hook.name, command.argv)
             result = runner.run(
                 command.argv,

@@ -21,7 +21,7 @@ class Phase(str, enum.Enum):
     NOT_OURS = "not_ours"  # Resources does not name this VM
     UNHANDLED = "unhandled"  # no rule for its type, an unknown status, or user_events: ignore
     MISSED = "missed"  # first seen already Started: no chance to prepare
-    WAITING = "waiting"  # ours; its before-hooks start at a later instant (start_before)
+    WAITING = "waiting"  # ours; its before-hooks start later (start_before, a window)
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
     ENDING = "ending"  # it left while its before-hooks ran: they are being stopped
@@ -75,6 +75,7 @@ class Rule(str, enum.Enum):
     HOOKS = ""
     SHORT = "short"  # DurationInSeconds <= short_seconds
     USER = "user"  # EventSource User and user_events approve or ignore
+    FAST = "fast"  # only logged: `fast` ran instead of `before` (it was prepared, as by HOOKS)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ _ROWS: list[Transition] = [
         [P.UNHANDLED],
         "no rule for its type, unknown status, or user_events: ignore",
     ),
-    _t(P.NEW, On.SEEN, [P.WAITING], "NotBefore further than start_before: event_waiting"),
+    _t(P.NEW, On.SEEN, [P.WAITING], "held by start_before or a window: event_waiting"),
     _t(P.NEW, On.SEEN, [P.RUNNING], "before-hooks start"),
     _t(P.NEW, On.SEEN, _DECIDE, "no before-hooks, or a rule (short, user): approval per policy"),
     _t(P.NOT_OURS, On.LISTED, [P.NOT_OURS], "nothing"),

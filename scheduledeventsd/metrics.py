@@ -9,6 +9,7 @@ pays nothing for it.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional, get_args
@@ -40,6 +41,7 @@ from .imds import Failure
 from .model import EVENT_TYPES
 from .observer import next_not_before, pending
 from .state import write_atomically
+from .windows import Window, current_or_next
 
 HOOK_RESULTS = ("ok", "failed", "timeout", "cancelled")
 KNOWN_POLL_ERRORS = (
@@ -127,6 +129,13 @@ class Metrics:
             ["version", "vm_name"],
             registry=r,
         )
+        self.next_window = Gauge(
+            "scheduledeventsd_next_window_start_timestamp_seconds",
+            "Opening of the maintenance window open now, or else of the next (0: no windows)",
+            registry=r,
+        )
+        self.next_window.set_function(self._next_window)
+        self._windows: tuple[Window, ...] = ()
         self._vm_name: Optional[str] = None
         self._detected: dict[str, float] = {}
         self.changes = 0  # bumped by everything but routine polls (the textfile is written then)
@@ -144,11 +153,16 @@ class Metrics:
 
     def use(self, config: Config) -> None:
         """Zero-initialise the hooks a (re)loaded config can run, in the stages it runs them."""
+        self._windows = config.windows
         for hook, stage in _hook_stages(config):
             for result in (*HOOK_RESULTS, "not_yet") if stage == "gate" else HOOK_RESULTS:
                 self.hook_runs.labels(hook, stage, result)
             self.hook_duration.labels(hook, stage)
         self.changes += 1
+
+    def _next_window(self) -> float:
+        span = current_or_next(self._windows, time.time())
+        return 0.0 if span is None else span[0]
 
     def observe(self, before: State, message: Message, after: State, now: float) -> None:
         """Count what one engine step shows; `now` is its monotonic time."""

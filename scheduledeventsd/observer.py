@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import __version__
-from .config import HealthFrom
+from .config import Config, HealthFrom
 from .engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
 from .model import SCHEDULED, Event, iso_utc
+from .when import hold
+from .windows import current_or_next
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires
 MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status without bound
@@ -115,10 +117,11 @@ class Observer:
         """The status document: what `scheduledeventsd status` and `/status` show."""
         sick = unhealthy(state, since)
         events = [
-            _event(t, self.timelines.get(k, Timeline()), wall)
+            _event(t, self.timelines.get(k, Timeline()), wall, state.config)
             for k, t in sorted(state.events.items())
             if t.phase is not Phase.NOT_OURS
         ]
+        window = current_or_next(state.config.windows, wall)
         coordination = state.coordination
         return {
             "version": __version__,
@@ -141,6 +144,11 @@ class Observer:
                 "event_id": None if sick is None else sick.event_id,
                 "event_type": None if sick is None else sick.event_type,
             },
+            "windows": {
+                "configured": [w.describe() for w in state.config.windows],
+                "next_opens_at": None if window is None else _iso(window[0]),
+                "next_closes_at": None if window is None else _iso(window[1]),
+            },
             "events": events,
         }
 
@@ -158,9 +166,13 @@ def _advance(line: Timeline, old: Optional[Phase], new: Phase, wall: float) -> N
         line.after_hooks = wall
 
 
-def _event(tracked: Tracked, line: Timeline, wall: float) -> dict[str, Any]:
+def _event(tracked: Tracked, line: Timeline, wall: float, config: Config) -> dict[str, Any]:
     event = tracked.event
     not_before = event.not_before.timestamp() if event.not_before is not None else None
+    rule = config.events.get(event.event_type)
+    held = None
+    if tracked.phase is Phase.WAITING and rule is not None:
+        held = hold(event, rule, config.windows, wall)
     return {
         "event_id": event.event_id,
         "event_type": event.event_type,
@@ -169,6 +181,8 @@ def _event(tracked: Tracked, line: Timeline, wall: float) -> dict[str, Any]:
         "resources": list(event.resources),
         "not_before": iso_utc(event.not_before) or None,
         "seconds_to_not_before": None if not_before is None else round(not_before - wall, 1),
+        "hooks_start_at": None if held is None else _iso(held.at),
+        "waiting_for": None if held is None else held.reason,
         "detected_at": _iso(line.detected),
         "hooks_started_at": _iso(line.hooks_started),
         "hooks_done_at": _iso(line.hooks_done),

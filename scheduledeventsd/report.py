@@ -7,18 +7,18 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .config import EventRule
+from .config import Config
 from .model import Document, Event, iso_utc
+from .when import Held, hold
 
-Rules = Mapping[str, EventRule]
 
-
-def hooks_start(event: Event, rules: Rules) -> Optional[dt.datetime]:
-    """When `start_before` holds the before-hooks back: the instant they start."""
-    rule = rules.get(event.event_type)
-    if rule is None or rule.start_before is None or event.not_before is None:
+def hooks_start(event: Event, config: Config, now: dt.datetime) -> Optional[Held]:
+    """When a lead time or a window holds the before-hooks back: the instant and why, as the
+    daemon decides it (when.hold)."""
+    rule = config.events.get(event.event_type)
+    if rule is None:
         return None
-    return event.not_before - dt.timedelta(seconds=rule.start_before)
+    return hold(event, rule, config.windows, now.timestamp())
 
 
 def countdown(not_before: Optional[dt.datetime], now: dt.datetime) -> str:
@@ -28,15 +28,19 @@ def countdown(not_before: Optional[dt.datetime], now: dt.datetime) -> str:
     return ("" if seconds >= 0 else "-") + countdown_seconds(abs(seconds))
 
 
+def _utc(wall: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(wall, dt.timezone.utc)
+
+
 def _local(when: Optional[dt.datetime]) -> str:
     return "-" if when is None else when.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def table(doc: Document, vm_name: str, now: dt.datetime, rules: Rules) -> str:
+def table(doc: Document, vm_name: str, now: dt.datetime, config: Config) -> str:
     header = ("OURS", "EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "IN", "HOOKS IN", "RESOURCES")
     rows = [header]
     for event in doc.events:
-        start = hooks_start(event, rules) if event.names(vm_name) else None
+        held = hooks_start(event, config, now) if event.names(vm_name) else None
         rows.append(
             (
                 "yes" if event.names(vm_name) else "no",
@@ -45,7 +49,7 @@ def table(doc: Document, vm_name: str, now: dt.datetime, rules: Rules) -> str:
                 event.status,
                 _local(event.not_before),
                 countdown(event.not_before, now),
-                "-" if start is None or start <= now else countdown(start, now),
+                "-" if held is None else f"{countdown(_utc(held.at), now)} ({held.reason})",
                 ", ".join(event.resources),
             )
         )
@@ -59,13 +63,14 @@ def table(doc: Document, vm_name: str, now: dt.datetime, rules: Rules) -> str:
     return "\n".join(lines)
 
 
-def as_json(doc: Document, vm_name: str, rules: Rules) -> str:
+def as_json(doc: Document, vm_name: str, config: Config, now: dt.datetime) -> str:
     def one(event: Event) -> dict[str, object]:
-        start = hooks_start(event, rules) if event.names(vm_name) else None
+        held = hooks_start(event, config, now) if event.names(vm_name) else None
         return dict(
             event.to_json(),
             ForThisVM=event.names(vm_name),
-            HooksStartAt=None if start is None else iso_utc(start),
+            HooksStartAt=None if held is None else iso_utc(_utc(held.at)),
+            HooksWaitFor=None if held is None else held.reason,
         )
 
     return json.dumps(
@@ -95,6 +100,12 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         f"(from {health.get('unhealthy_from')})",
         f"coordination: {doc.get('coordination')}; state file: {doc.get('state_file')}",
     ]
+    windows = doc.get("windows") or {}
+    if windows.get("configured"):
+        lines.append(
+            f"windows: {'; '.join(windows['configured'])}; next opens "
+            f"{windows.get('next_opens_at')}, closes {windows.get('next_closes_at')}"
+        )
     events = doc.get("events") or []
     lines.append("events of this VM:" if events else "no events of this VM")
     for e in events:
@@ -107,6 +118,8 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             f"  {e.get('event_type')} {e.get('event_id')}: {e.get('phase')}, "
             f"{e.get('status')}, NotBefore {when}"
         )
+        if e.get("hooks_start_at"):
+            lines.append(f"    hooks start {e['hooks_start_at']} ({e.get('waiting_for')})")
         moments = [
             f"{label} {_clock(e.get(key))}"
             for label, key in (

@@ -32,6 +32,8 @@ class Kind(str, enum.Enum):
     ARGV = "argv list"
     HOOK_NAMES = "list of hook names"
     ADDRESS = "ADDRESS:PORT"
+    BOOL = "true or false"
+    CLOCK = "HH:MM"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Key:
 HOOK_DIR = "/etc/scheduledeventsd/hooks"
 WEBHOOK_EVENTS = (
     "detected",
+    "waiting",
     "hooks_failed",
     "approved",
     "missed",
@@ -227,6 +230,82 @@ KEYS: tuple[Key, ...] = (
         high=7 * 86400,
         example="900",
         default_text="at once",
+    ),
+    Key(
+        "events.TYPE.window",
+        Kind.BOOL,
+        "Obey windows: wait for one to open before starting before-hooks.",
+        default_text="true for Reboot and Redeploy, false otherwise",
+        example="false",
+    ),
+    Key(
+        "events.TYPE.fast",
+        Kind.HOOK_NAMES,
+        "Run instead of before when less than fast_below seconds are left as they would start.",
+        default_text="before, whatever is left",
+        example="[checkpoint]",
+    ),
+    Key(
+        "events.TYPE.fast_below",
+        Kind.SECONDS,
+        "With fast: the seconds to NotBefore under which fast runs instead of before.",
+        120,
+        0,
+        86400,
+    ),
+    Key(
+        "windows",
+        Kind.LIST,
+        "When early maintenance may start; []: any time. Types with window: true wait for one.",
+        [],
+    ),
+    Key(
+        "windows[].days",
+        Kind.LIST,
+        "Days it opens on: mon, tue, wed, thu, fri, sat, sun.",
+        ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+        example="[sat, sun]",
+    ),
+    Key(
+        "windows[].start",
+        Kind.CLOCK,
+        "When it opens, local to timezone.",
+        required=True,
+        example='"02:00"',
+    ),
+    Key(
+        "windows[].end",
+        Kind.CLOCK,
+        "When it closes; not after start: the next day (23:00-01:00).",
+        required=True,
+        example='"05:00"',
+    ),
+    Key(
+        "windows[].timezone",
+        Kind.TEXT,
+        "An IANA time zone; daylight saving is the zone's.",
+        "UTC",
+        example="Europe/Berlin",
+    ),
+    Key(
+        "concurrency",
+        Kind.SECTION,
+        "At most max VMs of a group in early maintenance at once (slots in coordination.etcd).",
+    ),
+    Key(
+        "concurrency.group",
+        Kind.TEXT,
+        "VMs naming the same group share its slots.",
+        required=True,
+        example="web",
+    ),
+    Key(
+        "concurrency.max",
+        Kind.WHOLE,
+        "Slots of the group: VMs between before-hooks start and after-hooks end.",
+        1,
+        1,
+        1000,
     ),
     Key(
         "environment",

@@ -28,6 +28,7 @@ QUEUE_SIZE = 200  # messages waiting per webhook; beyond it the oldest news is d
 BACKOFF = 0.5  # urllib3: 0.5 s, 1 s, 2 s, ... between attempts
 _KINDS = {
     What.EVENT_DETECTED: "detected",
+    What.EVENT_WAITING: "waiting",
     What.EVENT_APPROVED: "approved",
     What.EVENT_MISSED: "missed",
     What.EVENT_CANCELLED: "cancelled",
@@ -36,6 +37,7 @@ _KINDS = {
 }
 _WORDS = {
     "detected": "detected",
+    "waiting": "waiting: its hooks are held back (a window, its lead time or a slot)",
     "hooks_failed": "NOT approved: a hook failed; it proceeds at NotBefore",
     "approved": "approved: the maintenance starts now",
     "missed": "missed: first seen already started",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -113,3 +114,24 @@ def test_test_hooks_exits_1_when_a_hook_fails_and_2_when_nothing_is_configured(t
     nothing = cli("test-hooks", "Freeze", "--config", str(path))
     assert nothing.returncode == 2
     assert "no before hooks are configured for Freeze" in nothing.stdout
+
+
+def test_events_shows_that_a_reboot_waits_for_its_maintenance_window(sim, daemons, hooks):
+    """A window opening in about two hours, placed from the test's own clock."""
+    opens = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)).replace(second=0)
+    closes = opens + dt.timedelta(hours=1)
+    ours = sim.add_event("Reboot", [VM], not_before_in=6 * 3600)
+    cfg = daemons.config(
+        hooks={"a": [{"command": [hooks.recorder("a")]}]},
+        events={"Reboot": ["a"]},
+        windows=[{"start": f"{opens:%H:%M}", "end": f"{closes:%H:%M}", "timezone": "UTC"}],
+    )
+    path = daemons.write_config(cfg)
+    row = next(
+        line for line in cli("events", "--config", str(path)).stdout.splitlines() if ours in line
+    )
+    assert "(window)" in row
+    assert "1h59m" in row or "2h00m" in row or "1h58m" in row
+    (event,) = json.loads(cli("events", "--config", str(path), "--json").stdout)["Events"]
+    assert event["HooksWaitFor"] == "window"
+    assert event["HooksStartAt"].startswith(f"{opens:%Y-%m-%dT%H:%M}")

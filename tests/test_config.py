@@ -222,25 +222,28 @@ def test_check_config_summarises_a_valid_config(tmp_path, hook):
 
 
 def _yaml_key_paths(raw):
-    paths = set()
-    for key, value in raw.items():
-        paths.add(key)
-        if key == "metadata":
-            paths |= {f"metadata.{k}" for k in value}
-        if key == "hooks":
-            paths |= {f"hooks.*.{k}" for commands in value.values() for c in commands for k in c}
-        if key in ("http", "health") and value:
-            paths |= {f"{key}.{k}" for k in value}
-        if key == "webhooks" and value:
-            paths |= {f"webhooks.*.{k}" for hook in value for k in hook}
-        if key == "coordination" and value:
-            for kind, settings in value.items():
-                paths |= {f"coordination.{kind}"} | {f"coordination.{kind}.{k}" for k in settings}
-        if key == "events":
-            paths |= {
-                f"events.*.{k}" for rule in value.values() if isinstance(rule, dict) for k in rule
-            }
-    return paths
+    """The declared key paths (`hooks.*.timeout`) a loaded YAML value holds."""
+    source = config.key_paths()
+    prefixes = {p.rsplit(".", n)[0] for p in source for n in range(p.count(".") + 1)}
+    found = set()
+
+    def walk(value, pattern):
+        if pattern in source:
+            found.add(pattern)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                for child in (f"{pattern}.{key}".lstrip("."), f"{pattern}.*"):
+                    if child in prefixes:
+                        walk(item, child)
+                        break
+        elif isinstance(value, list):
+            item_pattern = f"{pattern}.*" if f"{pattern}.*" in prefixes else pattern
+            for item in value:
+                if isinstance(item, dict):
+                    walk(item, item_pattern)
+
+    walk(raw, "")
+    return found
 
 
 def _readme_config_block(heading="## Configuration"):
@@ -267,8 +270,8 @@ def test_the_shipped_config_and_the_readme_examples_hold_only_declared_keys():
     source = config.key_paths()
     shipped_text = (ROOT / "etc/scheduledeventsd/config.yaml").read_text()
     shipped = _yaml_key_paths(config.parse_yaml(shipped_text))
-    shipped |= _yaml_key_paths(_commented_example(shipped_text, "#coordination:"))
-    shipped |= _yaml_key_paths(_commented_example(shipped_text, "#webhooks:"))
+    for commented in re.findall(r"^#\w+:$", shipped_text, re.MULTILINE):
+        shipped |= _yaml_key_paths(_commented_example(shipped_text, commented))
     for section, heading in (("hooks", "# Each command of a hook holds:"), ("events", "# Each ev")):
         described = shipped_text.split(heading, 1)[1].split(f"\n{section}:", 1)[0]
         shipped |= {f"{section}.*.{k}" for k in re.findall(r"^#   (\w+): ", described, re.M)}
@@ -435,7 +438,7 @@ def test_a_bad_listen_address_and_bad_webhooks_are_errors_with_their_key_paths(t
         in text
     )
     assert "webhooks[0].format: must be one of json, text, got 'xml'" in text
-    assert "webhooks[0].on[1]: must be one of detected, hooks_failed" in text
+    assert "webhooks[0].on[1]: must be one of detected, waiting, hooks_failed" in text
     assert "webhooks[0].retries: must be a whole number 0..20" in text
     assert "webhooks[0].headers.Authorization: must be a string on one line" in text
     assert "webhooks[0].proxy: must be an http(s):// URL with a host" in text

@@ -50,17 +50,23 @@ def shown(key: Key) -> Any:
 
 
 def full(without: str) -> dict[str, Any]:
-    """Every declared key set, from its example or default (one of etcd and gate: `without`)."""
+    """Every declared key set, from its example or default (one of etcd and gate: `without`;
+    concurrency goes with etcd)."""
     raw: dict[str, Any] = {"approve": "all"}
     for key in schema.KEYS:
-        if key.kind in (Kind.SECTION,) or key.path.startswith(f"coordination.{without}"):
+        if key.kind is Kind.SECTION or key.path.startswith(f"coordination.{without}"):
             continue
-        if key.path in ("hooks", "events", "webhooks"):
+        if without == "etcd" and key.path.startswith("concurrency"):
+            continue
+        if schema.children(key.path) or schema.children(f"{key.path}[]"):
             continue  # made by their entries
+        if key.path in ("hooks", "events"):
+            continue
         if key.example is None and key.default is None:
             continue
         place(raw, key.path, shown(key))
     raw["events"]["Reboot"]["before"] = ["drain"]
+    raw["events"]["Reboot"]["fast"] = ["drain"]
     return raw
 
 
@@ -129,6 +135,8 @@ def test_every_declared_range_includes_its_bounds(bound):
             if key.path.startswith("coordination.") and not any(
                 key.path.startswith(f"coordination.{kind}.") for kind in chosen
             ):
+                continue
+            if key.path.startswith("concurrency.") and "concurrency" not in raw:
                 continue
             value = getattr(key, bound)
             place(raw, key.path, int(value) if key.kind is Kind.WHOLE else value)

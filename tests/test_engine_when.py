@@ -1,0 +1,185 @@
+"""Choosing when, in the pure engine with a fake clock: windows hold an event's before-hooks
+until one opens (never past the lead), NotBefore moves, reloads and clock steps place the wait
+again, and the fast hooks run when little time is left."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from zoneinfo import ZoneInfo
+
+from scheduledeventsd.config import ApprovePolicy, EventRule
+from scheduledeventsd.engine import (
+    ApprovalSent,
+    DocumentFetched,
+    HooksFinished,
+    Outcome,
+    Phase,
+    PostApproval,
+    Reloaded,
+    SpawnHooks,
+)
+from scheduledeventsd.when import WINDOW_LEAD
+from scheduledeventsd.windows import Window
+
+from .test_engine import Machine, config, doc, event, logs, of
+
+WALL0 = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc).timestamp()  # a Thursday
+MONO0 = 100.0
+EVENTS = {
+    "Reboot": EventRule(("drain",), ("undrain",)),
+    "Freeze": EventRule(("checkpoint",)),
+    "Redeploy": EventRule(("drain",), window=False),
+}
+
+
+def window(start, end, days=range(7), zone="UTC"):
+    return Window(
+        frozenset(days), dt.time.fromisoformat(start), dt.time.fromisoformat(end), ZoneInfo(zone)
+    )
+
+
+def due_in(seconds, event_id="E1", event_type="Reboot"):
+    when = dt.datetime.fromtimestamp(WALL0 + seconds, dt.timezone.utc)
+    return dataclasses.replace(event(event_id, event_type), not_before=when)
+
+
+def mono(wall_text):
+    """The fake monotonic instant of a UTC wall time."""
+    wall = dt.datetime.fromisoformat(wall_text).replace(tzinfo=dt.timezone.utc).timestamp()
+    return MONO0 + wall - WALL0
+
+
+def machine(windows=(), events=EVENTS, **overrides):
+    cfg = config(events=events, windows=tuple(windows), approve=ApprovePolicy.ALWAYS, **overrides)
+    return Machine(cfg, now=MONO0)
+
+
+def seen(m, *events, incarnation=2, at=None):
+    at = m.now if at is None else at
+    return m.send(DocumentFetched(doc(*events, incarnation=incarnation), WALL0 + at - MONO0), at=at)
+
+
+def test_a_reboot_waits_for_the_window_then_its_hooks_start_and_it_is_approved():
+    m = machine([window("02:00", "05:00")])
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.WAITING
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "window"
+    assert waiting.fields["hooks_start_at"] == "2026-11-27T02:00:00Z"
+    assert waiting.fields["window"] == "mon,tue,wed,thu,fri,sat,sun 02:00-05:00 UTC"
+    opens = mono("2026-11-27T02:00")
+    assert m.state.events["E1"].start_at == opens
+    assert not of(m.tick(opens - 0.01), SpawnHooks)
+    (spawn,) = of(m.tick(opens), SpawnHooks)
+    assert spawn.hooks == ("drain",)
+    m.send(
+        HooksFinished(spawn.run, Outcome.SUCCEEDED), at=mono("2026-11-27T06:00")
+    )  # window closed
+    assert of(m.effects, PostApproval), "the window bounds when preparation starts, not approval"
+
+
+def test_inside_a_window_the_hooks_start_at_once():
+    m = machine([window("11:00", "13:00")])
+    seen(m, due_in(3 * 86400))
+    assert of(m.effects, SpawnHooks)
+
+
+def test_no_window_before_not_before_means_as_without_windows():
+    m = machine([window("02:00", "05:00", days=[0])])  # Mondays; NotBefore is Saturday
+    seen(m, due_in(2 * 86400))
+    assert of(m.effects, SpawnHooks)
+    assert m.phase() is Phase.RUNNING
+
+
+def test_a_window_opening_late_never_makes_preparation_later_than_the_lead():
+    """A window opening 2 minutes before NotBefore: the hooks start WINDOW_LEAD before it."""
+    m = machine([window("13:58", "15:00")])
+    seen(m, due_in(2 * 3600))  # NotBefore 14:00
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "start_before"
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 - WINDOW_LEAD
+
+
+def test_start_before_comes_first_when_it_is_earlier_than_the_window():
+    events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=4 * 3600)}
+    m = machine([window("15:00", "16:00")], events=events)
+    seen(m, due_in(5 * 3600))  # NotBefore 17:00; lead at 13:00, window at 15:00
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "start_before"
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T13:00:00Z"
+
+
+def test_freeze_and_types_with_window_false_ignore_windows():
+    m = machine([window("02:00", "05:00")])
+    seen(
+        m,
+        due_in(3 * 86400, "F", "Freeze"),
+        due_in(3 * 86400, "D", "Redeploy"),
+        due_in(3 * 86400, "R", "Reboot"),
+    )
+    assert {s.event.event_id for s in of(m.effects, SpawnHooks)} == {"F", "D"}
+    assert m.phase("R") is Phase.WAITING
+
+
+def test_a_moving_not_before_places_the_wait_again():
+    m = machine([window("02:00", "05:00", days=[4, 5])])  # fri, sat
+    seen(m, due_in(3 * 86400))  # NotBefore Sunday 12:00: Friday 02:00
+    assert m.state.events["E1"].start_at == mono("2026-11-27T02:00")
+    seen(m, due_in(10 * 3600), incarnation=3, at=MONO0 + 1)  # NotBefore tonight 22:00
+    assert of(m.effects, SpawnHooks), "no window before the new NotBefore: at once"
+
+
+def test_a_reload_that_changes_the_windows_places_the_wait_again():
+    m = machine([window("02:00", "05:00")])
+    seen(m, due_in(3 * 86400))
+    new = dataclasses.replace(m.state.config, windows=(window("20:00", "21:00"),))
+    m.send(Reloaded(new), at=MONO0 + 5)
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T20:00:00Z"
+    m.send(Reloaded(dataclasses.replace(new, windows=())), at=MONO0 + 6)
+    assert of(m.effects, SpawnHooks), "no windows any more: at once"
+
+
+def test_a_wall_clock_step_places_the_wait_again():
+    m = machine([window("02:00", "05:00")])
+    seen(m, due_in(3 * 86400))
+    # The wall clock jumps 2 h ahead against the monotonic one (same document).
+    m.send(DocumentFetched(doc(due_in(3 * 86400)), WALL0 + 10 + 7200), at=MONO0 + 10)
+    assert logs(m.effects, "clock_moved")
+    assert m.state.events["E1"].start_at == mono("2026-11-27T02:00") - 7200
+
+
+def test_the_fast_hooks_run_when_less_than_fast_below_is_left():
+    events = {**EVENTS, "Reboot": EventRule(("drain",), fast=("checkpoint",), fast_below=300)}
+    m = machine(events=events)
+    seen(m, due_in(200), due_in(400, "E2"))
+    spawned = {s.event.event_id: s.hooks for s in of(m.effects, SpawnHooks)}
+    assert spawned == {"E1": ("checkpoint",), "E2": ("drain",)}
+    (rule,) = logs(m.effects, "event_rule")
+    assert rule.fields["rule"] == "fast"
+    assert rule.fields["seconds_left"] == 200
+
+
+def test_the_fast_path_is_decided_when_the_hooks_start_not_when_first_seen():
+    events = {
+        **EVENTS,
+        "Reboot": EventRule(("drain",), fast=("checkpoint",), fast_below=1200, start_before=900),
+    }
+    m = machine(events=events)
+    seen(m, due_in(3600))
+    assert m.phase() is Phase.WAITING
+    (spawn,) = of(m.tick(MONO0 + 3600 - 900), SpawnHooks)
+    assert spawn.hooks == ("checkpoint",), "900 s left at the lead, under fast_below"
+
+
+def test_fast_hooks_that_succeed_approve_and_the_after_hooks_still_run():
+    events = {**EVENTS, "Reboot": EventRule(("drain",), ("undrain",), fast=("checkpoint",))}
+    m = machine(events=events)
+    seen(m, due_in(60))
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 1)
+    assert of(m.effects, PostApproval)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 2)  # it left after our approval: over
+    assert [s.hooks for s in of(m.effects, SpawnHooks)] == [("undrain",)]
