@@ -183,6 +183,7 @@ class Concurrency:
 
     group: str
     max: int = int(schema.number("concurrency.max"))
+    ttl: int = int(schema.number("concurrency.ttl"))
 
 
 STAGES = ("before", "after", "cancelled")
@@ -827,12 +828,17 @@ def _check_concurrency(c: _Checker, raw: Any, etcd: bool) -> Optional[Concurrenc
     elif not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", group):
         c.fail("concurrency.group", f"letters, digits, '_', '.', '-' (at most 64), got {group!r}")
     most = c.whole(fields.get("max"), "concurrency.max", "concurrency.max")
+    ttl = c.whole(fields.get("ttl"), "concurrency.ttl", "concurrency.ttl")
     if not etcd:
         c.fail(
             "concurrency",
             "needs coordination.etcd: the slots are keys under leases in the fleet's etcd",
         )
-    return Concurrency(group, Concurrency.max if most is None else most)
+    return Concurrency(
+        group,
+        Concurrency.max if most is None else most,
+        Concurrency.ttl if ttl is None else ttl,
+    )
 
 
 def _loopback(url: str) -> bool:

@@ -24,6 +24,7 @@ from . import config as config_mod
 from . import engine, log
 from .config import Config, Hook
 from .engine import (
+    AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
     AskGate,
@@ -46,7 +47,9 @@ from .engine import (
     PollFailed,
     PostApproval,
     Record,
+    ReleaseSlot,
     ResolveName,
+    SlotFailed,
     SpawnHooks,
     StopCoordinating,
     UseConfig,
@@ -62,6 +65,7 @@ from .telemetry import Telemetry
 
 if TYPE_CHECKING:
     from .coordination import EtcdCoordinator
+    from .slots import SlotKeeper
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
@@ -73,8 +77,9 @@ class Signalled:
 
 
 Inbound = Union[Message, Signalled]
-Pretended = Union[SpawnHooks, PostApproval, Persist, Coordinate, AskGate]
-_PRETENDED = (SpawnHooks, PostApproval, Persist, Coordinate, AskGate)  # what --dry-run skips
+Pretended = Union[SpawnHooks, PostApproval, Persist, Coordinate, AskGate, AcquireSlot, ReleaseSlot]
+# What --dry-run skips. It takes no slot: it logs the wait and stays QUEUED until the deadline.
+_PRETENDED = (SpawnHooks, PostApproval, Persist, Coordinate, AskGate, AcquireSlot, ReleaseSlot)
 Job = Callable[[], Message]
 Call = Callable[[ImdsClient], Message]
 
@@ -137,6 +142,7 @@ class Daemon:
         self._approver = Lane("imds-approve", self.inbox, _client(config))
         self._namer = Lane("imds-name", self.inbox, _client(config))
         self._coordinator = _coordinator(config, self.inbox.put)
+        self._slots = _slot_keeper(config, self.inbox.put)
         self._wake_at = 0.0
         self._exit: Optional[int] = None
         self._faults_seen: set[tuple[str, str, str]] = set()
@@ -179,6 +185,8 @@ class Daemon:
                 lane.stop()
             if self._coordinator is not None:
                 self._coordinator.stop_all()
+            if self._slots is not None:
+                self._slots.stop_all(hand_over=True)
             self.telemetry.stop()
             self.store.unlock()
             self.notifier.close()
@@ -286,6 +294,8 @@ class Daemon:
             self._spawn(effect)
         elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
             self._coordinate(effect)
+        elif isinstance(effect, (AcquireSlot, ReleaseSlot)):
+            self._slot(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
         elif isinstance(effect, Notify):
@@ -324,11 +334,24 @@ class Daemon:
         else:
             self._coordinator.stop(*effect.event_ids)
 
+    def _slot(self, effect: Union[AcquireSlot, ReleaseSlot]) -> None:
+        if isinstance(effect, ReleaseSlot):
+            if self._slots is not None:
+                self._slots.release(effect.event_id)
+        elif self._slots is None:
+            self.inbox.put(SlotFailed(effect.event.event_id, "internal", "no etcd configured"))
+        else:
+            self._slots.acquire(effect)
+
     def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
         (approval after hooks, after-hooks once it is over) shows in the log too. The other
         VMs of a shared event are taken as ready."""
-        if isinstance(effect, Coordinate):
+        if isinstance(effect, AcquireSlot):
+            self.log.info("would_take_slot", **engine.event_fields(effect.event))
+        elif isinstance(effect, ReleaseSlot):
+            pass
+        elif isinstance(effect, Coordinate):
             self.log.info(
                 "would_coordinate", **engine.event_fields(effect.event), ready=effect.ready
             )
@@ -373,6 +396,12 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = _coordinator(new, self.inbox.put)
+        if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
+            # Held slots stay held (under a lease of HAND_OVER_TTL): the events holding them
+            # ask again through the new keeper when the daemon restarts, not before.
+            if self._slots is not None:
+                self._slots.stop_all(hand_over=True)
+            self._slots = _slot_keeper(new, self.inbox.put)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:
@@ -571,6 +600,15 @@ def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[Et
     from .coordination import EtcdCoordinator  # noqa: PLC0415 - only fleets need etcd's client
 
     return EtcdCoordinator(etcd, send)
+
+
+def _slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[SlotKeeper]:
+    etcd = config.coordination.etcd if config.coordination else None
+    if etcd is None or config.concurrency is None:
+        return None
+    from .slots import SlotKeeper  # noqa: PLC0415 - only fleets need etcd's client
+
+    return SlotKeeper(etcd, config.concurrency, send)
 
 
 def run_daemon(config: Config, *, dry_run: bool = False) -> int:

@@ -20,11 +20,21 @@ from typing import Any, Callable, Optional, Union
 
 from .config import ApprovePolicy, Config, EventRule, UserEvents
 from .hooks import GATE_LATER, KILL_GRACE, Outcome
-from .lifecycle import DURABLE, PREPARED, IllegalTransitionError, On, Phase, Rule, Stage, check
+from .lifecycle import (
+    DURABLE,
+    PREPARED,
+    IllegalTransitionError,
+    On,
+    Phase,
+    Rule,
+    Slot,
+    Stage,
+    check,
+)
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .records import Cause, Level, Record, What
 from .retry import Backoff, Failures
-from .when import Held, fast_hooks, hold
+from .when import WINDOW_LEAD, Held, fast_hooks, hold
 
 POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for longer
 APPROVAL_BACKOFF = Backoff(0.5, 8.0)
@@ -58,6 +68,7 @@ class Tracked:
     start_at: float = 0.0  # WAITING: when its before-hooks start (monotonic; inf: not placed)
     vm_name: str = ""  # the name it was judged ours under: every stage's hooks get it
     incarnation: int = 0  # the last document that listed it: every stage's hooks get it
+    slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
 
 
 Known = Mapping[str, Tracked]
@@ -173,6 +184,30 @@ class GateAnswered:
 
 
 @dataclass(frozen=True)
+class SlotGranted:
+    """This VM holds one of its group's concurrency slots for the event."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
+class SlotBusy:
+    """Every slot of the group is held, by these VMs (for the log; on change)."""
+
+    event_id: str
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SlotFailed:
+    """etcd could not be asked for a slot; the worker asks again on its own."""
+
+    event_id: str
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Faulted:
     """The daemon caught an exception in a step or an effect (logged with its traceback there)
     and dropped what it was doing; it carries on, and says it is degraded."""
@@ -183,6 +218,9 @@ class Faulted:
 
 
 Message = Union[
+    SlotGranted,
+    SlotBusy,
+    SlotFailed,
     Boot,
     DocumentFetched,
     PollFailed,
@@ -284,6 +322,21 @@ class AskGate:
 
 
 @dataclass(frozen=True)
+class AcquireSlot:
+    """Ask for (or take back, after a restart) one of the group's slots for this event."""
+
+    event: Event
+    vm_name: str
+
+
+@dataclass(frozen=True)
+class ReleaseSlot:
+    """Give the event's slot back, or stop asking for one."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
 class WakeAt:
     at: float
 
@@ -294,6 +347,8 @@ class Exit:
 
 
 Effect = Union[
+    AcquireSlot,
+    ReleaseSlot,
     Fetch,
     ResolveName,
     SpawnHooks,
@@ -374,6 +429,7 @@ class State:
     coordination: Failures = field(default_factory=Failures)  # etcd or the gate, all events
     strict: bool = False  # tests: a transition the table does not declare raises
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
+    slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
@@ -394,6 +450,7 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     try:
         new = _HANDLERS[type(message)](state, message, now, out)
         new = _timers(new, now, out)
+        new = _release_slots(state, new, out)
     except IllegalTransitionError as e:
         if state.strict:
             raise
@@ -455,6 +512,11 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
         state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
+        if tracked.slot in (Slot.ASKED, Slot.HELD):  # asked for again; a held one taken back
+            if tracked.phase in _SLOT_ENDS:
+                tracked = replace(tracked, slot=Slot.NONE)
+            else:
+                out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
         state = _with(state, event_id, tracked)
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
@@ -496,6 +558,8 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         )
         return state, _move(tracked, on, Phase.INTERRUPTED)
     if phase is Phase.WAITING:  # placed again by the next document (the clock may have jumped)
+        return state, _move(tracked, on, phase, start_at=math.inf)
+    if phase is Phase.QUEUED:  # its deadline placed again by the next document
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
 
@@ -741,7 +805,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
             # waited out the same).
             state = replace(state, peers={**state.peers, event_id: Peers()})
         return _with(state, event_id, _move(tracked, on, Phase.HOOKS_FAILED, run=None))
-    phase, note = _approval(event, state)
+    phase, note = _approval_of(tracked, state)
     if note is not None:
         out.append(note)
     return _with(state, event_id, _move(tracked, on, phase, run=None))
@@ -942,7 +1006,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
     for event_id, t in state.events.items():
-        if t.phase is Phase.WAITING and t.event.event_type not in new.events:
+        if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
             out.append(
                 _unhandled(
                     t.event,
@@ -1185,6 +1249,62 @@ def _etcd(state: State) -> bool:
     return state.config.coordination is not None and state.config.coordination.etcd is not None
 
 
+def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
+        out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
+        return state
+    if tracked.slot is Slot.ASKED:
+        group = state.config.concurrency.group if state.config.concurrency else None
+        out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group))
+    tracked = replace(tracked, slot=Slot.HELD)
+    if tracked.phase is not Phase.QUEUED:
+        return _with(state, msg.event_id, tracked)
+    state, tracked = _prepare(state, tracked, On.SLOT, now, out)
+    return _with(state, msg.event_id, tracked)
+
+
+def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None:
+        return state
+    state = replace(state, slot_holders=msg.holders)
+    if tracked.phase is Phase.QUEUED:
+        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        return state
+    if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                tracked.event,
+                holders=list(msg.holders),
+                reason="its slot was lost while the daemon was down: not approved early",
+            )
+        )
+        out.append(ReleaseSlot(msg.event_id))
+        return _with(state, msg.event_id, replace(tracked, slot=Slot.MISSING))
+    return state
+
+
+def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
+        return state
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_FAILED,
+            tracked.event,
+            kind=msg.kind,
+            error=msg.detail[:300],
+            reason="etcd could not be asked for a slot; asked again; without one by the "
+            "deadline its hooks start and it is not approved early",
+        )
+    )
+    return state
+
+
 _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     Boot: _boot,
     DocumentFetched: _document_fetched,
@@ -1203,6 +1323,9 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     CoordinationFailed: _coordination_failed,
     GateAnswered: _gate_answered,
     Faulted: _faulted,
+    SlotGranted: _slot_granted,
+    SlotBusy: _slot_busy,
+    SlotFailed: _slot_failed,
 }
 
 
@@ -1256,8 +1379,20 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
     for event_id, t in state.events.items():
-        if t.phase is not Phase.WAITING or t.start_at > now:
+        if t.phase not in (Phase.WAITING, Phase.QUEUED) or t.start_at > now:
             continue
+        if t.phase is Phase.QUEUED:  # no slot by its deadline: prepare anyway, no early approval
+            out.append(ReleaseSlot(event_id))
+            out.append(
+                _note(
+                    Level.WARNING,
+                    What.SLOT_UNAVAILABLE,
+                    t.event,
+                    reason="no concurrency slot by its deadline: its hooks start now, and it "
+                    "is not approved early (it proceeds at NotBefore)",
+                )
+            )
+            t = replace(t, slot=Slot.MISSING)  # noqa: PLW2901
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
         state, tracked = _prepare(state, t, On.LEAD_TIME, now, out)
@@ -1368,7 +1503,7 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
             continue
         if phase is Phase.APPROVING and event_id not in state.approvals.posting:
             times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
-        if phase is Phase.WAITING and state.stopping is None:
+        if phase in (Phase.WAITING, Phase.QUEUED) and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)
         announce = phase is Phase.HOOKS_FAILED and peers is not None
@@ -1434,6 +1569,21 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
             )
             return state, _move(tracked, on, Phase.MISSED)
         return state, _move(_still_waiting(tracked, state, now, out), on, phase)
+    if phase is Phase.QUEUED:
+        if on is On.STARTED:
+            out.append(
+                _note(
+                    Level.WARNING,
+                    What.EVENT_MISSED,
+                    event,
+                    reason="it started while its hooks waited for a concurrency slot",
+                )
+            )
+            return state, _move(tracked, on, Phase.MISSED)
+        deadline = _slot_deadline(
+            event, state.config.events.get(event.event_type, EventRule()), state
+        )
+        return state, _move(tracked, on, phase, start_at=now if deadline is None else deadline)
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
     if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING):
@@ -1460,7 +1610,7 @@ def _resume(
 
 
 def _decide(state: State, tracked: Tracked, on: On, out: list[Effect]) -> Tracked:
-    phase, note = _approval(tracked.event, state)
+    phase, note = _approval_of(tracked, state)
     if note is not None:
         out.append(note)
     return _move(tracked, on, phase)
@@ -1553,6 +1703,22 @@ def _prepare(
     are left; with no hooks to run, approval per policy at once."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
+    if _needs_slot(state, tracked):
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and deadline > now:
+            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
+            out.append(_slot_waiting(event, deadline, (), state))
+            return state, _move(tracked, on, Phase.QUEUED, slot=Slot.ASKED, start_at=deadline)
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                event,
+                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
+                "now, and it is not approved early",
+            )
+        )
+        tracked = replace(tracked, slot=Slot.MISSING)
     hooks = rule.before
     left = _seconds_left(event, state, now)
     quick = fast_hooks(rule, left)
@@ -1572,9 +1738,79 @@ def _prepare(
             )
         )
     if not hooks:
-        return state, _decide(state, tracked, on, out)
+        return state, _decide(state, replace(tracked, start_at=0.0), on, out)
     state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
     return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)
+
+
+def _needs_slot(state: State, tracked: Tracked) -> bool:
+    """Concurrency slots bound early maintenance: the types that obey windows (planned
+    maintenance), once per event (not again once held, given up or missed)."""
+    concurrency = state.config.concurrency
+    rule = state.config.events.get(tracked.event.event_type)
+    if concurrency is None or rule is None or not rule.obeys_windows(tracked.event.event_type):
+        return False
+    return tracked.slot is Slot.NONE or (
+        tracked.slot is Slot.ASKED and tracked.phase is not Phase.QUEUED
+    )
+
+
+def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[float]:
+    """The monotonic instant its hooks start without a slot: its lead (start_before, else
+    WINDOW_LEAD) before NotBefore. None: no NotBefore, or no clock yet (no time to wait)."""
+    if event.not_before is None or state.wall_offset is None:
+        return None
+    lead = rule.start_before if rule.start_before is not None else WINDOW_LEAD
+    return event.not_before.timestamp() - lead - state.wall_offset
+
+
+def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+    wall = deadline + (state.wall_offset or 0.0)
+    concurrency = state.config.concurrency
+    return _note(
+        Level.INFO,
+        What.EVENT_WAITING,
+        event,
+        reason="slot",
+        group=concurrency.group if concurrency else None,
+        holders=list(holders),
+        hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+    )
+
+
+def _approval_of(tracked: Tracked, state: State) -> tuple[Phase, Optional[Record]]:
+    """`_approval`, except that an event prepared without its concurrency slot is never
+    approved early: more of the group than `max` could be down at once."""
+    phase, note = _approval(tracked.event, state)
+    if tracked.slot is Slot.MISSING and phase in (Phase.APPROVING, Phase.COORDINATING):
+        return Phase.NOT_APPROVED, _note(
+            Level.WARNING,
+            What.EVENT_NOT_APPROVED,
+            tracked.event,
+            cause=Cause.SLOT_UNAVAILABLE.value,
+            reason="prepared without a concurrency slot: it proceeds at NotBefore",
+        )
+    return phase, note
+
+
+# Phases in which an event's slot is given back: it is over, or it never will be prepared.
+_SLOT_ENDS = frozenset({Phase.OVER, Phase.GONE, Phase.MISSED, Phase.UNHANDLED})
+
+
+def _release_slots(before: State, after: State, out: list[Effect]) -> State:
+    """A held or asked-for slot is given back once its event is over (after-hooks ended)."""
+    for event_id, old in before.events.items():
+        if old.slot not in (Slot.ASKED, Slot.HELD):
+            continue
+        now_ = after.events.get(event_id)
+        if now_ is not None and now_.phase not in _SLOT_ENDS:
+            continue
+        out.append(ReleaseSlot(event_id))
+        if old.slot is Slot.HELD:
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event))
+        if now_ is not None:
+            after = _with(after, event_id, replace(now_, slot=Slot.NONE))
+    return after
 
 
 def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
@@ -1751,6 +1987,9 @@ def status_text(state: State) -> str:
     waiting = [t for t in state.events.values() if t.phase is Phase.WAITING]
     if waiting:
         text += f"; {len(waiting)} waiting for their lead time"
+    queued = [t for t in state.events.values() if t.phase is Phase.QUEUED]
+    if queued:
+        text += f"; {len(queued)} waiting for a concurrency slot"
     coordinating = [t for t in state.events.values() if t.phase is Phase.COORDINATING]
     if coordinating:
         text += f"; {len(coordinating)} waiting for the other VMs"

@@ -48,6 +48,10 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
+def _b64_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
 def _unb64(text: Any) -> bytes:  # noqa: ANN401 - JSON
     if not isinstance(text, str):
         return b""
@@ -96,12 +100,45 @@ class EtcdClient:
     ) -> int:
         """Returns the revision of the write. `keep_lease`: under the lease the key already
         has (EtcdError `not_found` when there is no such key)."""
-        body: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64_bytes(value)}
         if lease is not None:
             body["lease"] = lease
         if keep_lease:
             body["ignore_lease"] = True
         return _revision(self._call("/v3/kv/put", body))
+
+    def create(self, key: str, value: bytes, lease: str) -> bool:
+        """Put `key` only if it does not exist (one transaction); whether it was put."""
+        compare = {"target": "CREATE", "key": _b64(key), "create_revision": "0"}
+        return self._txn(compare, {"request_put": self._put_body(key, value, lease)})
+
+    def replace(self, key: str, expected: bytes, value: bytes, lease: str) -> bool:
+        """Put `key` (under `lease`) only while it holds exactly `expected`."""
+        compare = {"target": "VALUE", "key": _b64(key), "value": _b64_bytes(expected)}
+        return self._txn(compare, {"request_put": self._put_body(key, value, lease)})
+
+    def delete(self, key: str, expected: bytes) -> bool:
+        """Delete `key` only while it holds exactly `expected` (never another VM's)."""
+        compare = {"target": "VALUE", "key": _b64(key), "value": _b64_bytes(expected)}
+        return self._txn(compare, {"request_delete_range": {"key": _b64(key)}})
+
+    def keep_alive(self, lease: str) -> int:
+        """Renew a lease; its remaining TTL, 0 when it has expired (its keys are gone)."""
+        result = self._call("/v3/lease/keepalive", {"ID": lease}).get("result")
+        ttl = result.get("TTL", "0") if isinstance(result, dict) else "0"
+        return int(ttl) if isinstance(ttl, str) and ttl.isdigit() else 0
+
+    def revoke(self, lease: str) -> None:
+        """End a lease now: its keys go with it."""
+        self._call("/v3/lease/revoke", {"ID": lease})
+
+    def _put_body(self, key: str, value: bytes, lease: str) -> dict[str, Any]:
+        return {"key": _b64(key), "value": _b64_bytes(value), "lease": lease}
+
+    def _txn(self, compare: dict[str, Any], then: dict[str, Any]) -> bool:
+        answer = self._call("/v3/kv/txn", {"compare": [compare], "success": [then]})
+        _revision(answer)  # an answer without a header is no answer
+        return answer.get("succeeded") is True
 
     def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
         """Every key under `prefix` and the revision they are as of (a linearizable read: it

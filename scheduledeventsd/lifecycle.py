@@ -22,6 +22,7 @@ class Phase(str, enum.Enum):
     UNHANDLED = "unhandled"  # no rule for its type, an unknown status, or user_events: ignore
     MISSED = "missed"  # first seen already Started: no chance to prepare
     WAITING = "waiting"  # ours; its before-hooks start later (start_before, a window)
+    QUEUED = "queued"  # ours; its before-hooks wait for a concurrency slot (or its deadline)
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
     ENDING = "ending"  # it left while its before-hooks ran: they are being stopped
@@ -44,6 +45,7 @@ class On(str, enum.Enum):
     STARTED = "listed Started"
     LEFT = "left the document"
     LEAD_TIME = "its start instant came"
+    SLOT = "a concurrency slot is ours"
     HOOKS_OK = "before-hooks succeeded"
     HOOKS_FAILED = "a before-hook failed"
     HOOKS_CANCELLED = "before-hooks cut off"
@@ -76,6 +78,16 @@ class Rule(str, enum.Enum):
     SHORT = "short"  # DurationInSeconds <= short_seconds
     USER = "user"  # EventSource User and user_events approve or ignore
     FAST = "fast"  # only logged: `fast` ran instead of `before` (it was prepared, as by HOOKS)
+
+
+class Slot(str, enum.Enum):
+    """An event's concurrency slot (`concurrency`): held from its before-hooks' start until it
+    is over; MISSING means it was prepared without one and is never approved early."""
+
+    NONE = ""  # no slot needed, or given back
+    ASKED = "asked"
+    HELD = "held"
+    MISSING = "missing"
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,7 @@ _ROWS: list[Transition] = [
         "no rule for its type, unknown status, or user_events: ignore",
     ),
     _t(P.NEW, On.SEEN, [P.WAITING], "held by start_before or a window: event_waiting"),
+    _t(P.NEW, On.SEEN, [P.QUEUED], "concurrency: a slot is asked for (event_waiting reason=slot)"),
     _t(P.NEW, On.SEEN, [P.RUNNING], "before-hooks start"),
     _t(P.NEW, On.SEEN, _DECIDE, "no before-hooks, or a rule (short, user): approval per policy"),
     _t(P.NOT_OURS, On.LISTED, [P.NOT_OURS], "nothing"),
@@ -129,12 +142,28 @@ _ROWS: list[Transition] = [
     *[_t(p, On.LEFT, [P.GONE], "event_completed; forgotten") for p in (P.UNHANDLED, P.MISSED)],
     _t(P.WAITING, On.LISTED, [P.WAITING], "its start instant placed again (NotBefore, clock)"),
     _t(P.WAITING, On.LEAD_TIME, [P.RUNNING], "before-hooks start"),
+    _t(P.WAITING, On.LEAD_TIME, [P.QUEUED], "concurrency: a slot is asked for"),
     _t(P.WAITING, On.LEAD_TIME, _DECIDE, "a reload left it no before-hooks: approval per policy"),
     _t(P.WAITING, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.WAITING, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
     _t(P.WAITING, On.TYPE_REMOVED, [P.UNHANDLED], "no rule left for it: event_unhandled"),
     _t(P.WAITING, On.RESTARTED, [P.WAITING], "placed again by the next document"),
     _t(P.WAITING, On.REBOOTED, [P.WAITING], "placed again by the next document"),
+    _t(P.QUEUED, On.SLOT, [P.RUNNING], "before-hooks start holding the slot"),
+    _t(P.QUEUED, On.SLOT, _DECIDE, "a reload left it no before-hooks: approval per policy"),
+    _t(
+        P.QUEUED,
+        On.LEAD_TIME,
+        [P.RUNNING],
+        "no slot by its deadline: slot_unavailable, before-hooks start; never approved early",
+    ),
+    _t(P.QUEUED, On.LEAD_TIME, [P.NOT_APPROVED], "no slot and no before-hooks: slot_unavailable"),
+    _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
+    _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
+    _t(P.QUEUED, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
+    _t(P.QUEUED, On.TYPE_REMOVED, [P.UNHANDLED], "no rule left for it: event_unhandled"),
+    _t(P.QUEUED, On.RESTARTED, [P.QUEUED], "the slot is asked for again"),
+    _t(P.QUEUED, On.REBOOTED, [P.QUEUED], "the slot is asked for again"),
     _t(P.RUNNING, On.LISTED, [P.RUNNING], "nothing"),
     _t(P.RUNNING, On.STARTED, [P.RUNNING], "its hooks go on"),
     _t(P.RUNNING, On.HOOKS_OK, _DECIDE, "approval per policy (DONE if it already started)"),
@@ -144,6 +173,7 @@ _ROWS: list[Transition] = [
     _t(P.RUNNING, On.RESTARTED, [P.INTERRUPTED], "cut off by a crash: hooks_interrupted"),
     _t(P.RUNNING, On.REBOOTED, _ENDS, "the maintenance happened: after-hooks"),
     _t(P.INTERRUPTED, On.LISTED, [P.RUNNING], "still Scheduled: its before-hooks run again"),
+    _t(P.INTERRUPTED, On.LISTED, [P.QUEUED], "still Scheduled: its slot is asked for again"),
     _t(P.INTERRUPTED, On.LISTED, [P.DONE], "it started meanwhile: after-hooks once it is over"),
     _t(P.INTERRUPTED, On.LISTED, [P.UNHANDLED], "a reload removed its type: event_unhandled"),
     _t(P.INTERRUPTED, On.LISTED, _DECIDE, "a reload left it no before-hooks: approval per policy"),

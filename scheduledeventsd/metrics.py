@@ -135,6 +135,11 @@ class Metrics:
             registry=r,
         )
         self.next_window.set_function(self._next_window)
+        self.slot_held = Gauge(
+            "scheduledeventsd_slot_held",
+            "Concurrency slots this VM holds (one per event in early maintenance)",
+            registry=r,
+        )
         self._windows: tuple[Window, ...] = ()
         self._vm_name: Optional[str] = None
         self._detected: dict[str, float] = {}
@@ -207,6 +212,7 @@ class Metrics:
             counts[_type(tracked.event.event_type)] += 1
         for event_type, count in counts.items():
             self.pending.labels(event_type).set(count)
+        self.slot_held.set(sum(1 for t in after.events.values() if t.slot.value == "held"))
         nearest = next_not_before(after)
         self.next_not_before.set(0 if nearest is None else nearest.timestamp())
 

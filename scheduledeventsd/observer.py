@@ -26,7 +26,7 @@ MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status wi
 # Phases in which an event of ours is not over: the maintenance is ahead, under way or its
 # after-hooks still run.
 PENDING = frozenset(Phase) - {Phase.NEW, Phase.NOT_OURS, Phase.OVER, Phase.GONE}
-_FROM_HOOKS_STARTED = PENDING - {Phase.WAITING, Phase.UNHANDLED, Phase.MISSED}
+_FROM_HOOKS_STARTED = PENDING - {Phase.WAITING, Phase.QUEUED, Phase.UNHANDLED, Phase.MISSED}
 _FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.RUNNING, Phase.INTERRUPTED}
 UNHEALTHY_PHASES: Mapping[HealthFrom, frozenset[Phase]] = {
     HealthFrom.DETECTED: PENDING,
@@ -144,6 +144,14 @@ class Observer:
                 "event_id": None if sick is None else sick.event_id,
                 "event_type": None if sick is None else sick.event_type,
             },
+            "concurrency": None
+            if state.config.concurrency is None
+            else {
+                "group": state.config.concurrency.group,
+                "max": state.config.concurrency.max,
+                "held_for": sorted(k for k, t in state.events.items() if t.slot.value == "held"),
+                "last_seen_holders": list(state.slot_holders),
+            },
             "windows": {
                 "configured": [w.describe() for w in state.config.windows],
                 "next_opens_at": None if window is None else _iso(window[0]),
@@ -182,7 +190,8 @@ def _event(tracked: Tracked, line: Timeline, wall: float, config: Config) -> dic
         "not_before": iso_utc(event.not_before) or None,
         "seconds_to_not_before": None if not_before is None else round(not_before - wall, 1),
         "hooks_start_at": None if held is None else _iso(held.at),
-        "waiting_for": None if held is None else held.reason,
+        "waiting_for": "slot" if tracked.phase is Phase.QUEUED else (held and held.reason),
+        "slot": tracked.slot.value or None,
         "detected_at": _iso(line.detected),
         "hooks_started_at": _iso(line.hooks_started),
         "hooks_done_at": _iso(line.hooks_done),

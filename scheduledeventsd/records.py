@@ -65,6 +65,10 @@ class What(str, enum.Enum):
     GATE_APPROVED = "gate_approved"
     GATE_NOT_YET = "gate_not_yet"
     COORDINATION_FAILED = "coordination_failed"
+    SLOT_ACQUIRED = "slot_acquired"
+    SLOT_UNAVAILABLE = "slot_unavailable"
+    SLOT_RELEASED = "slot_released"
+    SLOT_FAILED = "slot_failed"
     COORDINATION_RECOVERED = "coordination_recovered"
     CONFIG_RELOADED = "config_reloaded"
     CONFIG_INVALID = "config_invalid"
@@ -79,6 +83,7 @@ class Cause(str, enum.Enum):
     HOOKS_FAILED = "hooks_failed"
     PEER_FAILED = "peer_failed"
     GATE_REFUSED = "gate_refused"
+    SLOT_UNAVAILABLE = "slot_unavailable"  # prepared without a concurrency slot
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,13 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             f"windows: {'; '.join(windows['configured'])}; next opens "
             f"{windows.get('next_opens_at')}, closes {windows.get('next_closes_at')}"
         )
+    slots = doc.get("concurrency")
+    if isinstance(slots, dict):
+        lines.append(
+            f"concurrency: group {slots.get('group')}, max {slots.get('max')}; held for "
+            f"{', '.join(slots.get('held_for') or []) or 'none'}; last seen holders "
+            f"{', '.join(slots.get('last_seen_holders') or []) or '-'}"
+        )
     events = doc.get("events") or []
     lines.append("events of this VM:" if events else "no events of this VM")
     for e in events:
@@ -118,8 +125,11 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             f"  {e.get('event_type')} {e.get('event_id')}: {e.get('phase')}, "
             f"{e.get('status')}, NotBefore {when}"
         )
-        if e.get("hooks_start_at"):
-            lines.append(f"    hooks start {e['hooks_start_at']} ({e.get('waiting_for')})")
+        if e.get("waiting_for"):
+            lines.append(
+                f"    hooks start {e.get('hooks_start_at') or 'with a slot'} "
+                f"(waiting for: {e['waiting_for']})"
+            )
         moments = [
             f"{label} {_clock(e.get(key))}"
             for label, key in (

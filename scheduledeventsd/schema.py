@@ -308,6 +308,14 @@ KEYS: tuple[Key, ...] = (
         1000,
     ),
     Key(
+        "concurrency.ttl",
+        Kind.WHOLE,
+        "Lease of a held slot, renewed every third of it: a daemon killed loses it within this.",
+        30,
+        5,
+        300,
+    ),
+    Key(
         "environment",
         Kind.NAMED,
         "Extra variables for every hook (the daemon's own environment is not passed on).",

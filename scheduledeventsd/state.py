@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .engine import Known, Tracked
-from .lifecycle import DURABLE, Phase, Rule, Stage
+from .lifecycle import DURABLE, Phase, Rule, Slot, Stage
 from .model import parse_event
 
 STATE_FILE = "state.json"
@@ -189,6 +189,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "boot_id": t.boot_id,
                 "rule": t.rule.value,
                 "stage": t.stage.value,
+                "slot": t.slot.value,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
             }
@@ -218,6 +219,7 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             boot_id=boot,
             rule=Rule(entry.get("rule", "")),
             stage=Stage(entry.get("stage", "before")),
+            slot=Slot(entry.get("slot", "")),
             vm_name=name,
             incarnation=incarnation,
         )

@@ -8,15 +8,19 @@ import dataclasses
 import datetime as dt
 from zoneinfo import ZoneInfo
 
-from scheduledeventsd.config import ApprovePolicy, EventRule
+from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule
 from scheduledeventsd.engine import (
+    AcquireSlot,
     ApprovalSent,
     DocumentFetched,
     HooksFinished,
     Outcome,
     Phase,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
+    SlotBusy,
+    SlotGranted,
     SpawnHooks,
 )
 from scheduledeventsd.when import WINDOW_LEAD
@@ -183,3 +187,101 @@ def test_fast_hooks_that_succeed_approve_and_the_after_hooks_still_run():
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3, at=MONO0 + 2)  # it left after our approval: over
     assert [s.hooks for s in of(m.effects, SpawnHooks)] == [("undrain",)]
+
+
+# ---- concurrency slots ---------------------------------------------------------------------
+
+SLOTS = Concurrency("web", 1)
+
+
+def slotted(**overrides):
+    return machine(concurrency=SLOTS, **overrides)
+
+
+def test_with_concurrency_the_hooks_wait_for_a_slot_and_start_when_it_is_granted():
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    (ask,) = of(m.effects, AcquireSlot)
+    assert ask.event.event_id == "E1"
+    assert not of(m.effects, SpawnHooks)
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "slot"
+    m.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 1)
+    assert logs(m.effects, "event_waiting")[0].fields["holders"] == ["vm-b"]
+    m.send(SlotGranted("E1"), at=MONO0 + 2)
+    assert logs(m.effects, "slot_acquired")
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 3)
+    assert of(m.effects, PostApproval), "holding its slot, it is approved early"
+
+
+def test_the_slot_is_held_until_the_after_hooks_end_then_given_back():
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over: the after-hooks run, holding the slot
+    (after,) = of(m.effects, SpawnHooks)
+    assert not of(m.effects, ReleaseSlot)
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 4)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+    assert logs(m.effects, "slot_released")
+
+
+def test_no_slot_by_the_deadline_prepares_anyway_and_never_approves_early():
+    m = slotted()
+    seen(m, due_in(3600))
+    deadline = MONO0 + 3600 - WINDOW_LEAD
+    assert m.state.events["E1"].start_at == deadline
+    assert not of(m.tick(deadline - 0.01), SpawnHooks)
+    m.tick(deadline)
+    assert logs(m.effects, "slot_unavailable")
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")], "it stops asking"
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=deadline + 1)
+    assert not of(m.effects, PostApproval)
+    assert m.phase() is Phase.NOT_APPROVED
+    (refused,) = logs(m.effects, "event_not_approved")
+    assert refused.fields["cause"] == "slot_unavailable"
+    m.send(SlotGranted("E1"), at=deadline + 2)  # too late: given back at once
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_an_event_too_close_to_not_before_starts_at_once_without_a_slot():
+    m = slotted()
+    seen(m, due_in(300))
+    assert of(m.effects, SpawnHooks)
+    assert not of(m.effects, AcquireSlot)
+    assert logs(m.effects, "slot_unavailable")
+
+
+def test_a_queued_event_that_leaves_or_starts_gives_its_place_back():
+    m = slotted()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"))
+    seen(m, dataclasses.replace(due_in(3 * 86400, "E2"), status="Started"), incarnation=3)
+    assert m.phase("E2") is Phase.MISSED
+    assert set(of(m.effects, ReleaseSlot)) == {ReleaseSlot("E1"), ReleaseSlot("E2")}
+
+
+def test_types_that_do_not_obey_windows_take_no_slot():
+    m = slotted()
+    seen(m, due_in(3 * 86400, "F", "Freeze"))
+    assert of(m.effects, SpawnHooks)
+    assert not of(m.effects, AcquireSlot)
+
+
+def test_a_restart_asks_again_for_a_held_slot_and_a_lost_one_means_no_early_approval():
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    held = m.state.events["E1"]
+    assert held.slot.value == "held"
+    again = Machine(m.state.config, loaded={"E1": held}, now=MONO0 + 10)
+    (ask,) = of(again.effects, AcquireSlot)
+    assert ask.event.event_id == "E1"
+    again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
+    assert logs(again.effects, "slot_unavailable")
+    assert again.state.events["E1"].slot.value == "missing"

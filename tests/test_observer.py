@@ -16,7 +16,8 @@ from tests.test_engine import config, event
 
 UNHEALTHY = {
     HealthFrom.DETECTED: {
-        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.RUNNING, Phase.INTERRUPTED,
+        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.QUEUED, Phase.RUNNING,
+        Phase.INTERRUPTED,
         Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },

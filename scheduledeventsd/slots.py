@@ -1,0 +1,220 @@
+"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once.
+
+The group's slots are the keys `<prefix>/slots/<group>/<n>`, n < max. A VM takes one with a
+transaction that puts it only if it does not exist, under a lease of `concurrency.ttl` it
+renews every third of that: a daemon that dies loses its slot within the TTL. No lock service,
+no leader: etcd's transactions decide, and every daemon reads the same keys. The engine decides
+when to ask and when to give back (AcquireSlot, ReleaseSlot); this module carries that out, one
+worker thread per event, and tells the engine SlotGranted, SlotBusy (who holds them, on change)
+or SlotFailed (etcd could not be asked; the worker asks again on its own, with backoff).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import urllib.parse
+from typing import Callable, Optional
+
+from .config import Concurrency, Etcd
+from .engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted
+from .etcd import EtcdClient, EtcdError, KeyValue
+from .retry import Backoff
+
+# A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
+# slot under a lease this long, so the next VM does not start before this one's undrain; taken
+# back when the daemon starts again, or free after this if the VM never comes back.
+HAND_OVER_TTL = 900
+
+
+def group_prefix(settings: Etcd, group: str) -> str:
+    return f"{settings.prefix.rstrip('/')}/slots/{urllib.parse.quote(group, safe='-_.~')}/"
+
+
+def holder(value: Optional[bytes]) -> str:
+    """The VM a slot key names ("" for a value this daemon did not write)."""
+    try:
+        decoded = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return ""
+    vm = decoded.get("vm") if isinstance(decoded, dict) else None
+    return vm if isinstance(vm, str) else ""
+
+
+class SlotKeeper:
+    """The slot workers of this VM's events, by EventId."""
+
+    def __init__(
+        self, settings: Etcd, concurrency: Concurrency, send: Callable[[Message], None]
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self._send = send
+        self._lock = threading.Lock()
+        self._workers: dict[str, _Worker] = {}
+
+    def acquire(self, effect: AcquireSlot) -> None:
+        event_id = effect.event.event_id
+        with self._lock:
+            if event_id in self._workers:
+                return
+            worker = _Worker(self.settings, self.concurrency, effect, self._send)
+            self._workers[event_id] = worker
+        worker.start()
+
+    def release(self, event_id: str) -> None:
+        with self._lock:
+            worker = self._workers.pop(event_id, None)
+        if worker is not None:
+            worker.release()
+
+    def stop_all(self, *, hand_over: bool) -> None:
+        """On the daemon's stop: held slots are kept for HAND_OVER_TTL (or, without
+        `hand_over`, left to expire within TTL); asking ends."""
+        with self._lock:
+            workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.stop(hand_over=hand_over)
+
+
+class _Worker:
+    def __init__(
+        self,
+        settings: Etcd,
+        concurrency: Concurrency,
+        effect: AcquireSlot,
+        send: Callable[[Message], None],
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.renew = concurrency.ttl / 3
+        self.event_id = effect.event.event_id
+        self.vm = effect.vm_name
+        self.prefix = group_prefix(settings, concurrency.group)
+        self.value = json.dumps(
+            {
+                "vm": self.vm,
+                "event": self.event_id,
+                "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+            sort_keys=True,
+        ).encode()
+        self._send = send
+        self._client = EtcdClient(settings)
+        self._stopped = threading.Event()
+        self._lease: Optional[str] = None
+        self._key: Optional[str] = None  # the slot key, once held
+        self._thread = threading.Thread(
+            target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def release(self) -> None:
+        """Give the slot back now (a thread of its own: never holds up the daemon's loop)."""
+        self._stopped.set()
+        self._client.close()
+        threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
+
+    def stop(self, *, hand_over: bool) -> None:
+        self._stopped.set()
+        self._client.close()
+        self._thread.join(timeout=self.settings.timeout)
+        if hand_over and self._key is not None:
+            try:
+                with _Client(self.settings) as client:
+                    lease = client.grant(HAND_OVER_TTL)
+                    client.replace(self._key, self.value, self.value, lease)
+            except EtcdError:
+                pass  # the slot expires within TTL instead
+
+    def _give_back(self) -> None:
+        self._thread.join(timeout=self.settings.timeout + self.renew)
+        try:
+            with _Client(self.settings) as client:
+                if self._key is not None:
+                    client.delete(self._key, self.value)
+                if self._lease is not None:
+                    client.revoke(self._lease)
+        except EtcdError:
+            pass  # the lease expires within TTL
+
+    def _run(self) -> None:
+        backoff = Backoff(first=1.0, cap=self.renew)
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                self._work()
+            except EtcdError as e:
+                if self._stopped.is_set():
+                    return
+                if not failures:
+                    self._send(SlotFailed(self.event_id, e.kind, e.detail))
+                failures += 1
+                self._key = None
+                self._lease = None
+                self._client.close()
+                self._client = EtcdClient(self.settings)
+                if self._stopped.wait(backoff.delay(failures)):
+                    return
+            except Exception as e:  # noqa: BLE001 - must end in a message, never silently
+                self._send(SlotFailed(self.event_id, "internal", repr(e)))
+                return
+            else:
+                return
+
+    def _work(self) -> None:
+        client = self._client
+        self._lease = client.grant(self.concurrency.ttl)
+        holders: Optional[tuple[str, ...]] = None
+        while not self._stopped.is_set():
+            revision, kvs = client.range(self.prefix)
+            if self._take(kvs):
+                self._send(SlotGranted(self.event_id))
+                self._hold()
+                return
+            taken = tuple(sorted(holder(kv.value) or "?" for kv in kvs))
+            if taken != holders:
+                holders = taken
+                self._send(SlotBusy(self.event_id, taken))
+            for _ in client.watch(self.prefix, revision + 1, self.renew):
+                break  # a slot changed hands: try again
+            if client.keep_alive(self._lease) == 0:
+                self._lease = client.grant(self.concurrency.ttl)
+
+    def _take(self, kvs: list[KeyValue]) -> bool:
+        """Take back a slot this VM holds (after a restart: under the new lease), else a free
+        one; True when it is ours."""
+        assert self._lease is not None  # noqa: S101 - granted before
+        for kv in kvs:
+            mine = kv.value is not None and holder(kv.value) == self.vm
+            if mine and self._client.replace(kv.key, kv.value or b"", self.value, self._lease):
+                self._key = kv.key
+                return True
+        for n in range(self.concurrency.max):
+            key = f"{self.prefix}{n}"
+            if self._client.create(key, self.value, self._lease):
+                self._key = key
+                return True
+        return False
+
+    def _hold(self) -> None:
+        """Renew the lease until released; a lease found expired means the slot was lost."""
+        assert self._lease is not None  # noqa: S101 - granted before
+        while not self._stopped.wait(self.renew):
+            if self._client.keep_alive(self._lease) == 0:
+                self._key = None
+                self._send(SlotBusy(self.event_id, ("(lease expired)",)))
+                return
+
+
+class _Client(EtcdClient):
+    """An EtcdClient closed on leaving the block."""
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
