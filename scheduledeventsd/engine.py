@@ -1254,9 +1254,9 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
-    if tracked.slot is Slot.ASKED:
-        group = state.config.concurrency.group if state.config.concurrency else None
-        out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group))
+    group = state.config.concurrency.group if state.config.concurrency else None
+    back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
+    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
     tracked = replace(tracked, slot=Slot.HELD)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)

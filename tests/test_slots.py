@@ -5,6 +5,7 @@ approved early, and the hooks still start at the deadline."""
 
 from __future__ import annotations
 
+import base64
 import signal
 import uuid
 from pathlib import Path
@@ -153,3 +154,31 @@ def test_without_etcd_nobody_is_approved_early_and_the_hooks_start_at_the_deadli
     assert "vm-a" in (tier.out / "drain.log").read_text(), "prepared all the same"
     daemon.polls_seen(sim)
     assert not sim.approvals
+
+
+def test_a_daemon_stopped_while_holding_its_slot_keeps_it_for_the_reboot_and_takes_it_back(
+    tier, sim, cluster
+):
+    """SIGTERM (a reboot, most likely): the slot key stays, under a lease of HAND_OVER_TTL;
+    the daemon started again takes it back under its own short lease."""
+    cfg = tier.config("vm-a", ttl=6)
+    cfg["hooks"]["drain"] = [{"command": [tier.drain], "timeout": 60}]
+    a = tier.start("vm-a", cfg)
+    event_id = sim.add_event("Reboot", ["vm-a"], not_before_in=3600)
+    a.wait_log("slot_acquired", event_id=event_id)
+    a.wait_log("event_approved", event_id=event_id)
+    assert a.stop() == 0
+    session = cluster.session()
+    endpoint = cluster.endpoints[0]
+
+    def lease_left() -> int:
+        prefix = f"{tier.prefix}/slots/web/".encode()
+        key = base64.b64encode(prefix + b"0").decode()
+        (kv,) = session.post(f"{endpoint}/v3/kv/range", json={"key": key}).json()["kvs"]
+        answer = session.post(f"{endpoint}/v3/lease/timetolive", json={"ID": kv["lease"]})
+        return int(answer.json()["TTL"])
+
+    assert lease_left() > 600
+    again = tier.start("vm-a", cfg)
+    # Taken back means put again under the new daemon's own lease (one transaction).
+    again.wait_log("slot_acquired", event_id=event_id, taken_back=True)
