@@ -53,6 +53,12 @@ STALL_MARGIN = 30.0
 # The wall clock moved against the monotonic one by more than this since NotBefore times were
 # placed: place them again (an NTP step, a VM resumed from a pause).
 CLOCK_STEP = 1.0
+# IMDS answers 429 past 5 requests a second per VM, approvals included. Polls, approvals and
+# name lookups share that budget, approvals first: at 4 Hz a poll waits a few ms for an
+# approval rather than the approval (or the poll after it) being refused. The window has a
+# margin for the latency between our clock and IMDS'.
+IMDS_RATE = 5
+RATE_WINDOW = 1.05
 
 
 @dataclass(frozen=True)
@@ -430,6 +436,7 @@ class State:
     strict: bool = False  # tests: a transition the table does not declare raises
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
     slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
+    sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
@@ -1337,20 +1344,39 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
     state = _watchdog(state, now, out)
     if state.stopping is not None:
         return _shutdown(state, now, out)
+    state = _start_waiting(state, now, out)
+    state = _coordinate(state, now, out)
+    state = _retry_approvals(state, now, out)
     poll = state.poll
-    if state.ready and poll.in_flight_since is None and now >= poll.next_at:
+    due = state.ready and poll.in_flight_since is None and now >= poll.next_at
+    if due and _allowed_at(state, now) <= now:
         out.append(Fetch())
-        state = replace(state, poll=replace(poll, in_flight_since=now, scheduled_at=poll.next_at))
+        state = _spend(state, now)
+        state = replace(
+            state, poll=replace(state.poll, in_flight_since=now, scheduled_at=poll.next_at)
+        )
     if (
         state.name_source == "hostname"
         and not state.resolving
         and now >= state.name_failures.retry_at
+        and _allowed_at(state, now) <= now
     ):
         out.append(ResolveName())
-        state = replace(state, resolving=True)
-    state = _start_waiting(state, now, out)
-    state = _coordinate(state, now, out)
-    return _retry_approvals(state, now, out)
+        state = replace(_spend(state, now), resolving=True)
+    return state
+
+
+def _allowed_at(state: State, now: float) -> float:
+    """When the next IMDS request fits in the rate limit (`now` if it does now)."""
+    recent = [t for t in state.sent if t > now - RATE_WINDOW]
+    if len(recent) < IMDS_RATE:
+        return now
+    return recent[len(recent) - IMDS_RATE] + RATE_WINDOW
+
+
+def _spend(state: State, now: float) -> State:
+    recent = tuple(t for t in state.sent if t > now - RATE_WINDOW)
+    return replace(state, sent=(*recent, now))
 
 
 def _coordinate(state: State, now: float, out: list[Effect]) -> State:
@@ -1409,12 +1435,16 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at
     ]
+    posting = set()
     for event in due:
+        if _allowed_at(state, now) > now:
+            break  # the rest when the rate limit allows (next_wakeup)
         out.append(PostApproval(event))
-    if due:
+        state = _spend(state, now)
+        posting.add(event.event_id)
+    if posting:
         state = replace(
-            state,
-            approvals=replace(approvals, posting=approvals.posting | {e.event_id for e in due}),
+            state, approvals=replace(state.approvals, posting=approvals.posting | posting)
         )
     return state
 
@@ -1482,6 +1512,7 @@ def _exit(state: State, out: list[Effect]) -> State:
 def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branch per timer
     """The earliest instant a timer of this state is due (never in the past)."""
     times: list[float] = []
+    allowed = _allowed_at(state, now)  # no IMDS request is due before the rate limit allows
     if state.watchdog_every is not None:
         times.append(state.watchdog_at)
     if state.stopping is not None:
@@ -1489,9 +1520,9 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
         times.append(s.kill_until if s.kill_until is not None else s.grace_until)
     else:
         if state.ready and state.poll.in_flight_since is None:
-            times.append(state.poll.next_at)
+            times.append(max(state.poll.next_at, allowed))
         if state.name_source == "hostname" and not state.resolving:
-            times.append(state.name_failures.retry_at)
+            times.append(max(state.name_failures.retry_at, allowed))
         md = state.config.metadata
         if state.poll.in_flight_since is not None and state.watchdog_every is not None:
             times.append(
@@ -1502,7 +1533,7 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
         if phase is Phase.NOT_OURS:  # most of them under churn, and never a timer
             continue
         if phase is Phase.APPROVING and event_id not in state.approvals.posting:
-            times.append(state.approvals.failures.get(event_id, Failures()).retry_at)
+            times.append(max(state.approvals.failures.get(event_id, Failures()).retry_at, allowed))
         if phase in (Phase.WAITING, Phase.QUEUED) and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)

@@ -8,11 +8,12 @@ import dataclasses
 import datetime as dt
 from zoneinfo import ZoneInfo
 
-from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule
+from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalSent,
     DocumentFetched,
+    Fetch,
     HooksFinished,
     Outcome,
     Phase,
@@ -285,3 +286,45 @@ def test_a_restart_asks_again_for_a_held_slot_and_a_lost_one_means_no_early_appr
     again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
     assert logs(again.effects, "slot_unavailable")
     assert again.state.events["E1"].slot.value == "missing"
+
+
+# ---- faster than 1 Hz ----------------------------------------------------------------------
+
+
+def test_at_4_hz_polls_and_approvals_stay_within_imds_rate_limit_approvals_first():
+    """IMDS refuses a sixth request in a second (429), approvals included: at 4 Hz the engine
+    delays a poll a little for an approval, never the approval."""
+    m = Machine(
+        config(metadata=Metadata(poll_interval=0.25), approve=ApprovePolicy.ALWAYS), now=MONO0
+    )
+    sent: list[tuple[float, str]] = []
+    answered = 1
+    approved_at = None
+    t = MONO0
+    pending = list(m.effects)
+    while t < MONO0 + 6:
+        while pending:
+            effect = pending.pop(0)
+            if isinstance(effect, Fetch):
+                sent.append((m.now, "poll"))
+                events = (due_in(3600),) if m.now >= MONO0 + 2 else ()
+                answered = 2 if events else 1
+                m.send(DocumentFetched(doc(*events, incarnation=answered), WALL0), at=m.now)
+            elif isinstance(effect, SpawnHooks):
+                m.send(HooksFinished(effect.run, Outcome.SUCCEEDED), at=m.now + 0.005)
+            elif isinstance(effect, PostApproval):
+                sent.append((m.now, "approval"))
+                approved_at = approved_at or m.now
+                m.send(ApprovalSent(effect.event.event_id), at=m.now)
+            else:
+                continue
+            pending += m.effects
+        t = max(t + 0.01, m.now)
+        pending += m.tick(round(t, 3))
+    # IMDS counts arrivals: with 1 to 20 ms of latency, never more than 5 in a trailing second.
+    arrivals = sorted(at + (0.001 if i % 2 else 0.02) for i, (at, _) in enumerate(sent))
+    busiest = max(sum(1 for u in arrivals if a - 1.0 < u <= a) for a in arrivals)
+    assert busiest <= 5
+    assert approved_at is not None
+    assert approved_at - (MONO0 + 2) < 0.3, "the approval went out with the next poll's answer"
+    assert sum(1 for _, kind in sent if kind == "poll") >= 4 * 5, "about 4 polls a second"
