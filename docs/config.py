@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from generate import between, refresh
 
 from scheduledeventsd import schema
 from scheduledeventsd.schema import Key, Kind, Value
@@ -241,17 +242,6 @@ def shipped() -> str:
     return "\n".join(lines) + "\n"
 
 
-def between(text: str, begin: str, end: str, body: str) -> str:
-    """`text` with what lies between the two marker lines replaced by `body`."""
-    head, found, rest = text.partition(begin)
-    if not found:
-        raise SystemExit(f"marker not found: {begin}")
-    _, found, tail = rest.partition(end)
-    if not found:
-        raise SystemExit(f"marker not found: {end}")
-    return f"{head}{begin}\n{body}\n{end}{tail}"
-
-
 def rendered() -> dict[Path, Callable[[str], str]]:
     """Each generated file and how to write it from its present text."""
     return {
@@ -263,14 +253,7 @@ def rendered() -> dict[Path, Callable[[str], str]]:
 
 def main() -> int:
     check = "--check" in sys.argv
-    stale = []
-    for path, new_text in rendered().items():
-        old = path.read_text(encoding="utf-8")
-        new = new_text(old)
-        if new != old:
-            stale.append(str(path))
-            if not check:
-                path.write_text(new, encoding="utf-8")
+    stale = refresh(rendered(), check=check)
     if check and stale:
         print("stale, run docs/config.py:", " ".join(stale))
         return 1

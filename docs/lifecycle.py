@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from generate import between, refresh
+
 from scheduledeventsd import lifecycle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +27,6 @@ MAN_END = '.\\" end of the lifecycle table'
 
 def digest() -> str:
     return hashlib.sha256(lifecycle.dot().encode()).hexdigest()
-
-
-def between(text: str, begin: str, end: str, body: str) -> str:
-    """`text` with what lies between the two marker lines replaced by `body`."""
-    head, found, rest = text.partition(begin)
-    if not found:
-        raise SystemExit(f"marker not found: {begin}")
-    _, found, tail = rest.partition(end)
-    if not found:
-        raise SystemExit(f"marker not found: {end}")
-    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def readme(text: str) -> str:
@@ -69,14 +60,7 @@ def draw() -> str:
 
 def main() -> int:
     check = "--check" in sys.argv
-    stale = []
-    for path, render in ((README, readme), (MAN, man)):
-        old = path.read_text(encoding="utf-8")
-        new = render(old)
-        if new != old:
-            stale.append(str(path))
-            if not check:
-                path.write_text(new, encoding="utf-8")
+    stale = refresh({README: readme, MAN: man}, check=check)
     if svg_digest() != digest():
         stale.append(str(SVG))
         if not check:

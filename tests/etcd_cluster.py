@@ -11,10 +11,12 @@ import contextlib
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import requests
 
 ETCD = "/usr/bin/etcd"
@@ -185,3 +187,10 @@ class Cluster:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A fresh 3-member cluster for one test (tests/test_fleet.py, tests/test_slots.py)."""
+    with Cluster(tmp_path_factory.mktemp("etcd")) as c:
+        yield c

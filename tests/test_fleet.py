@@ -26,12 +26,6 @@ pytestmark = pytest.mark.xdist_group(name="etcd")  # `make test` installs etcd-s
 VMS = ("vm-a", "vm-b", "vm-c")
 
 
-@pytest.fixture
-def cluster(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("etcd")) as c:
-        yield c
-
-
 class Fleet:
     """One daemon per VM name, each with its own state directory, hooks and config."""
 

@@ -20,12 +20,6 @@ pytestmark = pytest.mark.xdist_group(name="etcd")
 VMS = ("vm-a", "vm-b", "vm-c")
 
 
-@pytest.fixture
-def cluster(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("etcd")) as c:
-        yield c
-
-
 class Tier:
     """One daemon per VM of a group; drain and undrain record when they ran."""
 
