@@ -72,3 +72,24 @@ def test_hooks_know_how_many_seconds_are_left_and_the_fast_hooks_run_when_few_ar
         if "=" in line
     )
     assert 100 <= int(env["SCHEDULED_EVENT_SECONDS_LEFT"]) <= 120
+
+
+def test_dry_run_says_it_would_take_a_slot_takes_none_and_waits_for_its_deadline(
+    daemons, sim, hooks
+):
+    """No etcd is reached (none runs here): --dry-run asks for nothing and logs the wait."""
+    cfg = daemons.config(
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        approve="always",
+        coordination={"etcd": {"endpoints": ["http://127.0.0.1:9"], "timeout": 1}},
+        concurrency={"group": "web", "max": 1},
+    )
+    daemon = daemons.start(cfg, args=("--dry-run",))
+    event_id = sim.add_event("Reboot", [VM], not_before_in=3600)
+    daemon.wait_log("would_take_slot", event_id=event_id)
+    waiting = daemon.wait_log("event_waiting", event_id=event_id)
+    assert waiting["reason"] == "slot"
+    daemon.polls_seen(sim)
+    assert not daemon.logs("slot_failed"), "no etcd was asked"
+    assert not daemon.logs("would_run_hooks")
