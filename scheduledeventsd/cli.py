@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import requests
-
 from . import __version__, config, log, observer, report
 from .daemon import Daemon, run_daemon
 from .identity import resolve
@@ -211,6 +209,8 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
         if not cfg.listen.loopback:
             host = "::1" if ":" in host else "127.0.0.1"
         url = f"http://{f'[{host}]' if ':' in host else host}:{cfg.listen.port}/status"
+        import requests  # noqa: PLC0415 - `status` only: the daemon's memory stays without it
+
         try:
             with requests.Session() as session:
                 session.trust_env = False

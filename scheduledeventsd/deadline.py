@@ -13,9 +13,10 @@ import itertools
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import requests
+if TYPE_CHECKING:  # only etcd's streams are requests'; the IMDS client needs none of it
+    import requests
 
 
 def shut_down(sock: socket.socket) -> None:
@@ -81,11 +82,12 @@ _WATCH = _Watch()
 
 
 class Deadline:
-    """`with Deadline(response, seconds) as d:` reads past `seconds` fail; `d.expired` says so."""
+    """`with Deadline(on_expiry, seconds) as d:` past `seconds`, `on_expiry` runs (it shuts the
+    socket a read is blocked on) and `d.expired` says so."""
 
-    def __init__(self, response: requests.Response, seconds: float) -> None:
+    def __init__(self, on_expiry: Callable[[], object], seconds: float) -> None:
         self.expired = False
-        self._response = response
+        self._on_expiry = on_expiry
         self._seconds = max(0.0, seconds)
         self._entry: Optional[list[Any]] = None
 
@@ -99,4 +101,4 @@ class Deadline:
 
     def _expire(self) -> None:
         self.expired = True
-        abort(self._response)
+        self._on_expiry()

@@ -7,17 +7,17 @@ failure raised as one ImdsError whose `kind` is stable enough to log only on cha
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import time
 import urllib.parse
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Literal, Optional
 
-import requests
-from requests.adapters import HTTPAdapter
-
 from . import __version__
-from .deadline import Deadline
+from .deadline import Deadline, shut_down
 from .model import Document, DocumentError, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
@@ -52,7 +52,18 @@ class ImdsError(Exception):
         return f"http_{self.status}" if self.failure == "http" else self.failure
 
 
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    target: str  # path and query
+    body: Optional[bytes] = None
+
+
 class ImdsClient:
+    """http.client on one kept-alive connection: it reads no proxy variables, follows no
+    redirect, and a GET costs a third of what requests' did (at 4 Hz that is the daemon's
+    CPU at rest)."""
+
     def __init__(
         self,
         url: str,
@@ -65,29 +76,25 @@ class ImdsClient:
         self.timeout = timeout
         self.first_call_timeout = first_call_timeout
         self._answered = False  # IMDS takes up to 2 min to answer until it first has
-        self._document_request: Optional[requests.PreparedRequest] = None
+        parts = urllib.parse.urlsplit(url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if self._https else 80)
+        self._path = parts.path or "/"
+        self._connection: Optional[http.client.HTTPConnection] = None
+        self._headers = {"Metadata": "true", "User-Agent": f"scheduledeventsd/{__version__}"}
+        self._document_request = _Request(
+            "GET", f"{self._path}?{urllib.parse.urlencode({'api-version': api_version})}"
+        )
         self._events = EventCache()
         self._last: tuple[bytes, Document] = (b"", Document(0, ()))
-        self._session = requests.Session()
-        self._session.trust_env = False  # ignore HTTP(S)_PROXY, ALL_PROXY, .netrc
-        self._session.proxies = {}
-        self._session.headers.clear()
-        self._session.headers.update(
-            {"Metadata": "true", "User-Agent": f"scheduledeventsd/{__version__}"}
-        )
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
 
     def close(self) -> None:
-        self._session.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
     def fetch_document(self) -> Document:
-        if self._document_request is None:
-            # Prepared once: re-preparing the same GET every second was a quarter of its CPU.
-            self._document_request = self._prepare(
-                "GET", self.url, {"api-version": self.api_version}
-            )
         body = self._send(self._document_request)
         if body and body == self._last[0]:
             return self._last[1]  # at rest the same bytes come back every second
@@ -100,80 +107,119 @@ class ImdsClient:
 
     def approve(self, event_ids: Iterable[str]) -> None:
         payload = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
-        self._send(self._prepare("POST", self.url, {"api-version": self.api_version}, payload))
+        query = urllib.parse.urlencode({"api-version": self.api_version})
+        self._send(_Request("POST", f"{self._path}?{query}", json.dumps(payload).encode()))
 
     def fetch_vm_name(self) -> str:
         """The name as Resources spells it (`<scaleset>_<id>` on scale sets), not the hostname."""
-        parts = urllib.parse.urlsplit(self.url)
-        name_url = urllib.parse.urlunsplit(
-            (parts.scheme, parts.netloc, "/metadata/instance/compute/name", "", "")
-        )
-        params = {"api-version": NAME_API_VERSION, "format": "text"}
-        body = self._send(self._prepare("GET", name_url, params))
+        query = urllib.parse.urlencode({"api-version": NAME_API_VERSION, "format": "text"})
+        body = self._send(_Request("GET", f"/metadata/instance/compute/name?{query}"))
         name = body.decode("utf-8", "replace").strip()
         if not name or any(ch.isspace() or not ch.isprintable() for ch in name):
             raise ImdsError("bad_name", f"unusable VM name {name[:80]!r}")
         return name
 
-    def _prepare(
-        self,
-        method: str,
-        url: str,
-        params: dict[str, str],
-        payload: Optional[object] = None,
-    ) -> requests.PreparedRequest:
-        return self._session.prepare_request(
-            requests.Request(
-                method,
-                url,
-                params=params,
-                data=None if payload is None else json.dumps(payload).encode(),
-                headers={"Content-Type": "application/json"} if payload is not None else None,
-            )
-        )
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._connection is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._connection = kind(self._host, self._port, timeout=self.timeout)
+        return self._connection
 
-    def _send(self, request: requests.PreparedRequest) -> bytes:
+    def _send(self, request: _Request) -> bytes:
+        """One exchange. A kept-alive connection IMDS closed meanwhile is opened again once;
+        any other failure closes it, so the next call starts clean."""
         read_timeout = self.timeout if self._answered else self.first_call_timeout
         deadline = time.monotonic() + read_timeout
-        try:
-            response = self._session.send(
-                request,
-                timeout=(self.timeout, read_timeout),
-                allow_redirects=False,
-                stream=True,
-            )
-        except requests.Timeout as e:
-            raise ImdsError("timeout", _root(e)) from None
-        except requests.ConnectionError as e:
-            raise ImdsError("connection", _root(e)) from None
-        except requests.RequestException as e:
-            raise ImdsError("request", _root(e)) from None
-        with response, Deadline(response, deadline - time.monotonic()) as whole:
+        for attempt in (1, 2):
+            connection = self._connect()
+            reused = connection.sock is not None
             try:
-                body = _read_capped(response, deadline)
-            except requests.RequestException as e:
-                if whole.expired:
-                    raise ImdsError("timeout", "the response outlived its timeout") from None
-                raise ImdsError("connection", f"while reading the body: {_root(e)}") from None
-            if whole.expired:
-                raise ImdsError("timeout", "the response outlived its timeout")
+                return self._exchange(connection, request, read_timeout, deadline)
+            except _StaleConnectionError:
+                self.close()
+                if attempt == 2 or not reused:
+                    raise ImdsError(
+                        "connection", "the connection closed before an answer"
+                    ) from None
+            except ImdsError:
+                self.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _exchange(
+        self,
+        connection: http.client.HTTPConnection,
+        request: _Request,
+        read_timeout: float,
+        deadline: float,
+    ) -> bytes:
+        headers = dict(self._headers)
+        if request.body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            connection.request(request.method, request.target, request.body, headers)
+            response, body = _receive(connection, read_timeout, deadline)
+        except (socket.timeout, TimeoutError) as e:
+            raise ImdsError("timeout", _root(e)) from None
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise _StaleConnectionError from e
+        except OSError as e:
+            raise ImdsError("connection", _root(e)) from None
+        except http.client.HTTPException as e:
+            raise ImdsError("request", _root(e)) from None
         self._answered = True
-        if response.is_redirect or 300 <= response.status_code < 400:
-            location = response.headers.get("Location", "")[:200]
-            raise ImdsError(
-                "redirect",
-                f"HTTP {response.status_code} to {location!r} (not followed)",
-                response.status_code,
-            )
-        if response.status_code != 200:
-            snippet = body[:300].decode("utf-8", "replace").strip()
-            raise ImdsError(
-                "http",
-                f"HTTP {response.status_code}: {snippet}",
-                response.status_code,
-                _retry_after(response.headers.get("Retry-After", "")),
-            )
-        return body
+        if response.will_close:
+            self.close()
+        return _answer(response, body)
+
+
+def _receive(
+    connection: http.client.HTTPConnection, read_timeout: float, deadline: float
+) -> tuple[http.client.HTTPResponse, bytes]:
+    """The answer, within one deadline for the whole of it (headers and body)."""
+    sock = connection.sock
+    if sock is not None:
+        sock.settimeout(read_timeout)
+
+    def expire() -> None:
+        if sock is not None:
+            shut_down(sock)
+
+    with Deadline(expire, deadline - time.monotonic()) as whole:
+        try:
+            response = connection.getresponse()
+            body = _read_capped(response, deadline)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            if whole.expired:
+                raise ImdsError("timeout", "the response outlived its timeout") from None
+            raise _StaleConnectionError from None
+        except (OSError, http.client.HTTPException) as e:
+            if whole.expired or isinstance(e, TimeoutError):
+                raise ImdsError("timeout", "the response outlived its timeout") from None
+            raise ImdsError("connection", f"while reading the answer: {_root(e)}") from None
+        if whole.expired:
+            raise ImdsError("timeout", "the response outlived its timeout")
+    return response, body
+
+
+def _answer(response: http.client.HTTPResponse, body: bytes) -> bytes:
+    status = response.status
+    if 300 <= status < 400:
+        location = (response.getheader("Location") or "")[:200]
+        raise ImdsError("redirect", f"HTTP {status} to {location!r} (not followed)", status)
+    if status != 200:
+        snippet = body[:300].decode("utf-8", "replace").strip()
+        raise ImdsError(
+            "http",
+            f"HTTP {status}: {snippet}",
+            status,
+            _retry_after(response.getheader("Retry-After") or ""),
+        )
+    return body
+
+
+class _StaleConnectionError(Exception):
+    """The kept-alive connection was closed by the other side before this request."""
 
 
 def _retry_after(value: str) -> Optional[float]:
@@ -185,17 +231,18 @@ def _retry_after(value: str) -> Optional[float]:
     return seconds if 0 <= seconds < 86400 else None
 
 
-def _read_capped(response: requests.Response, deadline: float) -> bytes:
+def _read_capped(response: http.client.HTTPResponse, deadline: float) -> bytes:
     """A huge response must not hold the poll loop hostage (a trickling one is cut by the
     Deadline around this read)."""
     chunks: list[bytes] = []
     size = 0
-    for chunk in response.iter_content(65536):
+    while not response.isclosed():
+        chunk = response.read(65536)  # at most what Content-Length has left; closes at its end
+        if not chunk:
+            break
         size += len(chunk)
         if size > MAX_BODY:
-            raise ImdsError(
-                "too_large", f"response larger than {MAX_BODY} bytes", response.status_code
-            )
+            raise ImdsError("too_large", f"response larger than {MAX_BODY} bytes", response.status)
         if time.monotonic() > deadline:
             raise ImdsError("timeout", "response body took longer than the timeout")
         chunks.append(chunk)
