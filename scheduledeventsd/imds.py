@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import time
 import urllib.parse
@@ -120,6 +121,9 @@ class ImdsClient:
         return name
 
     def _connect(self) -> http.client.HTTPConnection:
+        sock = None if self._connection is None else self._connection.sock
+        if sock is not None and select.select([sock], [], [], 0)[0]:
+            self.close()  # IMDS closed the idle connection (readable at EOF): a fresh one
         if self._connection is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._connection = kind(self._host, self._port, timeout=self.timeout)
