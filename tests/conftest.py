@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,15 @@ class DaemonFactory:
             for r in daemon.records
             if r.get("event") in ("transition_refused", "internal_error")
         ]
+
+
+def stop_checked(factories: Iterable[DaemonFactory]) -> None:
+    """Stop the daemons of several factories (one per VM); fail if any logged a defect."""
+    factories = list(factories)
+    for factory in factories:
+        factory.stop_all()
+    defects = [d for factory in factories for d in factory.defects()]
+    assert not defects, defects
 
 
 @pytest.fixture

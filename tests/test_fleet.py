@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.simulator import Simulator
-from tests.conftest import DaemonFactory, Hooks, wait_for
+from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster, make_tls
 
 pytestmark = pytest.mark.xdist_group(name="etcd")  # `make test` installs etcd-server
@@ -74,10 +74,7 @@ class Fleet:
         return path.read_text().split() if path.exists() else []
 
     def stop(self):
-        for factory in self.factories.values():
-            factory.stop_all()
-        defects = [d for factory in self.factories.values() for d in factory.defects()]
-        assert not defects, defects
+        stop_checked(self.factories.values())
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.simulator import Simulator
-from tests.conftest import DaemonFactory, Hooks, wait_for
+from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
@@ -70,10 +70,7 @@ class Tier:
         return {vm: (starts[vm], ends[vm]) for vm in starts if vm in ends}
 
     def stop(self):
-        for factory in self.factories.values():
-            factory.stop_all()
-        defects = [d for factory in self.factories.values() for d in factory.defects()]
-        assert not defects, defects
+        stop_checked(self.factories.values())
 
 
 @pytest.fixture
