@@ -254,13 +254,15 @@ BOUND = config.MAX_PROBLEM * 2  # a problem's text plus its file and key path, e
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.stem)
 def test_a_hostile_config_is_refused_with_short_errors_and_nothing_run(seed, tmp_path):
     """Alias bombs, nesting thousands deep, python tags, NaN, control characters, huge names:
-    each is refused in well under a second, every problem is bounded, nothing is executed."""
+    each is refused, every problem is bounded, nothing is executed. The time bound only tells a
+    refusal from an expansion (the alias bomb took minutes and gigabytes before aliases were
+    refused); how fast is not this test's to say."""
     marker = Path("/tmp/pwned")
     marker.unlink(missing_ok=True)
     started = time.monotonic()
     with pytest.raises(config.ConfigError) as e:
         config.load(seed)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30
     assert e.value.problems
     for problem in e.value.problems:
         assert problem.startswith(f"{seed}: ")
