@@ -15,7 +15,7 @@ import stat
 import types
 import urllib.parse
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
@@ -331,6 +331,20 @@ class _Checker:
                     _join(where, str(key)), f"unknown key (expected one of: {', '.join(allowed)})"
                 )
         return {k: v for k, v in value.items() if k in allowed}
+
+    def entries(self, value: Any, path: str, what: str) -> Iterator[tuple[str, dict[str, Any]]]:  # noqa: ANN401
+        """Each mapping of a list section (`webhooks`, `windows`) with its key path; anything
+        else in it, or a section that is no list, is a problem."""
+        if value is None:
+            return
+        if not isinstance(value, list):
+            self.fail(path, f"must be a list of {what}, got {_kind(value)}")
+            return
+        for i, entry in enumerate(value):
+            where = f"{path}[{i}]"
+            fields = self.mapping(entry, where, f"{path}[]")
+            if isinstance(entry, dict):
+                yield where, fields
 
     def number(
         self,
@@ -763,24 +777,17 @@ _CLOCK = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
 def _check_windows(c: _Checker, raw: Any) -> tuple[Window, ...]:  # noqa: ANN401
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        c.fail("windows", f"must be a list of windows, got {_kind(raw)}")
-        return ()
     windows = []
-    for i, entry in enumerate(raw):
-        where = f"windows[{i}]"
-        fields = c.mapping(entry, where, "windows[]")
-        if not isinstance(entry, dict):
-            continue
+    for where, fields in c.entries(raw, "windows", "windows"):
         days = fields.get("days", schema.key("windows[].days").default)
         if not isinstance(days, list) or not days or not all(d in DAYS for d in days):
             c.fail(f"{where}.days", f"must be a non-empty list of {', '.join(DAYS)}, got {days!r}")
             days = list(DAYS)
         start = _clock(c, f"{where}.start", fields.get("start"))
         end = _clock(c, f"{where}.end", fields.get("end"))
-        name = c.string(fields.get("timezone"), f"{where}.timezone", "UTC")
+        name = c.string(
+            fields.get("timezone"), f"{where}.timezone", schema.text("windows[].timezone")
+        )
         zone = _zone(name)
         if zone is None:
             c.fail(f"{where}.timezone", f"not a time zone this machine knows (IANA), got {name!r}")
@@ -903,17 +910,8 @@ def _check_textfile(c: _Checker, raw: Any) -> Optional[Path]:  # noqa: ANN401
 
 
 def _check_webhooks(c: _Checker, raw: Any) -> tuple[Webhook, ...]:  # noqa: ANN401
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        c.fail("webhooks", f"must be a list of webhooks, got {_kind(raw)}")
-        return ()
     hooks: list[Webhook] = []
-    for i, entry in enumerate(raw):
-        where = f"webhooks[{i}]"
-        fields = c.mapping(entry, where, "webhooks[]")
-        if not isinstance(entry, dict):
-            continue
+    for where, fields in c.entries(raw, "webhooks", "webhooks"):
         url = _check_url(c, f"{where}.url", fields.get("url"), required=True)
         retries = c.whole(fields.get("retries"), f"{where}.retries", "webhooks[].retries")
         hooks.append(

@@ -34,7 +34,7 @@ from .lifecycle import (
 from .model import SCHEDULED, STARTED, Document, Event, iso_utc
 from .records import Cause, Level, Record, What
 from .retry import Backoff, Failures
-from .when import WINDOW_LEAD, Held, fast_hooks, hold
+from .when import Held, fast_hooks, hold, lead
 
 POLL_BACKOFF_CAP = 2.0  # a Preempt may give well under 30 s: never be blind for longer
 APPROVAL_BACKOFF = Backoff(0.5, 8.0)
@@ -1368,11 +1368,10 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
 
 def _allowed_at(state: State, now: float) -> float:
     """When the next IMDS request fits in the rate limit (`now` if it does now)."""
-    limit = IMDS_RATE
     recent = [t for t in state.sent if t > now - RATE_WINDOW]
-    if len(recent) < limit:
+    if len(recent) < IMDS_RATE:
         return now
-    return recent[len(recent) - limit] + RATE_WINDOW
+    return recent[len(recent) - IMDS_RATE] + RATE_WINDOW
 
 
 def _spend(state: State, now: float) -> State:
@@ -1589,29 +1588,20 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
     phase = tracked.phase
-    if phase is Phase.WAITING:
+    if phase in (Phase.WAITING, Phase.QUEUED):
         if on is On.STARTED:
+            waited = "their lead time" if phase is Phase.WAITING else "a concurrency slot"
             out.append(
                 _note(
                     Level.WARNING,
                     What.EVENT_MISSED,
                     event,
-                    reason="it started while its hooks waited for their lead time",
+                    reason=f"it started while its hooks waited for {waited}",
                 )
             )
             return state, _move(tracked, on, Phase.MISSED)
-        return state, _move(_still_waiting(tracked, state, now, out), on, phase)
-    if phase is Phase.QUEUED:
-        if on is On.STARTED:
-            out.append(
-                _note(
-                    Level.WARNING,
-                    What.EVENT_MISSED,
-                    event,
-                    reason="it started while its hooks waited for a concurrency slot",
-                )
-            )
-            return state, _move(tracked, on, Phase.MISSED)
+        if phase is Phase.WAITING:
+            return state, _move(_still_waiting(tracked, state, now, out), on, phase)
         deadline = _slot_deadline(
             event, state.config.events.get(event.event_type, EventRule()), state
         )
@@ -1782,18 +1772,15 @@ def _needs_slot(state: State, tracked: Tracked) -> bool:
     rule = state.config.events.get(tracked.event.event_type)
     if concurrency is None or rule is None or not rule.obeys_windows(tracked.event.event_type):
         return False
-    return tracked.slot is Slot.NONE or (
-        tracked.slot is Slot.ASKED and tracked.phase is not Phase.QUEUED
-    )
+    return tracked.slot is Slot.NONE
 
 
 def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[float]:
-    """The monotonic instant its hooks start without a slot: its lead (start_before, else
-    WINDOW_LEAD) before NotBefore. None: no NotBefore, or no clock yet (no time to wait)."""
+    """The monotonic instant its hooks start without a slot: its lead before NotBefore.
+    None: no NotBefore, or no clock yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
-    lead = rule.start_before if rule.start_before is not None else WINDOW_LEAD
-    return event.not_before.timestamp() - lead - state.wall_offset
+    return event.not_before.timestamp() - lead(rule) - state.wall_offset
 
 
 def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:

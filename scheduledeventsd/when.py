@@ -27,6 +27,12 @@ class Held:
     window: Optional[str] = None  # the window that opens then, as configured
 
 
+def lead(rule: EventRule) -> float:
+    """How long before NotBefore the before-hooks start at the latest when a window or a slot
+    holds them: start_before, else WINDOW_LEAD."""
+    return rule.start_before if rule.start_before is not None else WINDOW_LEAD
+
+
 def hold(event: Event, rule: EventRule, windows: tuple[Window, ...], now: float) -> Optional[Held]:
     """When a lead time or a window holds back the before-hooks, the instant they start; None
     when they start now. Windows: the first opening before NotBefore, or the lead (start_before,
@@ -40,9 +46,9 @@ def hold(event: Event, rule: EventRule, windows: tuple[Window, ...], now: float)
     if windows and rule.obeys_windows(event.event_type):
         opens = opening(windows, now, not_before)
         if opens is not None:
-            lead = rule.start_before if rule.start_before is not None else WINDOW_LEAD
-            if opens > not_before - lead:  # the window opens too late: the lead rules
-                held = Held(not_before - lead, "start_before")
+            latest = not_before - lead(rule)
+            if opens > latest:  # the window opens too late: the lead rules
+                held = Held(latest, "start_before")
             else:
                 window = next(w for w in windows if opening((w,), opens, opens + 1) == opens)
                 held = Held(opens, "window", window.describe())
