@@ -18,9 +18,11 @@ lint: bootstrap
 # crash campaign and the soak run after them, alone, so their load times no other test.
 # The deployed tests share one booted machine, so they stay together (xdist_group).
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
-# wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries.
+# wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries;
+# the Pacemaker tests start a real 3-node corosync/pacemaker cluster in namespaces.
 test: bootstrap
-	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter
+	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter \
+		pacemaker corosync resource-agents
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
 	$(PY) -m pytest -q -m campaign
 

@@ -11,6 +11,7 @@ import enum
 import ipaddress
 import os
 import re
+import shutil
 import stat
 import types
 import urllib.parse
@@ -63,7 +64,14 @@ class WebhookFormat(str, enum.Enum):
     TEXT = "text"  # {"text": "one line"}: Slack, Mattermost, Teams workflows
 
 
-E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat)
+class DrainMethod(str, enum.Enum):
+    """How a Pacemaker node is marked as going away (coordination.pacemaker.method)."""
+
+    HEALTH = "health"
+    STANDBY = "standby"
+
+
+E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat, DrainMethod)
 
 
 class ConfigError(Exception):
@@ -119,11 +127,36 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Pacemaker:
+    """This VM is a node of a Pacemaker cluster: the cluster moves its resources away before
+    an event of `event_types` is approved, and takes them back once it is over."""
+
+    method: DrainMethod = DrainMethod.HEALTH
+    attribute: str = schema.text("coordination.pacemaker.attribute")
+    event_types: tuple[str, ...] = tuple(schema.key("coordination.pacemaker.event_types").default)  # type: ignore[arg-type]
+    nodes: Mapping[str, str] = field(default_factory=dict)  # casefolded VM name -> node name
+    drain_timeout: float = schema.number("coordination.pacemaker.drain_timeout")
+    min_healthy: int = int(schema.number("coordination.pacemaker.min_healthy"))
+
+    def node_of(self, vm_name: str) -> str:
+        """The cluster node a VM name of Resources stands for."""
+        return self.nodes.get(vm_name.casefold(), vm_name)
+
+    def drains(self, event_type: str) -> bool:
+        return event_type in self.event_types
+
+
+@dataclass(frozen=True)
 class Coordination:
-    """Exactly one of the two is set."""
+    """Exactly one of the three is set."""
 
     etcd: Optional[Etcd] = None
     gate: Optional[Gate] = None
+    pacemaker: Optional[Pacemaker] = None
+
+    @property
+    def via(self) -> str:
+        return "etcd" if self.etcd else "pacemaker" if self.pacemaker else "gate"
 
 
 @dataclass(frozen=True)
@@ -695,8 +728,10 @@ def _check_coordination(c: _Checker, raw: Any) -> Optional[Coordination]:  # noq
     chosen = [k for k in schema.children("coordination") if fields.get(k) is not None]
     if len(chosen) != 1:
         got = " and ".join(chosen) if chosen else "neither"
-        c.fail("coordination", f"must set exactly one of etcd or gate, got {got}")
+        c.fail("coordination", f"must set exactly one of etcd, gate or pacemaker, got {got}")
         return None
+    if chosen == ["pacemaker"]:
+        return Coordination(pacemaker=_check_pacemaker(c, fields["pacemaker"]))
     if chosen == ["gate"]:
         where = "coordination.gate"
         command = _check_command(c, where, fields["gate"], where)
@@ -706,6 +741,79 @@ def _check_coordination(c: _Checker, raw: Any) -> Optional[Coordination]:  # noq
         interval = c.number(gate_fields.get("interval"), f"{where}.interval", f"{where}.interval")
         return Coordination(gate=Gate(command, interval))
     return Coordination(etcd=_check_etcd(c, fields["etcd"]))
+
+
+# Pacemaker's own CLI, looked for where the distributions install it (never the caller's PATH).
+CLUSTER_TOOLS = ("crm_attribute", "crm_mon", "crm_node", "crm_simulate")
+TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+
+
+def _check_pacemaker(c: _Checker, raw: Any) -> Optional[Pacemaker]:  # noqa: ANN401
+    where = "coordination.pacemaker"
+    fields = c.mapping(raw, where, where)
+    d = Pacemaker()
+    method = c.choice(fields.get("method"), f"{where}.method", d.method)
+    attribute = c.string(fields.get("attribute"), f"{where}.attribute", d.attribute)
+    if not re.fullmatch(r"#health-[A-Za-z0-9_.-]{1,64}", attribute):
+        c.fail(
+            f"{where}.attribute",
+            f"must be #health- and letters, digits, '_', '.', '-' (Pacemaker reads only "
+            f"#health-* attributes as node health), got {attribute!r}",
+        )
+    types = fields.get("event_types")
+    event_types = d.event_types
+    if types is not None:
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            c.fail(f"{where}.event_types", f"must be a list of event types, got {_kind(types)}")
+        else:
+            unknown = [t for t in types if t not in EVENT_TYPES]
+            if unknown:
+                c.fail(
+                    f"{where}.event_types",
+                    f"unknown event type {unknown[0]!r} (expected: {', '.join(EVENT_TYPES)})",
+                )
+            event_types = tuple(t for t in EVENT_TYPES if t in types)
+    nodes = _check_nodes(c, fields.get("nodes"), f"{where}.nodes")
+    drain_timeout = c.number(
+        fields.get("drain_timeout"), f"{where}.drain_timeout", f"{where}.drain_timeout"
+    )
+    least = c.whole(fields.get("min_healthy"), f"{where}.min_healthy", f"{where}.min_healthy")
+    if c.check_files:
+        lacking = [t for t in CLUSTER_TOOLS if shutil.which(t, path=TOOL_PATH) is None]
+        if lacking:
+            c.fail(
+                where,
+                f"the cluster tools are missing ({', '.join(lacking)} in {TOOL_PATH}): install "
+                "pacemaker-cli-utils (Debian) or pacemaker-cli (Fedora/EL)",
+            )
+    return Pacemaker(
+        method=method,
+        attribute=attribute,
+        event_types=event_types,
+        nodes=nodes,
+        drain_timeout=drain_timeout,
+        min_healthy=d.min_healthy if least is None else least,
+    )
+
+
+def _check_nodes(c: _Checker, raw: Any, where: str) -> Mapping[str, str]:  # noqa: ANN401
+    """VM name (as Resources spells it) -> cluster node name, keyed casefolded."""
+    nodes: dict[str, str] = {}
+    if raw is not None and not isinstance(raw, dict):
+        c.fail(where, f"must be a mapping of VM name to node name, got {_kind(raw)}")
+        return _frozen(nodes)
+    for vm, node in (raw or {}).items():
+        if not isinstance(vm, str) or not vm.strip():
+            c.fail(where, f"a VM name must be a string, got {_kind(vm)}")
+        elif not isinstance(node, str) or not _NODE_NAME.fullmatch(node):
+            c.fail(
+                f"{where}.{vm}",
+                f"must be a cluster node name (letters, digits, '_', '.', '-'), got {node!r}",
+            )
+        else:
+            nodes[vm.strip().casefold()] = node
+    return _frozen(nodes)
 
 
 def _check_etcd(c: _Checker, raw: Any) -> Optional[Etcd]:  # noqa: ANN401
@@ -1056,8 +1164,8 @@ def parse(
     if wants_all and top.get("coordination") is None:
         c.fail(
             wants_all[0],
-            "approve: all needs a coordination section (etcd or gate) to learn when the other "
-            "VMs an event names are ready",
+            "approve: all needs a coordination section (etcd, gate or pacemaker) to learn when "
+            "the other VMs an event names are ready",
         )
     if c.problems:
         raise ConfigError(c.problems)

@@ -29,9 +29,13 @@ from .engine import (
     ApprovalSent,
     AskGate,
     CancelRuns,
+    CheckCluster,
+    ClusterDrained,
+    ClusterHeld,
     Coordinate,
     CoordinationFailed,
     DocumentFetched,
+    DrainNode,
     Effect,
     Exit,
     Faulted,
@@ -49,9 +53,11 @@ from .engine import (
     Record,
     ReleaseSlot,
     ResolveName,
+    RestoreNode,
     SlotFailed,
     SpawnHooks,
     StopCoordinating,
+    StopDraining,
     UseConfig,
     WakeAt,
 )
@@ -65,6 +71,7 @@ from .telemetry import Telemetry
 
 if TYPE_CHECKING:
     from .coordination import EtcdCoordinator
+    from .drainer import Drainer
     from .slots import SlotKeeper
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -77,9 +84,32 @@ class Signalled:
 
 
 Inbound = Union[Message, Signalled]
-Pretended = Union[SpawnHooks, PostApproval, Persist, Coordinate, AskGate, AcquireSlot, ReleaseSlot]
-# What --dry-run skips. It takes no slot: it logs the wait and stays QUEUED until the deadline.
-_PRETENDED = (SpawnHooks, PostApproval, Persist, Coordinate, AskGate, AcquireSlot, ReleaseSlot)
+Pretended = Union[
+    SpawnHooks,
+    PostApproval,
+    Persist,
+    Coordinate,
+    AskGate,
+    AcquireSlot,
+    ReleaseSlot,
+    DrainNode,
+    StopDraining,
+    RestoreNode,
+]
+# What --dry-run skips. It takes no slot and marks no cluster node: it logs what it would do,
+# stays QUEUED until the deadline, and takes a drain as done.
+_PRETENDED = (
+    SpawnHooks,
+    PostApproval,
+    Persist,
+    Coordinate,
+    AskGate,
+    AcquireSlot,
+    ReleaseSlot,
+    DrainNode,
+    StopDraining,
+    RestoreNode,
+)
 Job = Callable[[], Message]
 Call = Callable[[ImdsClient], Message]
 
@@ -143,6 +173,7 @@ class Daemon:
         self._namer = Lane("imds-name", self.inbox, _client(config))
         self._coordinator = _coordinator(config, self.inbox.put)
         self._slots = _slot_keeper(config, self.inbox.put)
+        self._drainer = _drainer(config, self.runner, self.inbox.put)
         self._wake_at = 0.0
         self._exit: Optional[int] = None
         self._faults_seen: set[tuple[str, str, str]] = set()
@@ -187,6 +218,8 @@ class Daemon:
                 self._coordinator.stop_all()
             if self._slots is not None:
                 self._slots.stop_all(hand_over=True)
+            if self._drainer is not None:
+                self._drainer.stop_all()
             self.telemetry.stop()
             self.store.unlock()
             self.notifier.close()
@@ -281,7 +314,7 @@ class Daemon:
 
     # ---- effects --------------------------------------------------------------------------
 
-    def _do(self, effect: Effect) -> None:
+    def _do(self, effect: Effect) -> None:  # noqa: PLR0912 - one branch per kind of effect
         if self.dry_run and isinstance(effect, _PRETENDED):
             self._pretend(effect)
             return
@@ -296,6 +329,8 @@ class Daemon:
             self._coordinate(effect)
         elif isinstance(effect, (AcquireSlot, ReleaseSlot)):
             self._slot(effect)
+        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode)):
+            self._cluster(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
         elif isinstance(effect, Notify):
@@ -343,13 +378,34 @@ class Daemon:
         else:
             self._slots.acquire(effect)
 
+    def _cluster(self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode]) -> None:
+        drainer = self._drainer
+        if drainer is None:
+            if isinstance(effect, DrainNode):
+                detail = "no coordination.pacemaker configured"
+                self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
+        elif isinstance(effect, CheckCluster):
+            drainer.check()
+        elif isinstance(effect, DrainNode):
+            drainer.drain(effect)
+        elif isinstance(effect, StopDraining):
+            drainer.stop(effect.event_id)
+        else:
+            drainer.restore_later(effect.event_id)
+
     def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
         (approval after hooks, after-hooks once it is over) shows in the log too. The other
         VMs of a shared event are taken as ready."""
         if isinstance(effect, AcquireSlot):
             self.log.info("would_take_slot", **engine.event_fields(effect.event))
-        elif isinstance(effect, ReleaseSlot):
+        elif isinstance(effect, DrainNode):
+            self.log.info("would_drain_node", **engine.event_fields(effect.event))
+            self.inbox.put(ClusterDrained(effect.event.event_id))
+        elif isinstance(effect, RestoreNode):
+            if effect.event_id:
+                self.log.info("would_restore_node", event_id=effect.event_id)
+        elif isinstance(effect, (ReleaseSlot, StopDraining)):
             pass
         elif isinstance(effect, Coordinate):
             self.log.info(
@@ -396,6 +452,12 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = _coordinator(new, self.inbox.put)
+        if new.coordination != old.coordination:
+            # A drain under way stops being watched (its event is held at its deadline); the
+            # mark stays until its event is over, restored by the new drainer (same node).
+            if self._drainer is not None:
+                self._drainer.stop_all()
+            self._drainer = _drainer(new, self.runner, self.inbox.put)
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
             # Held slots stay held (under a lease of HAND_OVER_TTL): the events holding them
             # ask again through the new keeper when the daemon restarts, not before.
@@ -417,6 +479,7 @@ class Daemon:
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
             return
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
+        drainer = self._drainer if effect.restore else None
         self._run_commands(
             effect.run,
             effect.event,
@@ -426,9 +489,21 @@ class Daemon:
             effect.vm_name,
             finish,
             rebooted=effect.rebooted,
+            first=None
+            if drainer is None
+            else functools.partial(drainer.restore, effect.event.event_id),
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
+        drainer = self._drainer
+        if drainer is not None:
+
+            def ask() -> None:
+                status, detail = drainer.ask(effect.event)
+                self.inbox.put(GateAnswered(effect.run, status, detail=detail))
+
+            threading.Thread(target=ask, name=f"cluster-ask-{effect.run}", daemon=True).start()
+            return
         gate = self.config.coordination.gate if self.config.coordination else None
         if gate is None:
             self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))
@@ -463,8 +538,10 @@ class Daemon:
         finish: Callable[[Optional[CommandResult], str], Message],
         *,
         rebooted: bool = False,
+        first: Optional[Callable[[], None]] = None,
     ) -> None:
-        """Hooks (or the gate) on a thread of their own; exactly one message when they end."""
+        """Hooks (or the gate) on a thread of their own; exactly one message when they end.
+        `first` runs before the hooks (a cluster node's restore before its after-hooks)."""
         extra_env = self.config.environment
         bound = self.log.bind(event_id=event.event_id, event_type=event.event_type, stage=stage)
 
@@ -508,6 +585,8 @@ class Daemon:
         def work() -> None:
             message: Optional[Message] = None
             try:
+                if first is not None:
+                    first()
                 failure = run_hooks(
                     self.runner,
                     run=run,
@@ -609,6 +688,17 @@ def _slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[Sl
     from .slots import SlotKeeper  # noqa: PLC0415 - only fleets need etcd's client
 
     return SlotKeeper(etcd, config.concurrency, send)
+
+
+def _drainer(
+    config: Config, runner: ProcessRunner, send: Callable[[Message], None]
+) -> Optional[Drainer]:
+    settings = config.coordination.pacemaker if config.coordination else None
+    if settings is None:
+        return None
+    from .drainer import Drainer  # noqa: PLC0415 - only cluster nodes need it
+
+    return Drainer(settings, runner, send)
 
 
 def run_daemon(config: Config, *, dry_run: bool = False) -> int:

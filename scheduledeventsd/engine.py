@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
-from .config import ApprovePolicy, Config, EventRule, UserEvents
+from .config import ApprovePolicy, Config, EventRule, Pacemaker, UserEvents
 from .hooks import GATE_LATER, KILL_GRACE, Outcome
 from .lifecycle import (
     DURABLE,
     PREPARED,
+    Drain,
     IllegalTransitionError,
     On,
     Phase,
@@ -57,6 +58,8 @@ CLOCK_STEP = 1.0
 # name lookups share that budget: at 4 Hz an approval waits at most for the oldest poll of the
 # second to leave the window (< 0.25 s), and the poll after it for the approval, rather than
 # either being refused with a 429 (every approval cost one at 4 Hz before).
+# A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
+CLUSTER_ASK = 2.0
 IMDS_RATE = 5
 RATE_WINDOW = 1.02  # the margin covers up to 20 ms of jitter in the latency to IMDS
 
@@ -75,12 +78,13 @@ class Tracked:
     vm_name: str = ""  # the name it was judged ours under: every stage's hooks get it
     incarnation: int = 0  # the last document that listed it: every stage's hooks get it
     slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
+    drain: Drain = Drain.NONE  # this node in its Pacemaker cluster, for this event
 
 
 Known = Mapping[str, Tracked]
 
 # Re-exported: the engine's messages and effects speak in these.
-__all__ = ["Level", "On", "Outcome", "Phase", "Record", "Rule", "Stage", "What"]
+__all__ = ["Drain", "Level", "On", "Outcome", "Phase", "Record", "Rule", "Stage", "What"]
 
 # ---- messages: what happened ---------------------------------------------------------------
 
@@ -190,6 +194,45 @@ class GateAnswered:
 
 
 @dataclass(frozen=True)
+class ClusterChecked:
+    """What the cluster looked like at start: problems an operator must fix, if any."""
+
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterDraining:
+    """Resources still on this node (or still moving), on change."""
+
+    event_id: str
+    resources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterDrained:
+    event_id: str
+
+
+@dataclass(frozen=True)
+class ClusterHeld:
+    """The cluster may not drain this node (too_few_healthy, no_quorum, node_unknown,
+    tool_failed): nothing was marked, or the mark is left for the maintenance."""
+
+    event_id: str
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterRestored:
+    """The node is back (error: it could not be; asked again with backoff). event_id "":
+    the mark a previous daemon left was taken off at start."""
+
+    event_id: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class SlotGranted:
     """This VM holds one of its group's concurrency slots for the event."""
 
@@ -244,6 +287,11 @@ Message = Union[
     CoordinationFailed,
     GateAnswered,
     Faulted,
+    ClusterChecked,
+    ClusterDraining,
+    ClusterDrained,
+    ClusterHeld,
+    ClusterRestored,
 ]
 
 # ---- effects: what the daemon must do ------------------------------------------------------
@@ -268,6 +316,7 @@ class SpawnHooks:
     vm_name: str
     stage: Stage = Stage.BEFORE
     rebooted: bool = False  # this VM booted since the before-hooks started
+    restore: bool = False  # pacemaker: the node is restored first, then the hooks run
 
 
 @dataclass(frozen=True)
@@ -343,6 +392,35 @@ class ReleaseSlot:
 
 
 @dataclass(frozen=True)
+class CheckCluster:
+    """Read the cluster once at start: ClusterChecked comes back."""
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    """Mark this node as going away when the cluster can spare it, then watch its resources
+    leave: ClusterDraining on change, then ClusterDrained, or ClusterHeld."""
+
+    event: Event
+    going: tuple[str, ...]  # the other cluster nodes the event names
+
+
+@dataclass(frozen=True)
+class StopDraining:
+    """Stop watching (the mark stays until RestoreNode)."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
+class RestoreNode:
+    """Take the mark off this node (event_id "": whatever mark a previous daemon left);
+    ClusterRestored comes back."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
 class WakeAt:
     at: float
 
@@ -353,6 +431,10 @@ class Exit:
 
 
 Effect = Union[
+    CheckCluster,
+    DrainNode,
+    StopDraining,
+    RestoreNode,
     AcquireSlot,
     ReleaseSlot,
     Fetch,
@@ -524,7 +606,15 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
                 tracked = replace(tracked, slot=Slot.NONE)
             else:
                 out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
+        if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set
+            out.append(_drain_effect(state, tracked))
+            tracked = replace(tracked, start_at=_drain_deadline(state, tracked.event, now))
         state = _with(state, event_id, tracked)
+    if _pacemaker(state) is not None:
+        out.append(CheckCluster())
+        holding = any(t.drain is not Drain.NONE for t in state.events.values())
+        if not holding:  # no event of ours wants this node drained: take off any mark left
+            out.append(RestoreNode(""))
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
     out.append(ResolveName())
@@ -547,6 +637,8 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
                 reason="cut off by a stop; after- and cancelled-hooks run at most once",
             )
         )
+        if tracked.drain is not Drain.NONE:
+            out.append(RestoreNode(tracked.event.event_id))
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and (_prepared(tracked) or phase is Phase.ENDING):
         # The maintenance happened: after-hooks, whether IMDS answers or not.
@@ -858,10 +950,13 @@ def _start_stage(
     """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
+    restore = tracked.drain is not Drain.NONE
     if not hooks:
+        if restore:
+            out.append(RestoreNode(tracked.event.event_id))
         return _over(state, replace(tracked, stage=stage), on)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
+    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
     return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
 
 
@@ -873,12 +968,15 @@ def _spawn(
     out: list[Effect],
     *,
     rebooted: bool = False,
+    restore: bool = False,
 ) -> tuple[State, int]:
     """Start a hook run for an event, with the name and incarnation it was seen under."""
     state, run = _new_run(state, tracked.event.event_id)
     vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
     incarnation = tracked.incarnation or state.incarnation or 0
-    out.append(SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted))
+    out.append(
+        SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted, restore)
+    )
     return state, run
 
 
@@ -1193,7 +1291,7 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
         return _with(state, event_id, _move(tracked, On.GATE_YES, Phase.APPROVING))
     if msg.exit_status == GATE_LATER:
         gate = state.config.coordination.gate if state.config.coordination else None
-        interval = gate.interval if gate is not None else COORDINATION_BACKOFF.cap
+        interval = gate.interval if gate is not None else CLUSTER_ASK
         peers = state.peers.get(event_id, Peers())
         level = Level.DEBUG if peers.not_yet else Level.INFO
         out.append(_note(level, What.GATE_NOT_YET, event, ask_again_in_s=interval))
@@ -1254,6 +1352,141 @@ def _without_peers(state: State, event_id: str) -> State:
 
 def _etcd(state: State) -> bool:
     return state.config.coordination is not None and state.config.coordination.etcd is not None
+
+
+def _pacemaker(state: State) -> Optional[Pacemaker]:
+    coordination = state.config.coordination
+    return coordination.pacemaker if coordination is not None else None
+
+
+def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
+    if msg.problems:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_UNREADY,
+                {
+                    "problems": list(msg.problems),
+                    "reason": "until this is fixed, events that drain this node are held (no "
+                    "early approval)",
+                },
+            )
+        )
+    else:
+        out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
+    return state
+
+
+def _draining(state: State, event_id: str) -> Optional[Tracked]:
+    tracked = state.events.get(event_id)
+    return tracked if tracked is not None and tracked.phase is Phase.DRAINING else None
+
+
+def _cluster_draining(state: State, msg: ClusterDraining, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is not None:
+        out.append(
+            _note(Level.INFO, What.CLUSTER_DRAINING, tracked.event, resources=list(msg.resources))
+        )
+    return state
+
+
+def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
+    state, tracked = _before_hooks(state, replace(tracked, drain=Drain.DONE), On.DRAINED, now, out)
+    return _with(state, msg.event_id, tracked)
+
+
+def _cluster_held(state: State, msg: ClusterHeld, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    return _with(state, msg.event_id, _hold(state, tracked, msg.reason, msg.detail, now, out)[1])
+
+
+def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
+    state: State, tracked: Tracked, reason: str, detail: str, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The cluster cannot spare this node: its before-hooks run, and it is not approved early;
+    whatever was marked stays for the maintenance and is restored once the event is over."""
+    out.append(
+        _note(
+            Level.WARNING,
+            What.CLUSTER_HOLD,
+            tracked.event,
+            reason=reason,
+            error=detail or None,
+        )
+    )
+    state, tracked = _before_hooks(
+        state, replace(tracked, drain=Drain.HELD), On.DRAIN_HELD, now, out
+    )
+    return state, tracked
+
+
+def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    event_fields_ = {} if tracked is None else event_fields(tracked.event)
+    if msg.error:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_RESTORE_FAILED,
+                {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
+            )
+        )
+        return state
+    out.append(
+        Record(
+            Level.INFO,
+            What.CLUSTER_RESTORED,
+            event_fields_ or {"reason": "a mark left by an earlier run of the daemon"},
+        )
+    )
+    if tracked is not None and tracked.drain is not Drain.NONE:
+        state = _with(state, msg.event_id, replace(tracked, drain=Drain.NONE))
+    return state
+
+
+def _drain_deadline(state: State, event: Event, now: float) -> float:
+    """drain_timeout from now, and never past NotBefore: its before-hooks still need to run."""
+    settings = _pacemaker(state)
+    deadline = now + (settings.drain_timeout if settings is not None else 0.0)
+    if event.not_before is not None and state.wall_offset is not None:
+        deadline = min(deadline, event.not_before.timestamp() - state.wall_offset)
+    return deadline
+
+
+def _drain_effect(state: State, tracked: Tracked) -> DrainNode:
+    settings = _pacemaker(state)
+    me = (tracked.vm_name or state.vm_name).casefold()
+    going = tuple(
+        settings.node_of(r) if settings is not None else r
+        for r in tracked.event.resources
+        if r.casefold() != me
+    )
+    return DrainNode(tracked.event, going)
+
+
+def _drain_timeouts(state: State, now: float, out: list[Effect]) -> State:
+    for event_id, t in state.events.items():
+        if t.phase is Phase.DRAINING and t.start_at <= now:
+            out.append(StopDraining(event_id))
+            settings = _pacemaker(state)
+            timeout = settings.drain_timeout if settings is not None else 0
+            state, tracked = _hold(
+                state,
+                t,
+                "drain_timeout",
+                f"resources still on this node after {timeout:g} s (or at NotBefore)",
+                now,
+                out,
+            )
+            state = _with(state, event_id, tracked)
+    return state
 
 
 def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
@@ -1333,6 +1566,11 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     SlotGranted: _slot_granted,
     SlotBusy: _slot_busy,
     SlotFailed: _slot_failed,
+    ClusterChecked: _cluster_checked,
+    ClusterDraining: _cluster_draining,
+    ClusterDrained: _cluster_drained,
+    ClusterHeld: _cluster_held,
+    ClusterRestored: _cluster_restored,
 }
 
 
@@ -1345,6 +1583,7 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
     if state.stopping is not None:
         return _shutdown(state, now, out)
     state = _start_waiting(state, now, out)
+    state = _drain_timeouts(state, now, out)
     state = _coordinate(state, now, out)
     state = _retry_approvals(state, now, out)
     poll = state.poll
@@ -1534,7 +1773,7 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
             continue
         if phase is Phase.APPROVING and event_id not in state.approvals.posting:
             times.append(max(state.approvals.failures.get(event_id, Failures()).retry_at, allowed))
-        if phase in (Phase.WAITING, Phase.QUEUED) and state.stopping is None:
+        if phase in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)
         announce = phase is Phase.HOOKS_FAILED and peers is not None
@@ -1608,9 +1847,11 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
         return state, _move(tracked, on, phase, start_at=now if deadline is None else deadline)
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
-    if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING):
+    if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING, Phase.DRAINING):
         if phase is Phase.COORDINATING:
             state, tracked = _stop_asking(state, tracked, out)
+        if phase is Phase.DRAINING:
+            out.append(StopDraining(event.event_id))
         return state, _move(tracked, on, Phase.DONE)
     return state, _move(tracked, on, phase)
 
@@ -1741,6 +1982,30 @@ def _prepare(
             )
         )
         tracked = replace(tracked, slot=Slot.MISSING)
+    settings = _pacemaker(state)
+    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
+        out.append(_drain_effect(state, tracked))
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                event,
+                method=settings.method.value,
+                reason="this node is marked as going away once the cluster can spare it",
+            )
+        )
+        deadline = _drain_deadline(state, event, now)
+        return state, _move(tracked, on, Phase.DRAINING, drain=Drain.ASKED, start_at=deadline)
+    return _before_hooks(state, tracked, on, now, out)
+
+
+def _before_hooks(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The before-stage's hooks: `fast` instead of `before` when fewer than `fast_below`
+    seconds are left; with none to run, approval per policy at once."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
     hooks = rule.before
     left = _seconds_left(event, state, now)
     quick = fast_hooks(rule, left)
@@ -1801,6 +2066,14 @@ def _approval_of(tracked: Tracked, state: State) -> tuple[Phase, Optional[Record
     """`_approval`, except that an event prepared without its concurrency slot is never
     approved early: more of the group than `max` could be down at once."""
     phase, note = _approval(tracked.event, state)
+    if tracked.drain is Drain.HELD and phase in (Phase.APPROVING, Phase.COORDINATING):
+        return Phase.NOT_APPROVED, _note(
+            Level.WARNING,
+            What.EVENT_NOT_APPROVED,
+            tracked.event,
+            cause=Cause.CLUSTER_HOLD.value,
+            reason="the cluster could not spare this node: it proceeds at NotBefore",
+        )
     if tracked.slot is Slot.MISSING and phase in (Phase.APPROVING, Phase.COORDINATING):
         return Phase.NOT_APPROVED, _note(
             Level.WARNING,
@@ -1938,7 +2211,7 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
             Level.INFO,
             What.EVENT_COORDINATING,
             event,
-            via="etcd" if coordination.etcd is not None else "gate",
+            via=coordination.via,
             other_resources=" ".join(others),
             reason="shared: approved once every VM it names is ready",
         )

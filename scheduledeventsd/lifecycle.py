@@ -23,6 +23,7 @@ class Phase(str, enum.Enum):
     MISSED = "missed"  # first seen already Started: no chance to prepare
     WAITING = "waiting"  # ours; its before-hooks start later (start_before, a window)
     QUEUED = "queued"  # ours; its before-hooks wait for a concurrency slot (or its deadline)
+    DRAINING = "draining"  # ours; the cluster moves this node's resources away first
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
     ENDING = "ending"  # it left while its before-hooks ran: they are being stopped
@@ -46,6 +47,8 @@ class On(str, enum.Enum):
     LEFT = "left the document"
     LEAD_TIME = "its start instant came"
     SLOT = "a concurrency slot is ours"
+    DRAINED = "the cluster moved this node's resources away"
+    DRAIN_HELD = "the cluster cannot spare this node"
     HOOKS_OK = "before-hooks succeeded"
     HOOKS_FAILED = "a before-hook failed"
     HOOKS_CANCELLED = "before-hooks cut off"
@@ -90,6 +93,16 @@ class Slot(str, enum.Enum):
     MISSING = "missing"
 
 
+class Drain(str, enum.Enum):
+    """This node in its Pacemaker cluster for an event (`coordination.pacemaker`): marked as
+    going away until the event is over, when it is restored before the after-hooks run."""
+
+    NONE = ""  # never marked, or restored
+    ASKED = "draining"
+    DONE = "drained"
+    HELD = "hold"  # the cluster could not spare it: never approved early
+
+
 @dataclass(frozen=True)
 class Transition:
     source: Phase
@@ -102,7 +115,7 @@ P = Phase
 # Phases whose before-hooks started (or were decided to need none): they get after- or
 # cancelled-hooks once the event is over or cancelled, unless a rule decided them.
 PREPARED = frozenset(
-    {P.RUNNING, P.INTERRUPTED, P.COORDINATING, P.APPROVING, P.APPROVED}
+    {P.DRAINING, P.RUNNING, P.INTERRUPTED, P.COORDINATING, P.APPROVING, P.APPROVED}
     | {P.NOT_APPROVED, P.HOOKS_FAILED, P.DONE}
 )
 # What the state file keeps; the rest is rebuilt from the next document.
@@ -132,6 +145,7 @@ _ROWS: list[Transition] = [
     ),
     _t(P.NEW, On.SEEN, [P.WAITING], "held by start_before or a window: event_waiting"),
     _t(P.NEW, On.SEEN, [P.QUEUED], "concurrency: a slot is asked for (event_waiting reason=slot)"),
+    _t(P.NEW, On.SEEN, [P.DRAINING], "pacemaker: this node is marked as going away"),
     _t(P.NEW, On.SEEN, [P.RUNNING], "before-hooks start"),
     _t(P.NEW, On.SEEN, _DECIDE, "no before-hooks, or a rule (short, user): approval per policy"),
     _t(P.NOT_OURS, On.LISTED, [P.NOT_OURS], "nothing"),
@@ -143,6 +157,7 @@ _ROWS: list[Transition] = [
     _t(P.WAITING, On.LISTED, [P.WAITING], "its start instant placed again (NotBefore, clock)"),
     _t(P.WAITING, On.LEAD_TIME, [P.RUNNING], "before-hooks start"),
     _t(P.WAITING, On.LEAD_TIME, [P.QUEUED], "concurrency: a slot is asked for"),
+    _t(P.WAITING, On.LEAD_TIME, [P.DRAINING], "pacemaker: this node is marked as going away"),
     _t(P.WAITING, On.LEAD_TIME, _DECIDE, "a reload left it no before-hooks: approval per policy"),
     _t(P.WAITING, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.WAITING, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
@@ -150,6 +165,7 @@ _ROWS: list[Transition] = [
     _t(P.WAITING, On.RESTARTED, [P.WAITING], "placed again by the next document"),
     _t(P.WAITING, On.REBOOTED, [P.WAITING], "placed again by the next document"),
     _t(P.QUEUED, On.SLOT, [P.RUNNING], "before-hooks start holding the slot"),
+    _t(P.QUEUED, On.SLOT, [P.DRAINING], "pacemaker: the node is drained holding the slot"),
     _t(P.QUEUED, On.SLOT, _DECIDE, "a reload left it no before-hooks: approval per policy"),
     _t(
         P.QUEUED,
@@ -158,6 +174,26 @@ _ROWS: list[Transition] = [
         "no slot by its deadline: slot_unavailable, before-hooks start; never approved early",
     ),
     _t(P.QUEUED, On.LEAD_TIME, [P.NOT_APPROVED], "no slot and no before-hooks: slot_unavailable"),
+    _t(
+        P.QUEUED,
+        On.LEAD_TIME,
+        [P.DRAINING],
+        "no slot by its deadline: drained, never approved early",
+    ),
+    _t(P.DRAINING, On.DRAINED, [P.RUNNING], "cluster_drained: before-hooks start"),
+    _t(P.DRAINING, On.DRAINED, _DECIDE, "cluster_drained, no before-hooks: approval per policy"),
+    _t(
+        P.DRAINING,
+        On.DRAIN_HELD,
+        [P.RUNNING, *_DECIDE],
+        "cluster_hold (too few healthy nodes, no quorum, the drain timed out, a tool failed): "
+        "before-hooks run, never approved early",
+    ),
+    _t(P.DRAINING, On.LISTED, [P.DRAINING], "nothing"),
+    _t(P.DRAINING, On.STARTED, [P.DONE], "the drain is no longer watched; restored once over"),
+    _t(P.DRAINING, On.LEFT, _ENDS, "the node is restored, then its cancelled-hooks run"),
+    _t(P.DRAINING, On.RESTARTED, [P.DRAINING], "the drain is watched again (marked once)"),
+    _t(P.DRAINING, On.REBOOTED, _ENDS, "the maintenance happened: restored, after-hooks"),
     _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
     _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.QUEUED, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
@@ -174,6 +210,7 @@ _ROWS: list[Transition] = [
     _t(P.RUNNING, On.REBOOTED, _ENDS, "the maintenance happened: after-hooks"),
     _t(P.INTERRUPTED, On.LISTED, [P.RUNNING], "still Scheduled: its before-hooks run again"),
     _t(P.INTERRUPTED, On.LISTED, [P.QUEUED], "still Scheduled: its slot is asked for again"),
+    _t(P.INTERRUPTED, On.LISTED, [P.DRAINING], "still Scheduled: the node is drained again"),
     _t(P.INTERRUPTED, On.LISTED, [P.DONE], "it started meanwhile: after-hooks once it is over"),
     _t(P.INTERRUPTED, On.LISTED, [P.UNHANDLED], "a reload removed its type: event_unhandled"),
     _t(P.INTERRUPTED, On.LISTED, _DECIDE, "a reload left it no before-hooks: approval per policy"),

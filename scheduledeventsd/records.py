@@ -70,6 +70,13 @@ class What(str, enum.Enum):
     SLOT_RELEASED = "slot_released"
     SLOT_FAILED = "slot_failed"
     COORDINATION_RECOVERED = "coordination_recovered"
+    CLUSTER_READY = "cluster_ready"
+    CLUSTER_UNREADY = "cluster_unready"
+    CLUSTER_DRAINING = "cluster_draining"
+    CLUSTER_DRAINED = "cluster_drained"
+    CLUSTER_HOLD = "cluster_hold"
+    CLUSTER_RESTORED = "cluster_restored"
+    CLUSTER_RESTORE_FAILED = "cluster_restore_failed"
     CONFIG_RELOADED = "config_reloaded"
     CONFIG_INVALID = "config_invalid"
     CONFIG_RELOAD_FAILED = "config_reload_failed"
@@ -84,6 +91,7 @@ class Cause(str, enum.Enum):
     PEER_FAILED = "peer_failed"
     GATE_REFUSED = "gate_refused"
     SLOT_UNAVAILABLE = "slot_unavailable"  # prepared without a concurrency slot
+    CLUSTER_HOLD = "cluster_hold"  # the Pacemaker cluster could not spare this node
 
 
 @dataclass(frozen=True)

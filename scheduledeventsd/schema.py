@@ -333,7 +333,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination",
         Kind.SECTION,
-        "How VMs sharing an event learn the others are ready (approve: all); etcd or gate.",
+        "How VMs sharing an event learn the others are ready (approve: all); etcd, gate or "
+        "pacemaker.",
     ),
     Key(
         "coordination.etcd",
@@ -401,6 +402,56 @@ KEYS: tuple[Key, ...] = (
         10,
         1,
         3600,
+    ),
+    Key(
+        "coordination.pacemaker",
+        Kind.SECTION,
+        "Instead: this VM is a Pacemaker node; the cluster moves its resources away first.",
+    ),
+    Key(
+        "coordination.pacemaker.method",
+        Kind.CHOICE,
+        "How this node is marked as going away.",
+        "health",
+        choices=(
+            ("health", "a node-health attribute (needs node-health-strategy set)"),
+            ("standby", "node standby"),
+        ),
+    ),
+    Key(
+        "coordination.pacemaker.attribute",
+        Kind.TEXT,
+        "method health: the node attribute set to -1000000, then 0 (a #health-* name).",
+        "#health-scheduledevents",
+    ),
+    Key(
+        "coordination.pacemaker.event_types",
+        Kind.LIST,
+        "Types that drain this node first (a Freeze's pause is shorter than a move).",
+        ["Reboot", "Redeploy", "Preempt", "Terminate"],
+    ),
+    Key(
+        "coordination.pacemaker.nodes",
+        Kind.NAMED,
+        "VM name (as in Resources) -> cluster node name; default: the same, case-insensitive.",
+        {},
+        example="{sap-vm-1: hana1, sap-vm-2: hana2}",
+    ),
+    Key(
+        "coordination.pacemaker.drain_timeout",
+        Kind.SECONDS,
+        "For the resources to leave this node (at most until NotBefore); then hold.",
+        600,
+        1,
+        86400,
+    ),
+    Key(
+        "coordination.pacemaker.min_healthy",
+        Kind.WHOLE,
+        "Never drain when fewer other nodes would stay online and healthy; hold instead.",
+        1,
+        0,
+        64,
     ),
     Key("http", Kind.SECTION, "The daemon's own HTTP endpoint."),
     Key(

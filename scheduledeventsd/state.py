@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .engine import Known, Tracked
-from .lifecycle import DURABLE, Phase, Rule, Slot, Stage
+from .lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
 from .model import parse_event
 
 STATE_FILE = "state.json"
@@ -190,6 +190,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "rule": t.rule.value,
                 "stage": t.stage.value,
                 "slot": t.slot.value,
+                "drain": t.drain.value,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
             }
@@ -220,6 +221,7 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             rule=Rule(entry.get("rule", "")),
             stage=Stage(entry.get("stage", "before")),
             slot=Slot(entry.get("slot", "")),
+            drain=Drain(entry.get("drain", "")),
             vm_name=name,
             incarnation=incarnation,
         )

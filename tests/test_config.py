@@ -317,7 +317,7 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
     )
     assert any(
         p.endswith(
-            "approve: approve: all needs a coordination section (etcd or gate) "
+            "approve: approve: all needs a coordination section (etcd, gate or pacemaker) "
             "to learn when the other VMs an event names are ready"
         )
         for p in found
@@ -339,11 +339,11 @@ def test_coordination_takes_exactly_one_of_etcd_or_gate(tmp_path, hook):
         f"  gate:\n    command: [{hook}]\nhooks: {{}}\nevents: {{}}\n",
     )
     assert any(
-        "coordination: must set exactly one of etcd or gate, got etcd and gate" in p for p in found
+        "coordination: must set exactly one of etcd, gate or pacemaker, got etcd and gate" in p for p in found
     )
     found = problems(tmp_path, "coordination: {}\nhooks: {}\nevents: {}\n")
     assert any(
-        "coordination: must set exactly one of etcd or gate, got neither" in p for p in found
+        "coordination: must set exactly one of etcd, gate or pacemaker, got neither" in p for p in found
     )
 
 

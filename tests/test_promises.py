@@ -412,14 +412,9 @@ def _drop_interrupted_runs_at_boot(original: Callable[..., Any]) -> Callable[...
 
 
 def _spawn_with_the_daemons_name(original: Callable[..., Any]) -> Callable[..., Any]:
-    def spawn(state, tracked, stage, hooks, out, *, rebooted=False):
+    def spawn(state, tracked, stage, hooks, out, **flags):
         return original(
-            state,
-            dataclasses.replace(tracked, vm_name=state.vm_name),
-            stage,
-            hooks,
-            out,
-            rebooted=rebooted,
+            state, dataclasses.replace(tracked, vm_name=state.vm_name), stage, hooks, out, **flags
         )
 
     return spawn

@@ -49,14 +49,18 @@ def shown(key: Key) -> Any:
     return config.parse_yaml(key.example) if key.example is not None else key.default
 
 
-def full(without: str) -> dict[str, Any]:
-    """Every declared key set, from its example or default (one of etcd and gate: `without`;
-    concurrency goes with etcd)."""
+COORDINATIONS = ("etcd", "gate", "pacemaker")
+
+
+def full(keep: str) -> dict[str, Any]:
+    """Every declared key set, from its example or default (of the coordination engines only
+    `keep`; concurrency goes with etcd)."""
     raw: dict[str, Any] = {"approve": "all"}
+    others = [f"coordination.{c}" for c in COORDINATIONS if c != keep]
     for key in schema.KEYS:
-        if key.kind is Kind.SECTION or key.path.startswith(f"coordination.{without}"):
+        if key.kind is Kind.SECTION or key.path.startswith(tuple(others)):
             continue
-        if without == "etcd" and key.path.startswith("concurrency"):
+        if keep != "etcd" and key.path.startswith("concurrency"):
             continue
         if schema.children(key.path) or schema.children(f"{key.path}[]"):
             continue  # made by their entries
@@ -70,8 +74,9 @@ def full(without: str) -> dict[str, Any]:
     return raw
 
 
-FULL_ETCD = full(without="gate")
-FULL_GATE = full(without="etcd")
+FULL_ETCD = full("etcd")
+FULL_GATE = full("gate")
+FULL_PACEMAKER = full("pacemaker")
 LEAVES = [k for k in schema.KEYS if k.kind is not Kind.SECTION]
 
 
@@ -86,16 +91,23 @@ def problems(raw: dict[str, Any]) -> list[str]:
 
 
 def base_for(path: str) -> dict[str, Any]:
-    return copy.deepcopy(FULL_GATE if path.startswith("coordination.gate") else FULL_ETCD)
+    for kind, raw in (("gate", FULL_GATE), ("pacemaker", FULL_PACEMAKER)):
+        if path.startswith(f"coordination.{kind}"):
+            return copy.deepcopy(raw)
+    return copy.deepcopy(FULL_ETCD)
 
 
 def test_a_config_of_every_declared_key_at_its_example_or_default_is_valid():
-    for raw in (FULL_ETCD, FULL_GATE):
+    for raw in (FULL_ETCD, FULL_GATE, FULL_PACEMAKER):
         cfg = parse(raw)
         assert cfg.events["Reboot"].short_seconds == 9
         assert cfg.hooks["drain"].commands[0].argv[0] == "/usr/bin/python3"
     assert parse(FULL_ETCD).coordination.etcd is not None
     assert parse(FULL_GATE).coordination.gate is not None
+    assert parse(FULL_PACEMAKER).coordination.pacemaker.nodes == {
+        "sap-vm-1": "hana1",
+        "sap-vm-2": "hana2",
+    }
 
 
 @pytest.mark.parametrize(
@@ -128,7 +140,7 @@ def test_every_declared_range_is_enforced_at_its_key_path(key):
 
 @pytest.mark.parametrize("bound", ["low", "high"])
 def test_every_declared_range_includes_its_bounds(bound):
-    for base in (FULL_ETCD, FULL_GATE):
+    for base in (FULL_ETCD, FULL_GATE, FULL_PACEMAKER):
         raw = copy.deepcopy(base)
         for key in RANGED:
             chosen = raw["coordination"]
@@ -285,12 +297,12 @@ hostile_values = st.one_of(
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(schema.KEYS), hostile_values, st.booleans())
+@given(st.sampled_from(schema.KEYS), hostile_values, st.sampled_from(COORDINATIONS))
 def test_any_hostile_value_at_any_declared_key_is_accepted_or_refused_with_bounded_problems(
-    key, value, gate
+    key, value, kept
 ):
-    raw = copy.deepcopy(FULL_GATE if gate else FULL_ETCD)
-    if key.path.startswith(f"coordination.{'etcd' if gate else 'gate'}"):
+    raw = copy.deepcopy(full(kept))
+    if key.path.startswith("coordination.") and not key.path.startswith(f"coordination.{kept}"):
         return
     place(raw, key.path, value)
     problems = []

@@ -1,0 +1,168 @@
+"""Carries out the engine's cluster effects on a Pacemaker node (`coordination.pacemaker`).
+
+The engine decides when a node is drained and restored, and how long a drain may take
+(DrainNode, StopDraining, RestoreNode, CheckCluster); this module does it through `pacemaker.Cli`,
+one worker thread per drain, and tells the engine what the cluster says (ClusterDraining on
+change, ClusterDrained, ClusterHeld, ClusterRestored, ClusterChecked). A restore is retried with
+backoff until it works: a node is never left drained once its event is over.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from .config import Pacemaker
+from .engine import (
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterRestored,
+    DrainNode,
+    Message,
+)
+from .hooks import GATE_LATER, ProcessRunner
+from .model import Event
+from .pacemaker import Cli, ClusterError, is_drained, problems, still_here, why_not_drain
+from .retry import Backoff
+
+WATCH_EVERY = 0.5  # seconds between readings while resources leave
+# Settled only when two readings in a row say so: crm_mon shows a short gap after a stop
+# and before the start elsewhere is recorded, crm_simulate an empty plan while a start runs.
+SETTLED_READINGS = 2
+RESTORE_BACKOFF = Backoff(1.0, 30.0)
+
+
+class Drainer:
+    """This node's drains, by EventId."""
+
+    def __init__(
+        self, settings: Pacemaker, runner: ProcessRunner, send: Callable[[Message], None]
+    ) -> None:
+        self.settings = settings
+        self.cli = Cli(settings, runner)
+        self._send = send
+        self._lock = threading.Lock()
+        self._watching: dict[str, threading.Event] = {}
+        self._restoring = threading.Lock()  # one restore at a time, in order
+        self._closed = threading.Event()
+        self._me = ""
+
+    # ---- what the engine asks ----------------------------------------------------------
+
+    def check(self) -> None:
+        self._thread("cluster-check", lambda: self._send(ClusterChecked(tuple(problems(self.cli)))))
+
+    def drain(self, effect: DrainNode) -> None:
+        event_id = effect.event.event_id
+        with self._lock:
+            if event_id in self._watching:
+                return
+            stop = self._watching[event_id] = threading.Event()
+        self._thread(f"drain-{event_id[:8]}", lambda: self._drain(event_id, effect.going, stop))
+
+    def stop(self, event_id: str) -> None:
+        with self._lock:
+            stop = self._watching.pop(event_id, None)
+        if stop is not None:
+            stop.set()
+
+    def stop_all(self) -> None:
+        self._closed.set()
+        with self._lock:
+            stops, self._watching = list(self._watching.values()), {}
+        for stop in stops:
+            stop.set()
+
+    def restore(self, event_id: str) -> None:
+        """Now, on the caller's thread (an after-stage run, before its hooks); a failure is
+        reported and retried in the background."""
+        self.stop(event_id)
+        error = self._restore_once(event_id)
+        if error:
+            self._thread("cluster-restore", lambda: self._retry_restore(event_id))
+
+    def restore_later(self, event_id: str) -> None:
+        self.stop(event_id)
+        self._thread("cluster-restore", lambda: self._retry_restore(event_id, first=True))
+
+    def ask(self, event: Event) -> tuple[Optional[int], str]:
+        """A shared event's gate: 0 when every node it names is drained, else GATE_LATER;
+        (None, why) when the cluster cannot be read."""
+        try:
+            view = self.cli.status()
+        except ClusterError as e:
+            return None, str(e)
+        nodes = [self.settings.node_of(r) for r in event.resources]
+        waiting = [n for n in nodes if not is_drained(view, n, self.settings)]
+        return (GATE_LATER if waiting else 0), ""
+
+    # ---- the work ----------------------------------------------------------------------
+
+    def me(self) -> str:
+        if not self._me:
+            self._me = self.cli.me()
+        return self._me
+
+    def _drain(self, event_id: str, going: tuple[str, ...], stop: threading.Event) -> None:
+        try:
+            me = self.me()
+            if not self.cli.marked(me):  # after a restart it is already: never judged twice
+                reason = why_not_drain(self.cli.status(), me, going, self.settings.min_healthy)
+                if reason is not None:
+                    self._send(ClusterHeld(event_id, reason))
+                    return
+                self.cli.mark(me, away=True)
+        except ClusterError as e:
+            self._send(ClusterHeld(event_id, "tool_failed", str(e)))
+            return
+        last: Optional[tuple[str, ...]] = None
+        settled = 0
+        while not stop.is_set():
+            try:
+                here = still_here(self.cli.status(), me) or self.cli.planned()
+            except ClusterError as e:
+                here = (f"(cluster not readable: {e})",)
+            settled = 0 if here else settled + 1
+            if settled >= SETTLED_READINGS:
+                self._send(ClusterDrained(event_id))
+                return
+            if here and here != last:
+                self._send(ClusterDraining(event_id, here))
+                last = here
+            stop.wait(WATCH_EVERY)
+
+    def _restore_once(self, event_id: str) -> str:
+        """ "" when the node is back (or was never marked); else the error, reported."""
+        with self._restoring:
+            try:
+                me = self.me()
+                if event_id == "" and not self.cli.marked(me):
+                    return ""  # nothing left behind by an earlier run
+                self.cli.mark(me, away=False)
+            except ClusterError as e:
+                self._send(ClusterRestored(event_id, str(e)))
+                return str(e)
+        self._send(ClusterRestored(event_id))
+        return ""
+
+    def _retry_restore(self, event_id: str, *, first: bool = False) -> None:
+        failures = 0
+        if not first:
+            failures = 1
+            self._closed.wait(RESTORE_BACKOFF.delay(failures))
+        while not self._closed.is_set():
+            if not self._restore_once(event_id):
+                return
+            failures += 1
+            self._closed.wait(RESTORE_BACKOFF.delay(failures))
+
+    def _thread(self, name: str, work: Callable[[], None]) -> None:
+        def guarded() -> None:
+            try:
+                work()
+            except Exception as e:  # noqa: BLE001 - a defect here must not end silently
+                self._send(ClusterRestored("", f"internal error in {name}: {e!r}"))
+
+        threading.Thread(target=guarded, name=name, daemon=True).start()
