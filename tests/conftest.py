@@ -24,7 +24,7 @@ from scheduledeventsd.daemon import Daemon as InProcessDaemon
 from scheduledeventsd.simulator import Scenario, Simulator
 
 # The `cluster` fixture: a real 3-member etcd (tests/test_fleet.py, tests/test_slots.py).
-pytest_plugins = ["tests.etcd_cluster"]
+pytest_plugins = ["tests.etcd_cluster", "tests.pacemaker_cluster"]
 
 VM = "test-vm"
 

@@ -30,6 +30,7 @@ TOOLS = ("corosync", "pacemakerd", "crm_mon", "crm_attribute", "crm_node", "crm_
 PACKAGES = ("pacemaker", "corosync", "resource-agents")
 SUBNET = "169.254.100"
 HUB_ADDRESS = f"{SUBNET}.100"
+RED = -1000000
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
@@ -178,7 +179,8 @@ class Node:
         raise RuntimeError(f"{self.name}: no init process")
 
     def argv(self, *command: str) -> list[str]:
-        """`command` inside this node (network, mount, UTS and PID namespaces)."""
+        """`command` inside this node (network, mount, UTS and PID namespaces); with no command,
+        the prefix that puts one there."""
         return ["nsenter", "-t", str(self.init_pid), "-n", "-m", "-u", "-p", "--", *command]
 
     def run(self, *command: str, check: bool = True, timeout: float = 30) -> str:
@@ -319,6 +321,22 @@ class Cluster:
             if r.get("id") == resource and r.get("active") == "true"
             for n in r.iter("node")
         }
+
+    def health(self, name: str, attribute: str = "#health-scheduledevents") -> str:
+        """The node's health attribute as the cluster holds it ("" when unset)."""
+        via = next(n for n in self.nodes if n.running)
+        return via.run(
+            "crm_attribute", "--node", name, "--name", attribute, "--query", "--quiet",
+            "--lifetime", "forever", check=False,
+        ).strip()  # fmt: skip
+
+    def standby(self, name: str) -> bool:
+        via = next(n for n in self.nodes if n.running)
+        value = via.run(
+            "crm_attribute", "--node", name, "--name", "standby", "--query", "--quiet",
+            "--lifetime", "forever", check=False,
+        ).strip()  # fmt: skip
+        return value in ("on", "true", "1")
 
     def add_dummies(self, count: int, op_sleep: float = 1.0) -> list[str]:
         """`ocf:pacemaker:Dummy` resources whose start and stop take `op_sleep` seconds."""

@@ -339,11 +339,13 @@ def test_coordination_takes_exactly_one_of_etcd_or_gate(tmp_path, hook):
         f"  gate:\n    command: [{hook}]\nhooks: {{}}\nevents: {{}}\n",
     )
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got etcd and gate" in p for p in found
+        "coordination: must set exactly one of etcd, gate or pacemaker, got etcd and gate" in p
+        for p in found
     )
     found = problems(tmp_path, "coordination: {}\nhooks: {}\nevents: {}\n")
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got neither" in p for p in found
+        "coordination: must set exactly one of etcd, gate or pacemaker, got neither" in p
+        for p in found
     )
 
 

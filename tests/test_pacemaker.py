@@ -1,0 +1,213 @@
+"""Pacemaker nodes, proven on a real 3-node corosync/pacemaker cluster (tests/pacemaker_cluster).
+
+Each daemon runs inside its node's namespaces (the cluster tools talk over that node's abstract
+sockets and /dev/shm); the simulator listens in the cluster's hub network, where every node
+reaches it. What the tests assert about the cluster is read from the cluster itself (crm_mon),
+at the instant the approval POST arrives.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from scheduledeventsd.simulator import Scenario, Simulator
+from tests.conftest import Daemon, DaemonFactory, Hooks, stop_checked, wait_for
+from tests.pacemaker_cluster import HUB_ADDRESS, RED, Cluster, Node, in_netns
+
+pytestmark = pytest.mark.xdist_group("pacemaker")
+RESOURCES = ("d1", "d2", "d3", "d4")
+ATTRIBUTE = "#health-scheduledevents"
+
+
+@pytest.fixture(scope="module")
+def cluster(pacemaker: Cluster) -> Cluster:
+    pacemaker.add_dummies(len(RESOURCES), op_sleep=1)
+    pacemaker.wait("every resource started", lambda: all(pacemaker.where(r) for r in RESOURCES))
+    return pacemaker
+
+
+@pytest.fixture
+def healthy(cluster: Cluster) -> Cluster:
+    """Every node up, unmarked and running resources, before and after each test."""
+    _heal(cluster)
+    yield cluster
+    _heal(cluster)
+
+
+def _heal(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        if not node.running:
+            cluster.start(node)
+    cluster.wait_online([n.name for n in cluster.nodes])
+    via = cluster.nodes[0]
+    for node in cluster.nodes:
+        via.run("crm_attribute", "--node", node.name, "--name", ATTRIBUTE, "--update", "0",
+                "--lifetime", "forever")  # fmt: skip
+        via.run("crm_attribute", "--node", node.name, "--name", "standby", "--update", "off",
+                "--lifetime", "forever")  # fmt: skip
+    for resource in RESOURCES:
+        via.run("crm_resource", "--resource", resource, "--meta", "--set-parameter",
+                "is-managed", "--parameter-value", "true")  # fmt: skip
+    cluster.wait("every resource running", lambda: all(cluster.where(r) for r in RESOURCES))
+
+
+@pytest.fixture
+def sim(cluster: Cluster) -> Any:
+    """The simulator, listening in the hub network the nodes share."""
+    simulator = Simulator(
+        Scenario(vm_name="node1", start_after_approval=0.5, started_for=1.0), rate_limit=False
+    )
+    in_netns(cluster.hub, lambda: simulator.start(HUB_ADDRESS, 0))
+    yield simulator
+    simulator.stop()
+
+
+class NodeDaemon(Daemon):
+    """A daemon inside a node: `nsenter -p` forks, so signals go to the daemon itself."""
+
+    @property
+    def pid(self) -> int:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        found = wait_for(lambda: children.read_text().split(), 10, "the daemon inside the node")
+        return int(found[0])
+
+    def signal(self, signo: int) -> None:
+        import os  # noqa: PLC0415
+
+        os.kill(self.pid, signo)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            try:
+                self.signal(signal.SIGTERM)
+            except (ProcessLookupError, AssertionError):
+                pass
+        return super().stop(timeout)
+
+
+class Nodes:
+    """One daemon per cluster node, each with its own state directory and hooks."""
+
+    def __init__(self, tmp_path: Path, sim: Simulator, cluster: Cluster, hooks: Hooks) -> None:
+        self.tmp_path, self.sim, self.cluster, self.hooks = tmp_path, sim, cluster, hooks
+        self.factories: dict[str, DaemonFactory] = {}
+        self.daemons: dict[str, NodeDaemon] = {}
+
+    def config(self, node: Node, **pacemaker: Any) -> dict[str, Any]:
+        factory = self.factory(node)
+        before = self.hooks.make(f"{node.name}-before", f'date +%s.%N >> "$OUT/{node.name}.before"')
+        # What the cluster says of this node when its after-hooks start: restored first.
+        after = self.hooks.make(
+            f"{node.name}-after",
+            f'mark=$(/usr/sbin/crm_attribute --node {node.name} --name "{ATTRIBUTE}" --query '
+            f"--quiet --lifetime forever 2>/dev/null)\n"
+            f'echo "$SCHEDULED_EVENT_STAGE $mark" >> "$OUT/{node.name}.after"',
+        )
+        return factory.config(
+            vm_name=node.name,
+            approve=pacemaker.pop("approve", "sole"),
+            hooks={"before": [{"command": [before]}], "after": [{"command": [after]}]},
+            events={
+                t: {"before": ["before"], "after": ["after"], "cancelled": ["after"]}
+                for t in ("Reboot", "Preempt", "Freeze")
+            },
+            coordination={"pacemaker": {"drain_timeout": 30, **pacemaker}},
+        )
+
+    def factory(self, node: Node) -> DaemonFactory:
+        if node.name not in self.factories:
+            (self.tmp_path / node.name).mkdir(exist_ok=True)
+            self.factories[node.name] = DaemonFactory(self.tmp_path / node.name, self.sim)
+        return self.factories[node.name]
+
+    def start(
+        self, node: Node, cfg: Optional[dict[str, Any]] = None, **pacemaker: Any
+    ) -> NodeDaemon:
+        factory = self.factory(node)
+        path = factory.write_config(cfg or self.config(node, **pacemaker))
+        import os  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
+        prefix = tuple(node.argv())
+        daemon = NodeDaemon(path, env, prefix)
+        factory.started.append(daemon)
+        self.daemons[node.name] = daemon
+        try:
+            daemon.wait_log("document_changed", timeout=30)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {node.name} said:\n{daemon.output()[-3000:]}") from None
+        del sys
+        return daemon
+
+    def stop(self) -> None:
+        stop_checked(self.factories.values())
+
+    def after(self, node: Node) -> list[str]:
+        path = self.hooks.out / f"{node.name}.after"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, sim: Simulator, healthy: Cluster, hooks: Hooks) -> Any:
+    n = Nodes(tmp_path, sim, healthy, hooks)
+    yield n
+    n.stop()
+
+
+def watch_approvals(
+    sim: Simulator, cluster: Cluster, names: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Record, in the instant each approval POST arrives, where every resource runs and how
+    each node in `names` is marked (read from the cluster, before IMDS answers)."""
+    seen: list[dict[str, Any]] = []
+    original = sim._approve
+
+    def approve(event_ids: list[str]) -> None:
+        seen.append(
+            {
+                "event_ids": event_ids,
+                "where": {r: cluster.where(r) for r in RESOURCES},
+                "health": {n: cluster.health(n) for n in names},
+            }
+        )
+        original(event_ids)
+
+    sim._approve = approve  # type: ignore[method-assign]
+    return seen
+
+
+def resources_on(cluster: Cluster, name: str) -> list[str]:
+    return [r for r in RESOURCES if name in cluster.where(r)]
+
+
+def test_a_reboot_drains_the_node_before_approval_and_restores_it_after(nodes, sim, healthy):
+    cluster = healthy
+    node1 = cluster.node("node1")
+    seen = watch_approvals(sim, cluster, ("node1",))
+    daemon = nodes.start(node1)
+    daemon.wait_log("cluster_ready", timeout=20)
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
+    wait_for(lambda: seen, 60, "the approval")
+    (at_approval,) = seen
+    assert all("node1" not in where for where in at_approval["where"].values()), at_approval
+    assert all(at_approval["where"].values()), "every resource runs elsewhere"
+    assert at_approval["health"]["node1"] == str(RED)
+    assert daemon.logs("cluster_drained")
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+    assert nodes.after(node1) == ["after 0"], "restored before the after-hooks ran"
+    restored = daemon.wait_log("cluster_restored", timeout=20)
+    assert restored["event_id"] == event_id
+    assert cluster.health("node1") == "0"
+    # It can take resources again: the cluster moves one there when asked.
+    cluster.nodes[1].run("crm_resource", "--resource", "d1", "--move", "--node", "node1")
+    try:
+        cluster.wait("d1 back on node1", lambda: cluster.where("d1") == {"node1"}, 30)
+    finally:
+        cluster.nodes[1].run("crm_resource", "--resource", "d1", "--clear")
