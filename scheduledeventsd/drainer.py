@@ -24,7 +24,7 @@ from .engine import (
 )
 from .hooks import GATE_LATER, ProcessRunner
 from .model import Event
-from .pacemaker import Cli, ClusterError, is_drained, problems, still_here, why_not_drain
+from .pacemaker import Cli, ClusterError, is_ready, problems, still_here, why_not_drain
 from .retry import Backoff
 
 WATCH_EVERY = 0.5  # seconds between readings while resources leave
@@ -88,14 +88,16 @@ class Drainer:
         self._thread("cluster-restore", lambda: self._retry_restore(event_id, first=True))
 
     def ask(self, event: Event) -> tuple[Optional[int], str]:
-        """A shared event's gate: 0 when every node it names is drained, else GATE_LATER;
-        (None, why) when the cluster cannot be read."""
+        """A shared event's gate, asked once this node's before-hooks are done: it says so in
+        the cluster, then 0 when every node the event names is drained and done too, else
+        GATE_LATER; (None, why) when the cluster cannot be read."""
         try:
+            self.cli.ready(self.me(), event.event_id)
             view = self.cli.status()
         except ClusterError as e:
             return None, str(e)
         nodes = [self.settings.node_of(r) for r in event.resources]
-        waiting = [n for n in nodes if not is_drained(view, n, self.settings)]
+        waiting = [n for n in nodes if not is_ready(view, n, self.settings, event.event_id)]
         return (GATE_LATER if waiting else 0), ""
 
     # ---- the work ----------------------------------------------------------------------

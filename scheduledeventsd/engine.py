@@ -1404,7 +1404,8 @@ def _cluster_held(state: State, msg: ClusterHeld, now: float, out: list[Effect])
     tracked = _draining(state, msg.event_id)
     if tracked is None:
         return state
-    return _with(state, msg.event_id, _hold(state, tracked, msg.reason, msg.detail, now, out)[1])
+    state, tracked = _hold(state, tracked, msg.reason, msg.detail, now, out)
+    return _with(state, msg.event_id, tracked)
 
 
 def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four

@@ -21,6 +21,9 @@ from .hooks import OutputBudget, ProcessRunner
 
 TOOL_TIMEOUT = 30.0  # seconds; crm_mon answers in well under one
 RED = -1000000  # Pacemaker's -INFINITY: no resource may run on the node
+# A transient node attribute (gone when the node reboots): the EventId whose before-hooks this
+# node finished, which the other nodes of a shared event read before approving it.
+READY = "scheduledevents-ready"
 MAX_OUTPUT = 8 * 1024 * 1024
 # Roles of a resource an operation is under way for: the cluster has not settled.
 _MOVING_ROLES = frozenset({"Starting", "Stopping", "Migrating", "Promoting", "Demoting"})
@@ -51,6 +54,7 @@ class View:
     nodes: Mapping[str, ClusterNode]
     active: Mapping[str, tuple[str, ...]]  # node name -> resources active there
     moving: tuple[str, ...]  # resources with an operation under way, anywhere
+    attributes: Mapping[str, Mapping[str, str]]  # node -> its transient attributes
 
     def node(self, name: str) -> Optional[ClusterNode]:
         """A node by name, case-insensitive as Azure's names are."""
@@ -98,7 +102,13 @@ def parse_status(text: str) -> View:
             active.setdefault(where.get("name") or "", []).append(rid)
     if dc is None and not nodes:
         raise ClusterError("crm_mon's answer holds no cluster (no summary, no nodes)")
-    return View(quorate, nodes, {k: tuple(v) for k, v in active.items()}, tuple(moving))
+    attributes = {
+        n.get("name") or "": {
+            a.get("name") or "": a.get("value") or "" for a in n.findall("attribute")
+        }
+        for n in root.findall("./node_attributes/node")
+    }
+    return View(quorate, nodes, {k: tuple(v) for k, v in active.items()}, tuple(moving), attributes)
 
 
 def transitions(text: str) -> tuple[str, ...]:
@@ -137,13 +147,15 @@ def still_here(view: View, me: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*here, *view.moving)))
 
 
-def is_drained(view: View, name: str, settings: Pacemaker) -> bool:
-    """Another node named by a shared event: marked as going away and running nothing."""
+def is_ready(view: View, name: str, settings: Pacemaker, event_id: str) -> bool:
+    """A node named by a shared event: marked as going away, running nothing, and its
+    before-hooks for this event done (its READY attribute)."""
     node = view.node(name)
     if node is None:
         return False
     marked = node.standby if settings.method is DrainMethod.STANDBY else not node.healthy
-    return marked and not view.active.get(node.name) and not view.moving
+    done = view.attributes.get(node.name, {}).get(READY) == event_id
+    return marked and done and not view.active.get(node.name) and not view.moving
 
 
 class Cli:
@@ -185,7 +197,9 @@ class Cli:
         return name
 
     def status(self) -> View:
-        return parse_status(self.run("crm_mon", "--one-shot", "--output-as=xml"))
+        return parse_status(
+            self.run("crm_mon", "--one-shot", "--output-as=xml", "--include=attributes")
+        )
 
     def planned(self) -> tuple[str, ...]:
         return transitions(self.run("crm_simulate", "--live-check", "--simulate"))
@@ -211,6 +225,13 @@ class Cli:
         self.run(
             "crm_attribute", "--node", node, "--name", name, "--update", value,
             "--lifetime", "forever",
+        )  # fmt: skip
+
+    def ready(self, node: str, event_id: str) -> None:
+        """This node's before-hooks for the event are done (until the node reboots)."""
+        self.run(
+            "crm_attribute", "--node", node, "--name", READY, "--update", event_id,
+            "--lifetime", "reboot",
         )  # fmt: skip
 
     def marked(self, node: str) -> bool:

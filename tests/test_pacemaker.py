@@ -76,6 +76,13 @@ class NodeDaemon(Daemon):
         found = wait_for(lambda: children.read_text().split(), 10, "the daemon inside the node")
         return int(found[0])
 
+    def wait_log(self, name: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """As Daemon's, with what this node's daemon said when it times out."""
+        try:
+            return super().wait_log(name, timeout, **fields)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the daemon said:\n{self.output()[-4000:]}") from None
+
     def signal(self, signo: int) -> None:
         import os  # noqa: PLC0415
 
@@ -98,9 +105,14 @@ class Nodes:
         self.factories: dict[str, DaemonFactory] = {}
         self.daemons: dict[str, NodeDaemon] = {}
 
-    def config(self, node: Node, **pacemaker: Any) -> dict[str, Any]:
+    def config(
+        self, node: Node, environment: Optional[dict[str, str]] = None, **pacemaker: Any
+    ) -> dict[str, Any]:
         factory = self.factory(node)
-        before = self.hooks.make(f"{node.name}-before", f'date +%s.%N >> "$OUT/{node.name}.before"')
+        before = self.hooks.make(
+            f"{node.name}-before",
+            f'sleep "${{BEFORE_SLEEP_{node.name}:-0}}"; date +%s.%N >> "$OUT/{node.name}.before"',
+        )
         # What the cluster says of this node when its after-hooks start: restored first.
         after = self.hooks.make(
             f"{node.name}-after",
@@ -117,6 +129,7 @@ class Nodes:
                 for t in ("Reboot", "Preempt", "Freeze")
             },
             coordination={"pacemaker": {"drain_timeout": 30, **pacemaker}},
+            environment=environment or {},
         )
 
     def factory(self, node: Node) -> DaemonFactory:
@@ -148,6 +161,11 @@ class Nodes:
     def stop(self) -> None:
         stop_checked(self.factories.values())
 
+    def before(self, node: Node) -> list[str]:
+        """When its before-hooks ended (time.time())."""
+        path = self.hooks.out / f"{node.name}.before"
+        return path.read_text().splitlines() if path.exists() else []
+
     def after(self, node: Node) -> list[str]:
         path = self.hooks.out / f"{node.name}.after"
         return path.read_text().splitlines() if path.exists() else []
@@ -171,6 +189,7 @@ def watch_approvals(
     def approve(event_ids: list[str]) -> None:
         seen.append(
             {
+                "at": time.time(),
                 "event_ids": event_ids,
                 "where": {r: cluster.where(r) for r in RESOURCES},
                 "health": {n: cluster.health(n) for n in names},
@@ -211,3 +230,67 @@ def test_a_reboot_drains_the_node_before_approval_and_restores_it_after(nodes, s
         cluster.wait("d1 back on node1", lambda: cluster.where("d1") == {"node1"}, 30)
     finally:
         cluster.nodes[1].run("crm_resource", "--resource", "d1", "--clear")
+
+
+def test_a_shared_reboot_is_approved_once_every_node_it_names_is_drained(nodes, sim, healthy):
+    cluster = healthy
+    names = ("node1", "node2")
+    seen = watch_approvals(sim, cluster, names)
+    slow = {"BEFORE_SLEEP_node2": "3"}  # node1 asks the cluster while node2's hooks still run
+    daemons = [nodes.start(cluster.node(n), approve="all", environment=slow) for n in names]
+    event_id = sim.add_event("Reboot", list(names), not_before_in=120)
+    wait_for(lambda: seen, 60, "the approval")
+    first = seen[0]
+    for name in names:
+        assert first["health"][name] == str(RED), first
+        assert all(name not in where for where in first["where"].values()), first
+    assert all(where == {"node3"} for where in first["where"].values()), first
+    before_done = max(float(line) for n in names for line in nodes.before(cluster.node(n)))
+    assert first["at"] >= before_done, "approved only once both nodes' before-hooks ended"
+    for daemon in daemons:
+        assert daemon.logs("event_coordinating", via="pacemaker")
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    for name in names:
+        wait_for(lambda n=name: cluster.health(n) == "0", 20, f"{name} restored")
+
+
+def test_a_reboot_naming_every_node_is_held_never_approved_and_leaves_nothing_drained(
+    nodes, sim, healthy
+):
+    cluster = healthy
+    names = ("node1", "node2", "node3")
+    daemons = [nodes.start(cluster.node(n), approve="all") for n in names]
+    event_id = sim.add_event("Reboot", list(names), not_before_in=8)
+    for daemon in daemons:
+        hold = daemon.wait_log("cluster_hold", timeout=20)
+        assert hold["reason"] == "too_few_healthy"
+        assert daemon.wait_log("event_not_approved", timeout=20)["cause"] == "cluster_hold"
+    assert {cluster.health(n) for n in names} <= {"", "0"}, "nothing was marked"
+    wait_for(lambda: event_id not in sim.event_ids(), 30, "NotBefore to pass")
+    assert not [a for a in sim.approvals if a.event_id == event_id]
+    for name in names:
+        wait_for(lambda n=name: nodes.after(cluster.node(n)), 20, f"{name}'s after-hooks")
+        assert cluster.health(name) in ("", "0")
+    assert all(cluster.where(r) for r in RESOURCES), "the cluster still runs everything"
+
+
+def test_a_resource_that_cannot_leave_times_the_drain_out_no_approval_restored_after(
+    nodes, sim, healthy
+):
+    cluster = healthy
+    node1 = cluster.node("node1")
+    pinned = resources_on(cluster, "node1")[0]
+    node1.run("crm_resource", "--resource", pinned, "--meta", "--set-parameter", "is-managed",
+              "--parameter-value", "false")  # fmt: skip
+    daemon = nodes.start(node1, drain_timeout=4)
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=15)
+    draining = daemon.wait_log("cluster_draining", timeout=20, resources=[pinned])
+    assert draining
+    hold = daemon.wait_log("cluster_hold", timeout=20)
+    assert hold["reason"] == "drain_timeout"
+    assert daemon.wait_log("event_not_approved", timeout=20)["cause"] == "cluster_hold"
+    assert cluster.health("node1") == str(RED), "left as it is for the maintenance"
+    wait_for(lambda: event_id not in sim.event_ids(), 30, "NotBefore to pass")
+    assert not [a for a in sim.approvals if a.event_id == event_id]
+    wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+    assert nodes.after(node1) == ["after 0"]
