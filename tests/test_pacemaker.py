@@ -294,3 +294,81 @@ def test_a_resource_that_cannot_leave_times_the_drain_out_no_approval_restored_a
     assert not [a for a in sim.approvals if a.event_id == event_id]
     wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
     assert nodes.after(node1) == ["after 0"]
+
+
+def test_a_daemon_killed_mid_drain_converges_after_restart_and_restores_after_the_event(
+    nodes, sim, healthy
+):
+    cluster = healthy
+    node1 = cluster.node("node1")
+    node1.run("crm_resource", "--resource", resources_on(cluster, "node1")[0], "--meta",
+              "--set-parameter", "is-managed", "--parameter-value", "false")  # fmt: skip
+    daemon = nodes.start(node1)
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=60)
+    daemon.wait_log("cluster_draining", timeout=20, resources=resources_on(cluster, "node1"))
+    assert cluster.health("node1") == str(RED)
+    daemon.signal(signal.SIGKILL)
+    daemon.stop()
+    again = nodes.start(node1, drain_timeout=4)
+    assert not again.logs("cluster_restored"), "the mark of an event still on is kept"
+    hold = again.wait_log("cluster_hold", timeout=20)
+    assert hold["reason"] == "drain_timeout"
+    sim.remove_event(event_id)  # Azure cancelled it
+    wait_for(lambda: nodes.after(node1), 20, "the cancelled-hooks")
+    assert nodes.after(node1) == ["cancelled 0"], "restored before the cancelled-hooks"
+    assert again.wait_log("cluster_restored", timeout=10)["event_id"] == event_id
+
+
+def test_a_mark_left_by_a_daemon_killed_after_its_event_is_taken_off_at_start(nodes, sim, healthy):
+    cluster = healthy
+    node1 = cluster.node("node1")
+    node1.run("crm_attribute", "--node", "node1", "--name", ATTRIBUTE, "--update", str(RED),
+              "--lifetime", "forever")  # fmt: skip
+    daemon = nodes.start(node1)
+    restored = daemon.wait_log("cluster_restored", timeout=20)
+    assert "event_id" not in restored
+    assert cluster.health("node1") == "0"
+
+
+def test_with_one_node_down_a_reboot_still_drains_and_without_quorum_nothing_is_approved(
+    nodes, sim, healthy
+):
+    cluster = healthy
+    node1, node2, node3 = cluster.nodes
+    cluster.kill(node3)
+    cluster.wait("node3 offline", lambda: "node3" not in cluster.online(node1), 30)
+    seen = watch_approvals(sim, cluster, ("node1",))
+    daemon = nodes.start(node1)
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
+    wait_for(lambda: seen, 60, "the approval with 2 of 3 nodes")
+    assert all(where == {"node2"} for where in seen[0]["where"].values()), seen
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    daemon.wait_log("cluster_restored", timeout=20)
+    cluster.kill(node2)  # node1 alone: a partition without quorum
+    cluster.wait("node1 without quorum", lambda: not _quorate(cluster, node1), 30)
+    second = sim.add_event("Reboot", ["node1"], not_before_in=8)
+    hold = daemon.wait_log("cluster_hold", timeout=20, event_id=second)
+    assert hold["reason"] == "no_quorum"
+    wait_for(lambda: second not in sim.event_ids(), 30, "NotBefore to pass")
+    assert not [a for a in sim.approvals if a.event_id == second]
+
+
+def _quorate(cluster: Cluster, via: Node) -> bool:
+    from scheduledeventsd.pacemaker import parse_status  # noqa: PLC0415
+
+    return parse_status(cluster.crm_mon(via)).quorate
+
+
+def test_method_standby_drains_a_preempt_at_once_and_takes_standby_off_after(nodes, sim, healthy):
+    cluster = healthy
+    node1 = cluster.node("node1")
+    seen = watch_approvals(sim, cluster, ())
+    daemon = nodes.start(node1, method="standby")
+    event_id = sim.add_event("Preempt", ["node1"], not_before_in=30)
+    wait_for(lambda: seen, 30, "the approval")
+    assert all("node1" not in where for where in seen[0]["where"].values()), seen
+    assert daemon.logs("cluster_drained")
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+    assert not cluster.standby("node1")
+    assert cluster.health("node1") in ("", "0"), "the health attribute was never touched"
