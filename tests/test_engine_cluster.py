@@ -1,0 +1,221 @@
+"""A Pacemaker node's drain in the pure engine, with a fake clock: drained or held before the
+before-hooks, never approved early when held, held at its deadline (never past NotBefore),
+restored before the after- and cancelled-hooks, and after restarts and reboots."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from scheduledeventsd.config import ApprovePolicy, Coordination, EventRule, Pacemaker
+from scheduledeventsd.engine import (
+    ApprovalSent,
+    CheckCluster,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterRestored,
+    DocumentFetched,
+    Drain,
+    DrainNode,
+    GateAnswered,
+    HooksFinished,
+    Outcome,
+    Phase,
+    PostApproval,
+    RestoreNode,
+    SpawnHooks,
+    StopDraining,
+    Tracked,
+)
+from scheduledeventsd.hooks import GATE_LATER
+
+from .test_engine import VM, Machine, config, doc, event, logs, of
+
+WALL0 = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc).timestamp()
+MONO0 = 100.0
+EVENTS = {
+    "Reboot": EventRule(("drain",), ("undrain",), ("undrain",)),
+    "Freeze": EventRule(("checkpoint",)),
+    "Preempt": EventRule(()),
+}
+
+
+def machine(loaded=None, boot="boot-1", approve=ApprovePolicy.ALWAYS, **pacemaker):
+    settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
+    cfg = config(events=EVENTS, approve=approve, coordination=Coordination(pacemaker=settings))
+    return Machine(cfg, now=MONO0, loaded=loaded, boot=boot)
+
+
+def due_in(seconds, event_id="E1", event_type="Reboot", resources=(VM,), status="Scheduled"):
+    when = dt.datetime.fromtimestamp(WALL0 + seconds, dt.timezone.utc)
+    return dataclasses.replace(event(event_id, event_type, status, resources), not_before=when)
+
+
+def seen(m, *events, incarnation=2, at=None):
+    at = m.now if at is None else at
+    return m.send(DocumentFetched(doc(*events, incarnation=incarnation), WALL0 + at - MONO0), at=at)
+
+
+def test_a_reboot_drains_first_then_its_hooks_run_then_it_is_approved():
+    m = machine()
+    seen(m, due_in(600))
+    (drain,) = of(m.effects, DrainNode)
+    assert drain.going == ()
+    assert not of(m.effects, SpawnHooks), "no hook before the cluster agrees"
+    assert m.phase() is Phase.DRAINING
+    assert m.state.events["E1"].drain is Drain.ASKED
+    m.send(ClusterDraining("E1", ("d1", "d2")))
+    assert logs(m.effects, "cluster_draining")[0].fields["resources"] == ["d1", "d2"]
+    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    assert logs(m.effects, "cluster_drained")
+    assert m.state.events["E1"].drain is Drain.DONE
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    assert of(m.effects, PostApproval)
+
+
+def test_a_held_drain_runs_the_hooks_but_never_approves_early():
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(m.send(ClusterHeld("E1", "too_few_healthy")), SpawnHooks)
+    assert logs(m.effects, "cluster_hold")[0].fields["reason"] == "too_few_healthy"
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    assert not of(m.effects, PostApproval)
+    assert m.phase() is Phase.NOT_APPROVED
+    assert logs(m.effects, "event_not_approved")[0].fields["cause"] == "cluster_hold"
+
+
+def test_a_drain_is_held_at_its_timeout_and_stops_being_watched():
+    m = machine(drain_timeout=30)
+    seen(m, due_in(600))
+    assert m.state.events["E1"].start_at == MONO0 + 30
+    assert not of(m.tick(MONO0 + 29.9), StopDraining)
+    m.tick(MONO0 + 30)
+    assert of(m.effects, StopDraining) == [StopDraining("E1")]
+    assert logs(m.effects, "cluster_hold")[0].fields["reason"] == "drain_timeout"
+    assert of(m.effects, SpawnHooks)
+    assert m.state.events["E1"].drain is Drain.HELD
+
+
+def test_a_drain_never_outlasts_not_before():
+    m = machine(drain_timeout=600)
+    seen(m, due_in(30, event_type="Preempt"))
+    assert m.state.events["E1"].start_at == MONO0 + 30
+    m.tick(MONO0 + 30)
+    assert m.state.events["E1"].drain is Drain.HELD
+    assert m.phase() is Phase.NOT_APPROVED, "no before-hooks: decided at once, not approved"
+
+
+def test_types_not_listed_do_not_drain():
+    m = machine()
+    seen(m, due_in(600, event_type="Freeze"))
+    assert not of(m.effects, DrainNode)
+    assert of(m.effects, SpawnHooks)
+
+
+def test_the_other_named_vms_are_passed_as_cluster_nodes():
+    m = machine(nodes={"vm-b": "node-b"}, approve=ApprovePolicy.ALL)
+    seen(m, due_in(600, resources=(VM, "VM-B", "vm-c")))
+    assert of(m.effects, DrainNode)[0].going == ("node-b", "vm-c")
+
+
+def test_a_shared_event_asks_the_cluster_and_is_approved_when_it_says_so():
+    m = machine(approve=ApprovePolicy.ALL)
+    seen(m, due_in(600, resources=(VM, "vm-b")))
+    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    assert logs(m.effects, "event_coordinating")[0].fields["via"] == "pacemaker"
+    (gate,) = [e for e in m.effects if type(e).__name__ == "AskGate"]
+    m.send(GateAnswered(gate.run, GATE_LATER))
+    assert m.phase() is Phase.COORDINATING
+    assert logs(m.effects, "gate_not_yet")[0].fields["ask_again_in_s"] == 2.0
+    (again,) = [e for e in m.tick(m.now + 2) if type(e).__name__ == "AskGate"]
+    m.send(GateAnswered(again.run, 0))
+    assert m.phase() is Phase.APPROVING
+
+
+def test_the_node_is_restored_before_the_after_hooks():
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.stage.value == "after"
+    assert after.restore, "the run restores the node first"
+    m.send(ClusterRestored("E1"))
+    assert logs(m.effects, "cluster_restored")
+    assert m.state.events["E1"].drain is Drain.NONE
+
+
+def test_an_event_cancelled_while_draining_restores_then_runs_its_cancelled_hooks():
+    m = machine()
+    seen(m, due_in(600))
+    seen(m, incarnation=3)
+    (cancelled,) = of(m.effects, SpawnHooks)
+    assert (cancelled.stage.value, cancelled.restore) == ("cancelled", True)
+
+
+def test_without_hooks_for_the_stage_the_node_is_still_restored():
+    m = machine()
+    seen(m, due_in(30, event_type="Preempt"))
+    m.send(ClusterDrained("E1"))
+    seen(m, incarnation=3)
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1")]
+    assert not of(m.effects, SpawnHooks)
+
+
+def test_an_event_started_while_draining_stops_watching_and_restores_once_over():
+    m = machine()
+    seen(m, due_in(600))
+    seen(m, due_in(600, status="Started"), incarnation=3)
+    assert of(m.effects, StopDraining) == [StopDraining("E1")]
+    assert m.phase() is Phase.DONE
+    seen(m, incarnation=4)
+    assert of(m.effects, SpawnHooks)[0].restore
+
+
+def test_a_restart_mid_drain_watches_the_drain_again_with_a_new_deadline():
+    loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-1", drain=Drain.ASKED)}
+    m = machine(loaded=loaded, drain_timeout=60)
+    assert of(m.effects, DrainNode)
+    assert not of(m.effects, RestoreNode), "its event still wants the node drained"
+    assert m.state.events["E1"].start_at == MONO0 + 60
+
+
+def test_a_reboot_mid_drain_restores_and_runs_the_after_hooks():
+    loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-0", drain=Drain.ASKED)}
+    m = machine(loaded=loaded)
+    (after,) = of(m.effects, SpawnHooks)
+    assert (after.stage.value, after.restore, after.rebooted) == ("after", True, True)
+
+
+def test_at_start_with_no_drain_wanted_any_mark_left_is_taken_off_and_the_cluster_checked():
+    m = machine()
+    assert of(m.effects, CheckCluster)
+    assert of(m.effects, RestoreNode) == [RestoreNode("")]
+    m.send(ClusterChecked(("the cluster has no quorum",)))
+    assert logs(m.effects, "cluster_unready")[0].fields["problems"] == ["the cluster has no quorum"]
+    m.send(ClusterRestored(""))
+    assert logs(m.effects, "cluster_restored")
+
+
+def test_after_hooks_cut_off_by_a_restart_still_restore_the_node():
+    loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1", drain=Drain.DONE)}
+    m = machine(loaded=loaded)
+    assert m.phase() is Phase.OVER
+    assert RestoreNode("E1") in of(m.effects, RestoreNode)
+
+
+def test_a_restore_that_fails_is_reported_and_the_drain_kept_on_record():
+    m = machine()
+    seen(m, due_in(30, event_type="Preempt"))
+    m.send(ClusterDrained("E1"))
+    seen(m, due_in(30, event_type="Preempt"), incarnation=3)
+    m.send(ClusterRestored("E1", "crm_attribute: timed out"))
+    assert logs(m.effects, "cluster_restore_failed")[0].fields["error"] == (
+        "crm_attribute: timed out"
+    )
+    assert m.state.events["E1"].drain is Drain.DONE
