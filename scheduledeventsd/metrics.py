@@ -31,6 +31,7 @@ from .engine import (
     ApprovalFailed,
     ApprovalSent,
     DocumentFetched,
+    Drain,
     Faulted,
     Message,
     Phase,
@@ -44,6 +45,7 @@ from .state import write_atomically
 from .windows import Window, current_or_next
 
 HOOK_RESULTS = ("ok", "failed", "timeout", "cancelled")
+DRAIN_STATES = tuple(d.value for d in Drain if d is not Drain.NONE)
 KNOWN_POLL_ERRORS = (
     *(f for f in get_args(Failure) if f != "http"),
     "http_400",
@@ -140,6 +142,14 @@ class Metrics:
             "Concurrency slots this VM holds (one per event in early maintenance)",
             registry=r,
         )
+        self.cluster_drain = Gauge(
+            "scheduledeventsd_cluster_drain",
+            "Events for which this Pacemaker node is draining, drained, or held (not spared)",
+            ["state"],
+            registry=r,
+        )
+        for drain in DRAIN_STATES:
+            self.cluster_drain.labels(drain)
         self._windows: tuple[Window, ...] = ()
         self._vm_name: Optional[str] = None
         self._detected: dict[str, float] = {}
@@ -213,6 +223,10 @@ class Metrics:
         for event_type, count in counts.items():
             self.pending.labels(event_type).set(count)
         self.slot_held.set(sum(1 for t in after.events.values() if t.slot.value == "held"))
+        for drain in DRAIN_STATES:
+            self.cluster_drain.labels(drain).set(
+                sum(1 for t in after.events.values() if t.drain.value == drain)
+            )
         nearest = next_not_before(after)
         self.next_not_before.set(0 if nearest is None else nearest.timestamp())
 

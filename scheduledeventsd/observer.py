@@ -17,7 +17,7 @@ from . import __version__
 from .config import Config, HealthFrom
 from .engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
 from .model import SCHEDULED, Event, iso_utc
-from .when import hold
+from .when import Held, hold
 from .windows import current_or_next
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires
@@ -27,7 +27,8 @@ MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status wi
 # after-hooks still run.
 PENDING = frozenset(Phase) - {Phase.NEW, Phase.NOT_OURS, Phase.OVER, Phase.GONE}
 _FROM_HOOKS_STARTED = PENDING - {Phase.WAITING, Phase.QUEUED, Phase.UNHANDLED, Phase.MISSED}
-_FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.RUNNING, Phase.INTERRUPTED}
+# A Pacemaker node's drain begins its preparation: its resources are leaving.
+_FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED}
 UNHEALTHY_PHASES: Mapping[HealthFrom, frozenset[Phase]] = {
     HealthFrom.DETECTED: PENDING,
     HealthFrom.HOOKS_STARTED: _FROM_HOOKS_STARTED,
@@ -152,6 +153,7 @@ class Observer:
                 "held_for": sorted(k for k, t in state.events.items() if t.slot.value == "held"),
                 "last_seen_holders": list(state.slot_holders),
             },
+            "pacemaker": _pacemaker(state),
             "windows": {
                 "configured": [w.describe() for w in state.config.windows],
                 "next_opens_at": None if window is None else _iso(window[0]),
@@ -159,6 +161,31 @@ class Observer:
             },
             "events": events,
         }
+
+
+def _pacemaker(state: State) -> Optional[dict[str, Any]]:
+    settings = state.config.coordination.pacemaker if state.config.coordination else None
+    if settings is None:
+        return None
+    by_drain: dict[str, list[str]] = {}
+    for event_id, t in sorted(state.events.items()):
+        if t.drain.value:
+            by_drain.setdefault(t.drain.value, []).append(event_id)
+    return {
+        "method": settings.method.value,
+        "attribute": settings.attribute if settings.method.value == "health" else None,
+        "draining_for": by_drain.get("draining", []),
+        "drained_for": by_drain.get("drained", []),
+        "held_for": by_drain.get("hold", []),
+    }
+
+
+def _waiting_for(tracked: Tracked, held: Optional[Held]) -> Optional[str]:
+    if tracked.phase is Phase.QUEUED:
+        return "slot"
+    if tracked.phase is Phase.DRAINING:
+        return "cluster"
+    return held.reason if held is not None else None
 
 
 def _advance(line: Timeline, old: Optional[Phase], new: Phase, wall: float) -> None:
@@ -190,8 +217,9 @@ def _event(tracked: Tracked, line: Timeline, wall: float, config: Config) -> dic
         "not_before": iso_utc(event.not_before) or None,
         "seconds_to_not_before": None if not_before is None else round(not_before - wall, 1),
         "hooks_start_at": None if held is None else _iso(held.at),
-        "waiting_for": "slot" if tracked.phase is Phase.QUEUED else (held and held.reason),
+        "waiting_for": _waiting_for(tracked, held),
         "slot": tracked.slot.value or None,
+        "cluster": tracked.drain.value or None,
         "detected_at": _iso(line.detected),
         "hooks_started_at": _iso(line.hooks_started),
         "hooks_done_at": _iso(line.hooks_done),

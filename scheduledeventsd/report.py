@@ -113,6 +113,14 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             f"{', '.join(slots.get('held_for') or []) or 'none'}; last seen holders "
             f"{', '.join(slots.get('last_seen_holders') or []) or '-'}"
         )
+    cluster = doc.get("pacemaker")
+    if isinstance(cluster, dict):
+        lines.append(
+            f"pacemaker: method {cluster.get('method')}; draining for "
+            f"{', '.join(cluster.get('draining_for') or []) or 'none'}; drained for "
+            f"{', '.join(cluster.get('drained_for') or []) or 'none'}; held for "
+            f"{', '.join(cluster.get('held_for') or []) or 'none'}"
+        )
     events = doc.get("events") or []
     lines.append("events of this VM:" if events else "no events of this VM")
     for e in events:
@@ -127,7 +135,7 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         )
         if e.get("waiting_for"):
             lines.append(
-                f"    hooks start {e.get('hooks_start_at') or 'with a slot'} "
+                f"    hooks start {e.get('hooks_start_at') or 'with a slot or a drain'} "
                 f"(waiting for: {e['waiting_for']})"
             )
         moments = [

@@ -87,6 +87,9 @@ WEBHOOK_EVENTS = (
     "cancelled",
     "completed",
     "after_hooks_failed",
+    "cluster_drained",
+    "cluster_hold",
+    "cluster_restored",
 )
 APPROVE_CHOICES = (
     ("sole", "approve only events naming this VM alone (shared ones proceed at NotBefore)"),
@@ -474,7 +477,7 @@ KEYS: tuple[Key, ...] = (
         "detected",
         choices=(
             ("detected", "as soon as it is seen"),
-            ("hooks_started", "once its before-hooks start"),
+            ("hooks_started", "once its before-hooks (or its Pacemaker drain) start"),
             ("hooks_done", "once its before-hooks ended"),
         ),
     ),

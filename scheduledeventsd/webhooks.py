@@ -34,6 +34,9 @@ _KINDS = {
     What.EVENT_CANCELLED: "cancelled",
     What.EVENT_COMPLETED: "completed",
     What.AFTER_HOOKS_FAILED: "after_hooks_failed",
+    What.CLUSTER_DRAINED: "cluster_drained",
+    What.CLUSTER_HOLD: "cluster_hold",
+    What.CLUSTER_RESTORED: "cluster_restored",
 }
 _WORDS = {
     "detected": "detected",
@@ -44,6 +47,9 @@ _WORDS = {
     "cancelled": "cancelled by Azure",
     "completed": "over",
     "after_hooks_failed": "over, but an after-hook failed",
+    "cluster_drained": "drained: the cluster moved this node's resources away",
+    "cluster_hold": "held: the cluster cannot spare this node; not approved early",
+    "cluster_restored": "restored: this node may run resources again",
 }
 _EVENT_FIELDS = ("event_id", "event_type", "event_status", "not_before", "resources")
 

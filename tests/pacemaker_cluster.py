@@ -11,6 +11,7 @@ of the node's network namespace plus its /dev/shm.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 import pytest
+
+from scheduledeventsd.pacemaker import parse_status
 
 TOOLS = ("corosync", "pacemakerd", "crm_mon", "crm_attribute", "crm_node", "crm_resource")
 PACKAGES = ("pacemaker", "corosync", "resource-agents")
@@ -277,17 +280,19 @@ class Cluster:
 
     def destroy(self) -> None:
         for node in self.nodes:
-            with _quiet():
+            with contextlib.suppress(Exception):
                 self.kill(node)
         for netns in [n.netns for n in self.nodes] + [self.hub]:
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=30)
+            subprocess.run(
+                ["ip", "netns", "del", netns], capture_output=True, timeout=30, check=False
+            )
 
     # ---- reading it ---------------------------------------------------------------------
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with _quiet():
+            with contextlib.suppress(Exception):
                 if check():
                     return
             time.sleep(0.2)
@@ -298,29 +303,15 @@ class Cluster:
         return node.run("crm_mon", "--output-as=xml", "--one-shot", check=False)
 
     def online(self, via: Optional[Node] = None) -> set[str]:
-        import xml.etree.ElementTree as ET  # noqa: PLC0415 - only where read
-
-        root = ET.fromstring(self.crm_mon(via))
-        return {
-            n.get("name", "")
-            for n in root.iter("node")
-            if n.get("online") == "true" and n.get("name")
-        }
+        return {n.name for n in parse_status(self.crm_mon(via)).nodes.values() if n.online}
 
     def wait_online(self, names: Sequence[str], timeout: float = 90) -> None:
         self.wait(f"{sorted(names)} online", lambda: set(names) <= self.online(), timeout)
 
     def where(self, resource: str, via: Optional[Node] = None) -> set[str]:
         """Nodes on which `resource` is active now (crm_mon's own reading)."""
-        import xml.etree.ElementTree as ET  # noqa: PLC0415
-
-        root = ET.fromstring(self.crm_mon(via))
-        return {
-            n.get("name", "")
-            for r in root.iter("resource")
-            if r.get("id") == resource and r.get("active") == "true"
-            for n in r.iter("node")
-        }
+        active = parse_status(self.crm_mon(via)).active
+        return {node for node, resources in active.items() if resource in resources}
 
     def health(self, name: str, attribute: str = "#health-scheduledevents") -> str:
         """The node's health attribute as the cluster holds it ("" when unset)."""
@@ -352,14 +343,6 @@ class Cluster:
                 DUMMY.format(name=name, op_sleep=op_sleep),
             )
         return names
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], (Exception,))  # type: ignore[arg-type]
 
 
 def tag() -> str:

@@ -8,6 +8,8 @@ at the instant the approval POST arrives.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from pathlib import Path
@@ -84,16 +86,12 @@ class NodeDaemon(Daemon):
             raise AssertionError(f"{e}; the daemon said:\n{self.output()[-4000:]}") from None
 
     def signal(self, signo: int) -> None:
-        import os  # noqa: PLC0415
-
         os.kill(self.pid, signo)
 
     def stop(self, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError, AssertionError):
                 self.signal(signal.SIGTERM)
-            except (ProcessLookupError, AssertionError):
-                pass
         return super().stop(timeout)
 
 
@@ -143,9 +141,6 @@ class Nodes:
     ) -> NodeDaemon:
         factory = self.factory(node)
         path = factory.write_config(cfg or self.config(node, **pacemaker))
-        import os  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])}
         prefix = tuple(node.argv())
         daemon = NodeDaemon(path, env, prefix)
@@ -155,7 +150,6 @@ class Nodes:
             daemon.wait_log("document_changed", timeout=30)
         except AssertionError as e:
             raise AssertionError(f"{e}; {node.name} said:\n{daemon.output()[-3000:]}") from None
-        del sys
         return daemon
 
     def stop(self) -> None:
