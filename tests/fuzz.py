@@ -1,5 +1,6 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of every parser of untrusted input: IMDS bodies,
-the simulator's StartRequests, etcd values, and YAML configs. A document that parses is fed on
+the simulator's StartRequests, etcd values, YAML configs and the cluster tools' output
+(crm_mon's XML, crm_simulate's plan). A document that parses is fed on
 through the engine (seen, then gone), since a value the parser lets through must not make a
 step raise. Any exception other than the parser's own error is a crash: libFuzzer stops and
 writes the input to ./crash-*.
@@ -22,6 +23,7 @@ with atheris.instrument_imports():
     from scheduledeventsd import config
     from scheduledeventsd.coordination import state_of
     from scheduledeventsd.model import DocumentError, parse_document
+    from scheduledeventsd.pacemaker import ClusterError, parse_status, transitions
     from scheduledeventsd.simulator import _start_requests
     from tests.test_properties import step_through_the_engine
 
@@ -39,6 +41,9 @@ def one(data: bytes) -> None:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return
+    with contextlib.suppress(ClusterError):
+        parse_status(text)
+    transitions(text)
     with contextlib.suppress(config.ConfigError, yaml.YAMLError):
         config.parse(config.parse_yaml(text), "fuzz", check_files=False)
 
@@ -46,12 +51,13 @@ def one(data: bytes) -> None:
 # Hostile configs (alias bombs, deep nesting, tags, NaN, ...): where the fuzzer starts. Copied
 # to a scratch corpus, since libFuzzer adds what it finds to the first corpus directory.
 SEEDS = Path(__file__).parent / "seeds" / "config"
+CLUSTER_SEEDS = Path(__file__).parent / "seeds" / "cluster"
 
 
 def main() -> None:
     given = [arg for arg in sys.argv[1:] if not arg.startswith("-")]  # a crash to replay
     with tempfile.TemporaryDirectory(prefix="fuzz-corpus-") as corpus:
-        for seed in SEEDS.iterdir():
+        for seed in [*SEEDS.iterdir(), *CLUSTER_SEEDS.iterdir()]:
             shutil.copy(seed, corpus)
         atheris.Setup([*sys.argv, "-max_len=20000", *([] if given else [corpus])], one)
         atheris.Fuzz()

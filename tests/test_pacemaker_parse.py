@@ -4,6 +4,7 @@ it), crm_simulate's plan, and the judgements on them (may this node drain, is it
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -199,3 +200,15 @@ def test_the_drain_is_kept_in_the_state_file(tmp_path):
         store.unlock()
     assert problem == ""
     assert loaded["E1"].drain is Drain.ASKED
+
+
+def test_the_fuzzers_crm_mon_seed_is_read_as_pacemaker_2_1_writes_it():
+    """The seed tests/fuzz.py starts from is a real reading (trimmed), so it must parse."""
+    text = (Path(__file__).parent / "seeds" / "cluster" / "crm_mon.xml").read_text()
+    view = parse_status(text)
+    assert view.quorate
+    assert view.active == {"node2": ("d1",), "node3": ("d2",)}
+    assert view.moving == ("d2",)
+    assert view.attributes == {"node2": {READY: "E1"}}
+    assert why_not_drain(view, "node1", (), 1) is None
+    assert why_not_drain(view, "node1", (), 2) == "too_few_healthy", "node3 is offline"
