@@ -15,7 +15,8 @@ lint: bootstrap
 	$(VENV)/bin/mypy
 
 # Most tests wait on real processes and sockets, not the CPU: four workers on two cores. The
-# crash campaign and the soak run after them, alone, so their load times no other test.
+# crash campaign, the soak and the Pacemaker cluster run after them, alone, so their load
+# times no other test (a cluster beside the deployed tests' booted machine starved both).
 # The deployed tests share one booted machine, so they stay together (xdist_group).
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries;
@@ -23,8 +24,8 @@ lint: bootstrap
 test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter \
 		pacemaker corosync resource-agents
-	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign"
-	$(PY) -m pytest -q -m campaign
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign and not pacemaker"
+	$(PY) -m pytest -q -m "campaign or pacemaker"
 
 # libFuzzer (atheris) on every parser of untrusted input: 10 minutes; CI runs one.
 fuzz: bootstrap

@@ -21,7 +21,7 @@ from scheduledeventsd.simulator import Scenario, Simulator
 from tests.conftest import Daemon, DaemonFactory, Hooks, stop_checked, wait_for
 from tests.pacemaker_cluster import HUB_ADDRESS, RED, Cluster, Node, in_netns
 
-pytestmark = pytest.mark.xdist_group("pacemaker")
+pytestmark = [pytest.mark.pacemaker, pytest.mark.xdist_group("pacemaker")]
 RESOURCES = ("d1", "d2", "d3", "d4")
 ATTRIBUTE = "#health-scheduledevents"
 
