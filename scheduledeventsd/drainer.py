@@ -52,7 +52,11 @@ class Drainer:
     # ---- what the engine asks ----------------------------------------------------------
 
     def check(self) -> None:
-        self._thread("cluster-check", lambda: self._send(ClusterChecked(tuple(problems(self.cli)))))
+        self._thread(
+            "cluster-check",
+            lambda: self._send(ClusterChecked(tuple(problems(self.cli)))),
+            lambda detail: ClusterChecked((detail,)),
+        )
 
     def drain(self, effect: DrainNode) -> None:
         event_id = effect.event.event_id
@@ -60,7 +64,11 @@ class Drainer:
             if event_id in self._watching:
                 return
             stop = self._watching[event_id] = threading.Event()
-        self._thread(f"drain-{event_id[:8]}", lambda: self._drain(event_id, effect.going, stop))
+        self._thread(
+            f"drain-{event_id[:8]}",
+            lambda: self._drain(event_id, effect.going, stop),
+            lambda detail: ClusterHeld(event_id, "tool_failed", detail),
+        )
 
     def stop(self, event_id: str) -> None:
         with self._lock:
@@ -81,11 +89,19 @@ class Drainer:
         self.stop(event_id)
         error = self._restore_once(event_id)
         if error:
-            self._thread("cluster-restore", lambda: self._retry_restore(event_id))
+            self._thread(
+                "cluster-restore",
+                lambda: self._retry_restore(event_id),
+                lambda detail: ClusterRestored(event_id, detail),
+            )
 
     def restore_later(self, event_id: str) -> None:
         self.stop(event_id)
-        self._thread("cluster-restore", lambda: self._retry_restore(event_id, first=True))
+        self._thread(
+            "cluster-restore",
+            lambda: self._retry_restore(event_id, first=True),
+            lambda detail: ClusterRestored(event_id, detail),
+        )
 
     def ask(self, event: Event) -> tuple[Optional[int], str]:
         """A shared event's gate, asked once this node's before-hooks are done: it says so in
@@ -160,11 +176,16 @@ class Drainer:
             failures += 1
             self._closed.wait(RESTORE_BACKOFF.delay(failures))
 
-    def _thread(self, name: str, work: Callable[[], None]) -> None:
+    def _thread(
+        self, name: str, work: Callable[[], None], failed: Callable[[str], Message]
+    ) -> None:
+        """`work` on a thread of its own; a defect in it still ends in the message `failed`
+        makes of it, so the engine's own rules take it from there."""
+
         def guarded() -> None:
             try:
                 work()
             except Exception as e:  # noqa: BLE001 - a defect here must not end silently
-                self._send(ClusterRestored("", f"internal error in {name}: {e!r}"))
+                self._send(failed(f"internal error in {name}: {e!r}"[:500]))
 
         threading.Thread(target=guarded, name=name, daemon=True).start()

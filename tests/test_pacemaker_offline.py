@@ -1,0 +1,53 @@
+"""A daemon configured for Pacemaker on a machine whose cluster cannot be reached (the real
+cluster tools, no cluster in this network namespace): it says so at start, holds the drain
+(`tool_failed`), runs the before-hooks, never approves early, and keeps polling."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pacemaker_cluster import missing
+
+
+@pytest.fixture(autouse=True)
+def tools() -> None:
+    why = missing()
+    if why is not None:
+        pytest.fail(f"the cluster tools are needed: {why}")
+
+
+def test_an_unreachable_cluster_is_reported_and_its_events_held_not_approved(daemons, sim, hooks):
+    before = hooks.recorder("before")
+    cfg = daemons.config(
+        vm_name="vm-a",
+        approve="always",
+        hooks={"before": [{"command": [before]}]},
+        events={"Reboot": ["before"]},
+        coordination={"pacemaker": {}},
+    )
+    daemon = daemons.start(cfg)
+    unready = daemon.wait_log("cluster_unready", timeout=20)
+    assert "the cluster cannot be read" in unready["problems"][0]
+    event_id = sim.add_event("Reboot", ["vm-a"], not_before_in=600)
+    hold = daemon.wait_log("cluster_hold", timeout=20)
+    assert hold["reason"] == "tool_failed"
+    assert "crm_" in hold["error"]
+    daemon.wait_log("hook_finished", timeout=20)
+    assert hooks.order() == ["before"]
+    assert daemon.wait_log("event_not_approved", timeout=10)["cause"] == "cluster_hold"
+    daemon.polls_seen(sim)
+    assert not [a for a in sim.approvals if a.event_id == event_id]
+
+
+def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, monkeypatch):
+    """The tools are looked for in fixed directories, never the caller's PATH."""
+    from scheduledeventsd import config  # noqa: PLC0415
+
+    raw = {"coordination": {"pacemaker": {}}, "hooks": {}, "events": {}}
+    config.parse(raw, "t.yaml", check_files=True)  # installed: accepted
+    monkeypatch.setattr(config, "TOOL_PATH", str(tmp_path))  # a machine without them
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(raw, "t.yaml", check_files=True)
+    (problem,) = e.value.problems
+    assert problem.startswith("t.yaml: coordination.pacemaker: the cluster tools are missing")
+    assert "pacemaker-cli-utils" in problem
