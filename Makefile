@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed crash-campaign soak fuzz fuzz-quick
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -63,17 +63,24 @@ bench: bootstrap
 	$(PY) -m bench
 
 bench-quick: bootstrap
-	./scripts/apt-need etcd-server etcd-client
+	./scripts/apt-need etcd-server etcd-client pacemaker corosync resource-agents
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
 	$(PY) -m bench.step
 	$(PY) -m bench.hook_output
 	$(PY) -m bench.fleet --quick
 	$(PY) -m bench.observed --quick
+	$(PY) -m bench.pacemaker --quick
 
 # What http, metrics and the textfile cost at rest, side by side with a plain daemon: 5 minutes.
 bench-observed: bootstrap
 	$(PY) -m bench.observed
+
+# A Pacemaker node's drain (seen, resources gone, approved), health and standby side by side on
+# a real 3-node cluster: ~3 minutes.
+bench-pacemaker: bootstrap
+	./scripts/apt-need pacemaker corosync resource-agents
+	$(PY) -m bench.pacemaker
 
 # Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.
 bench-fleet: bootstrap

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import pytest
 
 from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.state import read_status
 from tests.conftest import Daemon, DaemonFactory, Hooks, stop_checked, wait_for
 from tests.pacemaker_cluster import HUB_ADDRESS, RED, Cluster, Node, in_netns
 
@@ -128,6 +129,7 @@ class Nodes:
             },
             coordination={"pacemaker": {"drain_timeout": 30, **pacemaker}},
             environment=environment or {},
+            metrics_textfile=str(self.tmp_path / node.name / "metrics.prom"),
         )
 
     def factory(self, node: Node) -> DaemonFactory:
@@ -154,6 +156,10 @@ class Nodes:
 
     def stop(self) -> None:
         stop_checked(self.factories.values())
+
+    def metrics(self, node: Node) -> str:
+        path = self.tmp_path / node.name / "metrics.prom"
+        return path.read_text() if path.exists() else ""
 
     def before(self, node: Node) -> list[str]:
         """When its before-hooks ended (time.time())."""
@@ -284,6 +290,16 @@ def test_a_resource_that_cannot_leave_times_the_drain_out_no_approval_restored_a
     assert hold["reason"] == "drain_timeout"
     assert daemon.wait_log("event_not_approved", timeout=20)["cause"] == "cluster_hold"
     assert cluster.health("node1") == str(RED), "left as it is for the maintenance"
+    # Status and metrics say so too.
+    status = wait_for(
+        lambda: (s := read_status(nodes.factory(node1).state_dir))["pacemaker"]["held_for"] and s,
+        10,
+        "the status to show the hold",
+    )
+    assert status["pacemaker"]["held_for"] == [event_id]
+    assert [e["cluster"] for e in status["events"]] == ["hold"]
+    metrics = wait_for(lambda: nodes.metrics(node1), 10, "the metrics textfile")
+    assert 'scheduledeventsd_cluster_drain{state="hold"} 1.0' in metrics
     wait_for(lambda: event_id not in sim.event_ids(), 30, "NotBefore to pass")
     assert not [a for a in sim.approvals if a.event_id == event_id]
     wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
@@ -366,3 +382,18 @@ def test_method_standby_drains_a_preempt_at_once_and_takes_standby_off_after(nod
     wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
     assert not cluster.standby("node1")
     assert cluster.health("node1") in ("", "0"), "the health attribute was never touched"
+
+
+def test_without_node_health_strategy_the_daemon_says_what_to_set(nodes, sim, healthy):
+    cluster = healthy
+    via = cluster.nodes[1]
+    via.run("crm_attribute", "--type", "crm_config", "--name", "node-health-strategy", "--delete")
+    try:
+        daemon = nodes.start(cluster.node("node1"))
+        unready = daemon.wait_log("cluster_unready", timeout=20)
+        (problem,) = unready["problems"]
+        assert "node-health-strategy is not set" in problem
+        assert "--name node-health-strategy --update custom" in problem
+    finally:
+        via.run("crm_attribute", "--type", "crm_config", "--name", "node-health-strategy",
+                "--update", "custom")  # fmt: skip
