@@ -30,6 +30,9 @@ from scheduledeventsd.engine import (
     Tracked,
 )
 from scheduledeventsd.hooks import GATE_LATER
+from scheduledeventsd.records import Level, Record, What
+from scheduledeventsd.schema import WEBHOOK_EVENTS
+from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of
 
@@ -219,3 +222,14 @@ def test_a_restore_that_fails_is_reported_and_the_drain_kept_on_record():
         "crm_attribute: timed out"
     )
     assert m.state.events["E1"].drain is Drain.DONE
+
+
+def test_webhooks_carry_the_cluster_records():
+    for what, kind in (
+        (What.CLUSTER_DRAINED, "cluster_drained"),
+        (What.CLUSTER_HOLD, "cluster_hold"),
+        (What.CLUSTER_RESTORED, "cluster_restored"),
+    ):
+        assert kind_of(Record(Level.INFO, what, {})) == kind
+        assert kind in WEBHOOK_EVENTS, "on by default"
+    assert kind_of(Record(Level.INFO, What.CLUSTER_DRAINING, {})) is None, "not every reading"
