@@ -48,6 +48,7 @@ class Drainer:
         self._restoring = threading.Lock()  # one restore at a time, in order
         self._closed = threading.Event()
         self._me = ""
+        self._announced: set[str] = set()  # events whose READY this node has written
 
     # ---- what the engine asks ----------------------------------------------------------
 
@@ -108,7 +109,9 @@ class Drainer:
         the cluster, then 0 when every node the event names is drained and done too, else
         GATE_LATER; (None, why) when the cluster cannot be read."""
         try:
-            self.cli.ready(self.me(), event.event_id)
+            if event.event_id not in self._announced:
+                self.cli.ready(self.me(), event.event_id)
+                self._announced.add(event.event_id)
             view = self.cli.status()
         except ClusterError as e:
             return None, str(e)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
-from .config import ApprovePolicy, Config, EventRule, Pacemaker, UserEvents
+from .config import ApprovePolicy, Config, DrainMethod, EventRule, Pacemaker, UserEvents
 from .hooks import GATE_LATER, KILL_GRACE, Outcome
 from .lifecycle import (
     DURABLE,
@@ -610,10 +610,13 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             out.append(_drain_effect(state, tracked))
             tracked = replace(tracked, start_at=_drain_deadline(state, tracked.event, now))
         state = _with(state, event_id, tracked)
-    if _pacemaker(state) is not None:
+    settings = _pacemaker(state)
+    if settings is not None:
         out.append(CheckCluster())
         holding = any(t.drain is not Drain.NONE for t in state.events.values())
-        if not holding:  # no event of ours wants this node drained: take off any mark left
+        # No event of ours wants this node drained: take off a health mark a killed daemon
+        # left (the attribute is ours alone; standby may be an operator's, never touched).
+        if not holding and settings.method is DrainMethod.HEALTH:
             out.append(RestoreNode(""))
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
@@ -951,6 +954,9 @@ def _start_stage(
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
     restore = tracked.drain is not Drain.NONE
+    if restore and _drained_for_another(state, tracked.event.event_id):
+        restore = False  # the node stays marked for the other event; restored at its end
+        tracked = replace(tracked, drain=Drain.NONE)
     if not hooks:
         if restore:
             out.append(RestoreNode(tracked.event.event_id))
@@ -1450,6 +1456,13 @@ def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[
     if tracked is not None and tracked.drain is not Drain.NONE:
         state = _with(state, msg.event_id, replace(tracked, drain=Drain.NONE))
     return state
+
+
+def _drained_for_another(state: State, event_id: str) -> bool:
+    return any(
+        t.drain is not Drain.NONE and k != event_id and t.phase not in (Phase.AFTER, Phase.OVER)
+        for k, t in state.events.items()
+    )
 
 
 def _drain_deadline(state: State, event: Event, now: float) -> float:

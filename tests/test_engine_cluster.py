@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from scheduledeventsd.config import ApprovePolicy, Coordination, EventRule, Pacemaker
+from scheduledeventsd.config import ApprovePolicy, Coordination, DrainMethod, EventRule, Pacemaker
 from scheduledeventsd.engine import (
     ApprovalSent,
     CheckCluster,
@@ -233,3 +233,23 @@ def test_webhooks_carry_the_cluster_records():
         assert kind_of(Record(Level.INFO, what, {})) == kind
         assert kind in WEBHOOK_EVENTS, "on by default"
     assert kind_of(Record(Level.INFO, What.CLUSTER_DRAINING, {})) is None, "not every reading"
+
+
+def test_with_method_standby_nothing_is_taken_off_at_start_an_operators_standby_stays():
+    m = machine(method=DrainMethod.STANDBY)
+    assert of(m.effects, CheckCluster)
+    assert not of(m.effects, RestoreNode)
+
+
+def test_two_events_draining_the_node_restore_it_only_when_the_last_is_over():
+    m = machine()
+    seen(m, due_in(600, "E1"), due_in(900, "E2"))
+    for event_id in ("E1", "E2"):
+        (spawn,) = of(m.send(ClusterDrained(event_id)), SpawnHooks)
+        m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    seen(m, due_in(900, "E2"), incarnation=3)  # E1 cancelled, E2 still on
+    (cancelled,) = of(m.effects, SpawnHooks)
+    assert (cancelled.event.event_id, cancelled.restore) == ("E1", False)
+    seen(m, incarnation=4)
+    (last,) = of(m.effects, SpawnHooks)
+    assert (last.event.event_id, last.restore) == ("E2", True)
