@@ -130,8 +130,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 0
     md = cfg.metadata
     print(f"{args.config}: OK")
+    print(f"  provider:  {cfg.provider.value} ({cfg.provider_why})")
+    query = f"?api-version={md.api_version}" if cfg.provider.can_approve else ""
     print(
-        f"  IMDS:      {md.url}?api-version={md.api_version} every {md.poll_interval:g}s "
+        f"  metadata:  {md.url}{query} every {md.poll_interval:g}s "
         f"(timeout {md.timeout:g}s, first call {md.first_call_timeout:g}s)"
     )
     print(f"  VM name:   {cfg.vm_name or 'auto (from IMDS)'}")

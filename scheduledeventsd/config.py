@@ -25,6 +25,7 @@ import yaml
 
 from . import schema
 from .model import EVENT_TYPES
+from .providers import DEFAULT_URLS, Provider, detect
 from .schema import WEBHOOK_EVENTS
 from .windows import DAYS, Window
 
@@ -71,7 +72,14 @@ class DrainMethod(str, enum.Enum):
     STANDBY = "standby"
 
 
-E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat, DrainMethod)
+class ProviderSetting(str, enum.Enum):
+    AUTO = "auto"
+    AZURE = "azure"
+    AWS = "aws"
+    GCP = "gcp"
+
+
+E = TypeVar("E", ApprovePolicy, UserEvents, HealthFrom, WebhookFormat, DrainMethod, ProviderSetting)
 
 
 class ConfigError(Exception):
@@ -244,6 +252,8 @@ class Config:
     webhooks: tuple[Webhook, ...] = ()
     windows: tuple[Window, ...] = ()
     concurrency: Optional[Concurrency] = None
+    provider: Provider = Provider.AZURE
+    provider_why: str = "the default"  # how `provider` was chosen (check-config says it)
     warnings: tuple[str, ...] = ()  # not errors: said by check-config and logged at start
 
     def policy(self, event_type: str) -> ApprovePolicy:
@@ -445,10 +455,22 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _check_metadata(c: _Checker, raw: Any) -> Metadata:  # noqa: ANN401
+def _check_provider(c: _Checker, top: Mapping[str, Any]) -> tuple[Provider, str]:
+    setting = c.choice(top.get("provider"), "provider", ProviderSetting.AUTO)
+    if setting is not ProviderSetting.AUTO:
+        return Provider(setting.value), "provider: " + setting.value
+    dmi = c.string(top.get("dmi_dir"), "dmi_dir", schema.text("dmi_dir"))
+    if not os.path.isabs(dmi) or "\x00" in dmi:
+        c.fail("dmi_dir", f"must be an absolute path, got {dmi!r}")
+        return Provider.AZURE, "provider: auto, dmi_dir unusable"
+    found = detect(Path(dmi))
+    return found.provider, f"provider: auto, {found.why}"
+
+
+def _check_metadata(c: _Checker, raw: Any, provider: Provider) -> Metadata:  # noqa: ANN401
     fields = c.mapping(raw, "metadata", "metadata")
     d = Metadata()
-    url = c.string(fields.get("url"), "metadata.url", d.url)
+    url = c.string(fields.get("url"), "metadata.url", DEFAULT_URLS[provider])
     parts = _url_parts(url)
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         c.fail("metadata.url", f"must be an http:// URL with a host, got {url!r}")
@@ -1129,6 +1151,7 @@ def parse(
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(c.problems)
     defaults = Config()
+    provider, why = _check_provider(c, top)
     vm_name = c.string(top.get("vm_name"), "vm_name", schema.text("vm_name"))
     if any(ch.isspace() for ch in vm_name):
         c.fail("vm_name", f"must not contain white space, got {vm_name!r}")
@@ -1137,7 +1160,7 @@ def parse(
         c.fail("state_dir", f"must be an absolute path, got {state_dir!r}")
     approve = c.choice(top.get("approve"), "approve", defaults.approve)
     user_events = c.choice(top.get("user_events"), "user_events", defaults.user_events)
-    metadata = _check_metadata(c, top.get("metadata"))
+    metadata = _check_metadata(c, top.get("metadata"), provider)
     hooks = _check_hooks(c, top.get("hooks"))
     events = _check_events(c, top.get("events"), hooks)
     environment = _check_environment(c, top.get("environment"))
@@ -1187,7 +1210,37 @@ def parse(
         webhooks=webhooks,
         windows=windows,
         concurrency=concurrency,
+        provider=provider,
+        provider_why=why,
+        warnings=_provider_warnings(provider, top, events),
     )
+
+
+def _provider_warnings(
+    provider: Provider, top: Mapping[str, Any], events: Mapping[str, EventRule]
+) -> tuple[str, ...]:
+    """Keys that mean nothing for this provider: said, not refused, so one config serves every
+    cloud."""
+    if provider.can_approve:
+        return ()
+    found = []
+    asking = [
+        where
+        for where, value in [
+            ("approve", top.get("approve")),
+            *((f"events.{t}.approve", r.approve and r.approve.value) for t, r in events.items()),
+        ]
+        if value not in (None, "never")
+    ]
+    if asking:
+        found.append(
+            f"{asking[0]}: {provider.value} takes no approval through its metadata service: "
+            "nothing is posted, events proceed at their own time (hooks, after-hooks and "
+            "everything else work)"
+        )
+    if isinstance(top.get("metadata"), dict) and "api_version" in top["metadata"]:
+        found.append(f"metadata.api_version: Azure's alone; {provider.value} ignores it")
+    return tuple(found)
 
 
 def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
@@ -1230,7 +1283,7 @@ def load(path: Path, *, reader: Callable[[Path], str] = _read_bounded) -> Config
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([f"{source}: {where}: {_bounded(problem)}"]) from None
     config = parse(raw, source, path)
-    return replace(config, warnings=_secret_warnings(config, path))
+    return replace(config, warnings=config.warnings + _secret_warnings(config, path))
 
 
 def _secret_warnings(config: Config, path: Path) -> tuple[str, ...]:

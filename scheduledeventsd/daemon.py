@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from . import config as config_mod
 from . import engine, log
+from .aws import AwsClient
 from .config import Config, Hook
 from .engine import (
     AcquireSlot,
@@ -63,9 +64,10 @@ from .engine import (
 )
 from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
 from .identity import hostname, resolve
-from .imds import ImdsClient, ImdsError
+from .imds import ImdsClient, ImdsError, MetadataClient
 from .model import Event
 from .notify import Notifier
+from .providers import Provider
 from .state import StateError, StateStore
 from .telemetry import Telemetry
 
@@ -111,7 +113,7 @@ _PRETENDED = (
     RestoreNode,
 )
 Job = Callable[[], Message]
-Call = Callable[[ImdsClient], Message]
+Call = Callable[[MetadataClient], Message]
 
 
 class Lane:
@@ -119,7 +121,9 @@ class Lane:
     message goes to the inbox, even if it raised. Polls, approvals and name lookups have a lane
     each, so a hanging GET never holds up an approval."""
 
-    def __init__(self, name: str, inbox: queue.SimpleQueue[Inbound], client: ImdsClient) -> None:
+    def __init__(
+        self, name: str, inbox: queue.SimpleQueue[Inbound], client: MetadataClient
+    ) -> None:
         self._inbox = inbox
         self._client = client
         self._jobs: queue.SimpleQueue[Optional[tuple[Job, Callable[[str], Message]]]] = (
@@ -132,7 +136,7 @@ class Lane:
         client = self._client
         self._jobs.put((lambda: call(client), on_error))
 
-    def use(self, client: ImdsClient) -> None:
+    def use(self, client: MetadataClient) -> None:
         """Switch connection (a reload changed `metadata`); the old one is closed on this
         lane's own thread, after any call it is making now."""
         stale, self._client = self._client, client
@@ -617,7 +621,7 @@ class Daemon:
 # ---- jobs for the worker threads (I/O, then one message) -----------------------------------
 
 
-def _fetch(client: ImdsClient) -> Message:
+def _fetch(client: MetadataClient) -> Message:
     try:
         return DocumentFetched(client.fetch_document(), time.time())
     except ImdsError as e:
@@ -628,7 +632,7 @@ def _poll_error(detail: str) -> Message:
     return PollFailed("internal", detail)
 
 
-def _approve(client: ImdsClient, *, event_id: str) -> Message:
+def _approve(client: MetadataClient, *, event_id: str) -> Message:
     started = time.monotonic()
     try:
         client.approve([event_id])
@@ -637,7 +641,7 @@ def _approve(client: ImdsClient, *, event_id: str) -> Message:
     return ApprovalSent(event_id, time.monotonic() - started)
 
 
-def _resolve(client: ImdsClient) -> Message:
+def _resolve(client: MetadataClient) -> Message:
     identity = resolve(None, client)
     return NameResolved(identity.name, identity.source, identity.problem)
 
@@ -647,7 +651,7 @@ def _name_error(detail: str) -> Message:
     return NameResolved(identity.name, identity.source, identity.problem)
 
 
-def _closed(client: ImdsClient) -> Message:
+def _closed(client: MetadataClient) -> Message:
     client.close()
     return engine.Tick()
 
@@ -667,8 +671,11 @@ def boot_id(path: str = BOOT_ID) -> str:
         return ""
 
 
-def _client(config: Config) -> ImdsClient:
+def _client(config: Config) -> MetadataClient:
+    """The provider's client; the rest of the daemon does not know which cloud it is in."""
     md = config.metadata
+    if config.provider is Provider.AWS:
+        return AwsClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
 
 

@@ -2211,6 +2211,13 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
         return Phase.DONE, _note(
             Level.INFO, What.APPROVAL_NOT_NEEDED, event, reason="already started"
         )
+    if not state.config.provider.can_approve:
+        return Phase.NOT_APPROVED, _note(
+            Level.INFO,
+            What.APPROVAL_SKIPPED,
+            event,
+            reason=f"{state.config.provider.value} takes no approval; it proceeds at its own time",
+        )
     if policy is ApprovePolicy.NEVER:
         return Phase.NOT_APPROVED, _note(
             Level.INFO,

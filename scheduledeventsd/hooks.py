@@ -398,6 +398,7 @@ def hook_environment(
         else str(event.duration_seconds),
         "SCHEDULED_EVENT_DOCUMENT_INCARNATION": str(incarnation),
         "SCHEDULED_EVENT_VM_NAME": vm_name,
+        "SCHEDULED_EVENT_PROVIDER": event.provider,
         "SCHEDULED_EVENT_HOOK": hook,
         "SCHEDULED_EVENT_STAGE": stage,
         "SCHEDULED_EVENT_REBOOTED": "1" if rebooted else "0",
@@ -426,7 +427,17 @@ def bounded(value: str, limit: int = MAX_ENV_VALUE) -> str:
 
 def hook_stdin(event: Event, incarnation: int, vm_name: str) -> bytes:
     document = dict(event.to_json(), DocumentIncarnation=incarnation, VmName=vm_name)
+    if event.provider != "azure":  # beside the event as Azure spells it, the cloud's own words
+        document["Provider"] = event.provider
+        document["ProviderNotice"] = _notice(event.notice)
     return (json.dumps(document, sort_keys=True) + "\n").encode()
+
+
+def _notice(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 HookStarted = Callable[[str, tuple[str, ...]], None]

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
-from .imds import ImdsClient, ImdsError
+from .imds import ImdsError, MetadataClient
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Identity:
     problem: str = ""  # why IMDS could not tell, when source is hostname
 
 
-def resolve(configured: Optional[str], client: ImdsClient) -> Identity:
+def resolve(configured: Optional[str], client: MetadataClient) -> Identity:
     if configured:
         return Identity(configured, "config")
     try:

@@ -13,9 +13,9 @@ import select
 import socket
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Protocol
 
 from . import __version__
 from .deadline import Deadline, shut_down
@@ -58,6 +58,22 @@ class _Request:
     method: str
     target: str  # path and query
     body: Optional[bytes] = None
+    headers: tuple[tuple[str, str], ...] = ()  # beside the client's own
+
+
+class MetadataClient(Protocol):
+    """What the daemon asks of a cloud's metadata service (Azure's ImdsClient, aws.AwsClient,
+    gcp.GcpClient): the events as a Document, an approval, this VM's name."""
+
+    url: str
+
+    def fetch_document(self) -> Document: ...
+
+    def approve(self, event_ids: Iterable[str]) -> None: ...
+
+    def fetch_vm_name(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
 class ImdsClient:
@@ -71,6 +87,7 @@ class ImdsClient:
         api_version: str,
         timeout: float,
         first_call_timeout: float,
+        headers: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.url = url
         self.api_version = api_version
@@ -83,7 +100,8 @@ class ImdsClient:
         self._port = parts.port or (443 if self._https else 80)
         self._path = parts.path or "/"
         self._connection: Optional[http.client.HTTPConnection] = None
-        self._headers = {"Metadata": "true", "User-Agent": f"scheduledeventsd/{__version__}"}
+        self._headers = {"User-Agent": f"scheduledeventsd/{__version__}"}
+        self._headers.update({"Metadata": "true"} if headers is None else headers)
         self._document_request = _Request(
             "GET", f"{self._path}?{urllib.parse.urlencode({'api-version': api_version})}"
         )
@@ -111,6 +129,22 @@ class ImdsClient:
         query = urllib.parse.urlencode({"api-version": self.api_version})
         self._send(_Request("POST", f"{self._path}?{query}", json.dumps(payload).encode()))
 
+    def send(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: Optional[bytes] = None,
+        *,
+        timeout: Optional[float] = None,
+    ) -> bytes:
+        """One exchange with this endpoint (the other clouds' clients speak through this);
+        `timeout`: a longer read for a long-poll."""
+        request = _Request(
+            method, f"{self._path.rstrip('/')}{target}", body, tuple(headers.items())
+        )
+        return self._send(request, timeout)
+
     def fetch_vm_name(self) -> str:
         """The name as Resources spells it (`<scaleset>_<id>` on scale sets), not the hostname."""
         query = urllib.parse.urlencode({"api-version": NAME_API_VERSION, "format": "text"})
@@ -129,10 +163,12 @@ class ImdsClient:
             self._connection = kind(self._host, self._port, timeout=self.timeout)
         return self._connection
 
-    def _send(self, request: _Request) -> bytes:
+    def _send(self, request: _Request, timeout: Optional[float] = None) -> bytes:
         """One exchange. A kept-alive connection IMDS closed meanwhile is opened again once;
         any other failure closes it, so the next call starts clean."""
         read_timeout = self.timeout if self._answered else self.first_call_timeout
+        if timeout is not None:
+            read_timeout = max(read_timeout, timeout)
         deadline = time.monotonic() + read_timeout
         for attempt in (1, 2):
             connection = self._connect()
@@ -158,6 +194,7 @@ class ImdsClient:
         deadline: float,
     ) -> bytes:
         headers = dict(self._headers)
+        headers.update(request.headers)
         if request.body is not None:
             headers["Content-Type"] = "application/json"
         try:

@@ -37,6 +37,8 @@ class Event:
     description: str = ""
     source: str = ""
     duration_seconds: Optional[int] = None
+    provider: str = "azure"  # whose notice it came from (aws, gcp: mapped at the edge)
+    notice: str = ""  # that provider's own notice, as JSON (hooks get it on stdin)
 
     def names(self, vm_name: str) -> bool:
         """Azure's resource names are case-insensitive; an event may name many VMs."""

@@ -99,14 +99,33 @@ APPROVE_CHOICES = (
 )
 
 KEYS: tuple[Key, ...] = (
+    Key(
+        "provider",
+        Kind.CHOICE,
+        "Whose metadata service and notices; auto reads the machine's DMI data, never the network.",
+        "auto",
+        choices=(
+            ("auto", "read from /sys/class/dmi/id (Azure when it names no cloud)"),
+            ("azure", "Azure Scheduled Events (approval posted)"),
+            ("aws", "EC2 instance metadata, IMDSv2: spot and scheduled events (no approval)"),
+            ("gcp", "Compute Engine metadata server, long-polled (no approval)"),
+        ),
+    ),
+    Key(
+        "dmi_dir",
+        Kind.PATH,
+        "Where provider: auto reads the DMI data (for tests).",
+        "/sys/class/dmi/id",
+    ),
     Key("metadata", Kind.SECTION, "Where and how often to ask IMDS; never through a proxy."),
     Key(
         "metadata.url",
         Kind.URL,
-        "The Scheduled Events endpoint: http(s), no query (api_version is separate).",
+        "The endpoint: http(s), no query. Default: the provider's (AWS http://169.254.169.254, "
+        "Google Cloud http://metadata.google.internal/computeMetadata/v1).",
         "http://169.254.169.254/metadata/scheduledevents",
     ),
-    Key("metadata.api_version", Kind.TEXT, "The api-version asked for.", "2020-07-01"),
+    Key("metadata.api_version", Kind.TEXT, "The api-version asked for (Azure).", "2020-07-01"),
     Key(
         "metadata.poll_interval",
         Kind.SECONDS,

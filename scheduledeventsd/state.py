@@ -19,6 +19,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -191,6 +192,8 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "stage": t.stage.value,
                 "slot": t.slot.value,
                 "drain": t.drain.value,
+                "provider": t.event.provider,
+                "notice": t.event.notice,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
             }
@@ -205,6 +208,10 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
     known: dict[str, Tracked] = {}
     for entry in raw["events"]:
         event = parse_event(entry["event"])
+        provider, notice = entry.get("provider", "azure"), entry.get("notice", "")
+        if not isinstance(provider, str) or not isinstance(notice, str):
+            raise TypeError("provider and notice must be strings")
+        event = replace(event, provider=provider, notice=notice)
         boot, name = entry.get("boot_id", ""), entry.get("vm_name", "")
         incarnation = entry.get("incarnation", 0)
         if not isinstance(boot, str) or not isinstance(name, str):

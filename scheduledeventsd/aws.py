@@ -1,0 +1,248 @@
+"""AWS: EC2's instance metadata (IMDSv2 only) as the same events Azure sends.
+
+What the metadata service says is mapped here, pure (`document_of`), and `AwsClient` fetches it
+through the one HTTP client (imds.ImdsClient) with a session token: PUT /latest/api/token, then
+the token on every request, a new one on 401. Every notice there is this VM's.
+
+- `spot/instance-action` {"action", "time"} (404: none) -> Preempt, NotBefore `time`;
+- `events/maintenance/scheduled` [{"Code", "EventId", "NotBefore", "State", ...}] ->
+  instance-reboot, system-reboot: Reboot; system-maintenance: Freeze; instance-stop: Redeploy;
+  instance-retirement: Terminate. `canceled` leaves the document (cancelled); `completed` is
+  listed Started once, then leaves (over).
+
+No approval exists on AWS: nothing is ever posted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+from .imds import ImdsClient, ImdsError
+from .model import MAX_EVENT_ID, SCHEDULED, STARTED, Document, Event, iso_utc
+
+TOKEN_TTL = 21600  # seconds: AWS's maximum
+TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
+SPOT_PATH = "/latest/meta-data/spot/instance-action"
+SCHEDULED_PATH = "/latest/meta-data/events/maintenance/scheduled"
+INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
+CODES = {
+    "instance-reboot": "Reboot",
+    "system-reboot": "Reboot",
+    "system-maintenance": "Freeze",
+    "instance-stop": "Redeploy",
+    "instance-retirement": "Terminate",
+}
+MAX_NOTICE = 4096  # characters of a raw notice kept for hooks
+
+
+class AwsError(ValueError):
+    """A notice that cannot be read (the rest of the document still is)."""
+
+
+def document_of(
+    spot: Optional[bytes],
+    scheduled: Optional[bytes],
+    *,
+    vm_name: str,
+    now: float,
+    completed_shown: Iterable[str] = (),
+) -> Document:
+    """The notices as one Document. `completed_shown`: completed events already listed as
+    Started once (they leave now). The incarnation changes whenever any event does."""
+    events: list[Event] = []
+    skipped: list[str] = []
+    if spot:
+        try:
+            events.append(_spot(spot, vm_name, now))
+        except AwsError as e:
+            skipped.append(f"spot/instance-action: {e}")
+    if scheduled:
+        shown = frozenset(completed_shown)
+        try:
+            items = json.loads(scheduled)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            items = None
+            skipped.append("events/maintenance/scheduled: not JSON")
+        if items is not None and not isinstance(items, list):
+            skipped.append("events/maintenance/scheduled: not a list")
+            items = None
+        for index, item in enumerate(items or []):
+            try:
+                event = _maintenance(item, vm_name, now)
+            except AwsError as e:
+                skipped.append(f"events/maintenance/scheduled[{index}]: {e}")
+                continue
+            if event is not None and event.event_id not in shown:
+                events.append(event)
+    unique = {e.event_id: e for e in events}
+    canonical = json.dumps([e.to_json() for e in unique.values()], sort_keys=True)
+    return Document(zlib.crc32(canonical.encode()), tuple(unique.values()), tuple(skipped))
+
+
+def completed_in(document: Document) -> set[str]:
+    """The completed events this document lists for the last time (see `document_of`)."""
+    return {e.event_id for e in document.events if e.description.startswith("[completed]")}
+
+
+def _spot(body: bytes, vm_name: str, now: float) -> Event:
+    raw = _object(body)
+    action, when = raw.get("action"), _iso(raw.get("time"))
+    if not isinstance(action, str) or when is None:
+        raise AwsError(f"no action and time: {_short(body)}")
+    return Event(
+        event_id=f"spot-{action}-{iso_utc(when)}"[:MAX_EVENT_ID],
+        event_type="Preempt",
+        status=STARTED if now >= when.timestamp() else SCHEDULED,
+        resource_type="VirtualMachine",
+        resources=(vm_name,),
+        not_before=when,
+        description=f"spot instance-action: {action}"[:200],
+        source="Platform",
+        provider="aws",
+        notice=_notice(raw),
+    )
+
+
+def _maintenance(raw: Any, vm_name: str, now: float) -> Optional[Event]:  # noqa: ANN401
+    if not isinstance(raw, dict):
+        raise AwsError(f"not an object: {_short(raw)}")
+    code, event_id, state = raw.get("Code"), raw.get("EventId"), raw.get("State")
+    if not isinstance(event_id, str) or not event_id.strip() or len(event_id) > MAX_EVENT_ID:
+        raise AwsError(f"no usable EventId: {_short(event_id)}")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id):
+        raise AwsError(f"EventId is not an identifier: {_short(event_id)}")
+    event_type = CODES.get(code) if isinstance(code, str) else None
+    if event_type is None:
+        raise AwsError(f"unknown Code {_short(code)} (known: {', '.join(CODES)})")
+    if state == "canceled":
+        return None  # it leaves the document: cancelled
+    when = _aws_time(raw.get("NotBefore"))
+    started = state == "completed" or (when is not None and now >= when.timestamp())
+    description = raw.get("Description")
+    text = description if isinstance(description, str) else ""
+    return Event(
+        event_id=event_id.strip(),
+        event_type=event_type,
+        status=STARTED if started else SCHEDULED,
+        resource_type="VirtualMachine",
+        resources=(vm_name,),
+        not_before=when,
+        description=(("[completed] " if state == "completed" else "") + text)[:1000],
+        source="Platform",
+        provider="aws",
+        notice=_notice(raw),
+    )
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise AwsError(f"not JSON: {_short(body)}") from None
+    if not isinstance(raw, dict):
+        raise AwsError(f"not an object: {_short(raw)}")
+    return raw
+
+
+def _iso(value: Any) -> Optional[dt.datetime]:  # noqa: ANN401
+    """`2026-11-26T10:00:00Z` (spot's time)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.astimezone(dt.timezone.utc) if when.tzinfo is not None else None
+
+
+def _aws_time(value: Any) -> Optional[dt.datetime]:  # noqa: ANN401
+    """`21 Jan 2019 09:00:43 GMT` (scheduled events' times), or ISO 8601 as a fallback."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.strptime(value.strip(), "%d %b %Y %H:%M:%S GMT")
+    except ValueError:
+        return _iso(value)
+    return when.replace(tzinfo=dt.timezone.utc)
+
+
+def _notice(raw: Any) -> str:  # noqa: ANN401
+    text = json.dumps(raw, sort_keys=True)
+    return text if len(text) <= MAX_NOTICE else text[:MAX_NOTICE]
+
+
+def _short(value: Any) -> str:  # noqa: ANN401
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class AwsClient:
+    """The same calls as ImdsClient (fetch_document, approve, fetch_vm_name, close), for EC2."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        first_call_timeout: float,
+        vm_name: Optional[str] = None,
+    ) -> None:
+        self.url = url
+        self._http = ImdsClient(url, "", timeout, first_call_timeout, headers={})
+        self._token = ""
+        self._token_until = 0.0
+        self._vm_name = vm_name or ""
+        self._completed: set[str] = set()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def fetch_document(self) -> Document:
+        vm_name = self._vm_name or self.fetch_vm_name()
+        spot = self._get(SPOT_PATH, missing_ok=True)
+        scheduled = self._get(SCHEDULED_PATH, missing_ok=True)
+        document = document_of(
+            spot, scheduled, vm_name=vm_name, now=time.time(), completed_shown=self._completed
+        )
+        self._completed |= completed_in(document)
+        return document
+
+    def approve(self, event_ids: Iterable[str]) -> None:
+        raise ImdsError("request", "AWS takes no approval through instance metadata")
+
+    def fetch_vm_name(self) -> str:
+        """The instance id: every notice in this instance's metadata is its own."""
+        name = (self._get(INSTANCE_ID_PATH) or b"").decode("utf-8", "replace").strip()
+        if not name or len(name) > 64 or any(ch.isspace() or not ch.isprintable() for ch in name):
+            raise ImdsError("bad_name", f"unusable instance id {name[:80]!r}")
+        self._vm_name = self._vm_name or name
+        return name
+
+    def _get(self, path: str, *, missing_ok: bool = False) -> Optional[bytes]:
+        for attempt in (1, 2):
+            headers = {"X-aws-ec2-metadata-token": self._session_token()}
+            try:
+                return self._http.send("GET", path, headers)
+            except ImdsError as e:
+                if e.status == 404 and missing_ok:
+                    return None
+                if e.status == 401 and attempt == 1:
+                    self._token_until = 0.0  # expired or revoked: a new one, once
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _session_token(self) -> str:
+        now = time.monotonic()
+        if not self._token or now >= self._token_until:
+            headers: Mapping[str, str] = {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)}
+            token = self._http.send("PUT", TOKEN_PATH, headers, b"").decode("ascii", "replace")
+            token = token.strip()
+            if not token or len(token) > 1024 or not token.isprintable():
+                raise ImdsError("bad_document", "IMDSv2 answered no usable token")
+            self._token, self._token_until = token, now + TOKEN_TTL - 60
+        return self._token
