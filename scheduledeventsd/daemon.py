@@ -62,6 +62,7 @@ from .engine import (
     UseConfig,
     WakeAt,
 )
+from .gcp import GcpClient
 from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
 from .identity import hostname, resolve
 from .imds import ImdsClient, ImdsError, MetadataClient
@@ -676,6 +677,8 @@ def _client(config: Config) -> MetadataClient:
     md = config.metadata
     if config.provider is Provider.AWS:
         return AwsClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
+    if config.provider is Provider.GCP:
+        return GcpClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
     return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
 
 

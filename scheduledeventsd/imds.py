@@ -106,6 +106,7 @@ class ImdsClient:
             "GET", f"{self._path}?{urllib.parse.urlencode({'api-version': api_version})}"
         )
         self._events = EventCache()
+        self.etag = ""  # of the last answer (Google Cloud's long-poll asks with it)
         self._last: tuple[bytes, Document] = (b"", Document(0, ()))
 
     def close(self) -> None:
@@ -209,6 +210,7 @@ class ImdsClient:
         except http.client.HTTPException as e:
             raise ImdsError("request", _root(e)) from None
         self._answered = True
+        self.etag = response.getheader("ETag") or ""
         if response.will_close:
             self.close()
         return _answer(response, body)

@@ -1,0 +1,240 @@
+"""Google Cloud: the Compute Engine metadata server as the same events Azure sends.
+
+The instance directory is long-polled (`instance/?recursive=true&wait_for_change=true&
+last_etag=...`), so a change is seen when it happens, not at the next tick; each answer is
+mapped here, pure (`document_of`):
+
+- `maintenanceEvent`: MIGRATE_ON_HOST_MAINTENANCE -> Freeze (a live migration),
+  TERMINATE_ON_HOST_MAINTENANCE -> Redeploy; NotBefore = first seen + 60 s (the documented
+  notice); back to NONE -> over (listed Started once, then gone);
+- `preempted`: TRUE -> Preempt, NotBefore = first seen + 30 s;
+- `instance/upcoming-maintenance?alt=json` (asked beside each long-poll) {"maintenance_status":
+  PENDING|ONGOING, "window_start_time", ...} -> Redeploy, NotBefore = window_start_time (long
+  notice: start_before and windows apply).
+
+Events get ids from their kind (upcoming maintenance: and its window), so a restart keeps them;
+NotBefore counts from when this daemon first saw the notice.
+Approval exists only through the Compute API: nothing is posted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import urllib.parse
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .imds import ImdsClient, ImdsError
+from .model import SCHEDULED, STARTED, Document, Event, iso_utc, parse_not_before
+
+FLAVOR = {"Metadata-Flavor": "Google"}
+LONG_POLL = 30  # seconds a long-poll may wait for a change (timeout_sec)
+MAINTENANCE_NOTICE = 60.0  # seconds: Google's documented notice before a host maintenance
+PREEMPT_NOTICE = 30.0
+MAINTENANCE = {
+    "MIGRATE_ON_HOST_MAINTENANCE": "Freeze",
+    "TERMINATE_ON_HOST_MAINTENANCE": "Redeploy",
+}
+MAX_NOTICE = 4096
+
+
+@dataclass
+class Seen:
+    """When each notice was first seen (wall clock): NotBefore and the id come from it, so the
+    same notice stays the same event from one answer to the next. The client keeps it."""
+
+    first: dict[str, float] = field(default_factory=dict)
+    ending: dict[str, Event] = field(default_factory=dict)  # over: listed Started once more
+    ended: set[str] = field(default_factory=set)
+
+
+def document_of(
+    instance: Optional[bytes], upcoming: Optional[bytes], *, vm_name: str, now: float, seen: Seen
+) -> Document:
+    """The answers as one Document; `seen` is updated (first sightings, notices that ended)."""
+    events: list[Event] = []
+    skipped: list[str] = []
+    fields = _object(instance, "instance", skipped)
+    value = _text(fields, "maintenanceEvent", "maintenance-event")
+    if value and value != "NONE":
+        if value in MAINTENANCE:
+            events.append(_notice_event(value, MAINTENANCE[value], MAINTENANCE_NOTICE, fields,
+                                        vm_name, now, seen))  # fmt: skip
+        else:
+            skipped.append(f"maintenanceEvent: unknown value {value[:40]!r}")
+    if _text(fields, "preempted").upper() == "TRUE":
+        events.append(
+            _notice_event("PREEMPTED", "Preempt", PREEMPT_NOTICE, fields, vm_name, now, seen)
+        )
+    coming = _object(upcoming, "upcoming-maintenance", skipped)
+    if coming:
+        event = _upcoming(coming, vm_name, now)
+        if event is None:
+            skipped.append("upcoming-maintenance: no window_start_time")
+        else:
+            events.append(event)
+    active = {e.description for e in events}
+    for value in [v for v in seen.first if v not in active]:
+        del seen.first[value]  # over: a later notice of the same kind is seen anew
+    current = {e.event_id: e for e in events}
+    for event_id in [k for k in seen.ending if k in seen.ended]:
+        del seen.ending[event_id]  # listed Started once already: now it leaves
+    for event_id, event in seen.ending.items():
+        current.setdefault(event_id, event)
+        seen.ended.add(event_id)
+    canonical = json.dumps([e.to_json() for e in current.values()], sort_keys=True)
+    return Document(zlib.crc32(canonical.encode()), tuple(current.values()), tuple(skipped))
+
+
+def notice_over(previous: Document, current: Document, seen: Seen) -> None:
+    """Notices of `previous` that `current` no longer lists are over: listed Started once more
+    (after-hooks, not cancelled-hooks), then gone."""
+    listed = {e.event_id for e in current.events}
+    for event in previous.events:
+        if event.event_id not in listed and event.event_id not in seen.ended:
+            seen.ending[event.event_id] = _started(event)
+
+
+def _notice_event(  # noqa: PLR0917 - the notice, its type and notice time, and where from
+    value: str,
+    event_type: str,
+    notice: float,
+    fields: Mapping[str, Any],
+    vm_name: str,
+    now: float,
+    seen: Seen,
+) -> Event:
+    first = seen.first.setdefault(value, now)
+    when = dt.datetime.fromtimestamp(first + notice, dt.timezone.utc)
+    raw = {k: fields.get(k) for k in ("maintenanceEvent", "preempted") if k in fields}
+    return Event(
+        event_id=f"gcp-{value.lower()}",  # one at a time of each: the same after a restart
+        event_type=event_type,
+        status=STARTED if now >= first + notice else SCHEDULED,
+        resource_type="VirtualMachine",
+        resources=(vm_name,),
+        not_before=when,
+        description=value,
+        source="Platform",
+        provider="gcp",
+        notice=json.dumps(raw, sort_keys=True)[:MAX_NOTICE],
+    )
+
+
+def _upcoming(raw: Mapping[str, Any], vm_name: str, now: float) -> Optional[Event]:
+    start = raw.get("window_start_time") or raw.get("windowStartTime")
+    when = parse_not_before(start) if isinstance(start, str) else None
+    if when is None:
+        return None
+    status = raw.get("maintenance_status") or raw.get("maintenanceStatus")
+    started = status == "ONGOING" or now >= when.timestamp()
+    kind = raw.get("type") if isinstance(raw.get("type"), str) else "SCHEDULED"
+    return Event(
+        event_id=f"gcp-upcoming-{iso_utc(when)}",
+        event_type="Redeploy",
+        status=STARTED if started else SCHEDULED,
+        resource_type="VirtualMachine",
+        resources=(vm_name,),
+        not_before=when,
+        description=f"upcoming maintenance ({kind})"[:200],
+        source="Platform",
+        provider="gcp",
+        notice=json.dumps(raw, sort_keys=True)[:MAX_NOTICE],
+    )
+
+
+def _started(event: Event) -> Event:
+    return Event(
+        event.event_id,
+        event.event_type,
+        STARTED,
+        event.resource_type,
+        event.resources,
+        event.not_before,
+        event.description,
+        event.source,
+        event.duration_seconds,
+        event.provider,
+        event.notice,
+    )
+
+
+def _object(body: Optional[bytes], what: str, skipped: list[str]) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        skipped.append(f"{what}: not JSON")
+        return {}
+    if not isinstance(raw, dict):
+        skipped.append(f"{what}: not an object")
+        return {}
+    return raw
+
+
+def _text(fields: Mapping[str, Any], *names: str) -> str:
+    for name in names:
+        value = fields.get(name)
+        if isinstance(value, str):
+            return value.strip()
+    return ""
+
+
+class GcpClient:
+    """The same calls as ImdsClient (fetch_document, approve, fetch_vm_name, close)."""
+
+    def __init__(
+        self, url: str, timeout: float, first_call_timeout: float, vm_name: Optional[str] = None
+    ) -> None:
+        self.url = url
+        self._http = ImdsClient(url, "", timeout, first_call_timeout, headers=FLAVOR)
+        self._etag = ""
+        self._vm_name = vm_name or ""
+        self._seen = Seen()
+        self._last = Document(0, ())
+        self._quick = False  # something just ended: ask again at once, not by long-poll
+
+    def close(self) -> None:
+        self._http.close()
+
+    def fetch_document(self) -> Document:
+        vm_name = self._vm_name or self.fetch_vm_name()
+        query = {"recursive": "true", "alt": "json"}
+        if self._etag and not self._quick:  # at once the first time; then on a change
+            query |= {"wait_for_change": "true", "last_etag": self._etag,
+                      "timeout_sec": str(LONG_POLL)}  # fmt: skip
+        instance = self._http.send(
+            "GET", f"/instance/?{urllib.parse.urlencode(query)}", FLAVOR, timeout=LONG_POLL + 5
+        )
+        self._etag = self._http.etag
+        try:
+            upcoming: Optional[bytes] = self._http.send(
+                "GET", "/instance/upcoming-maintenance?alt=json", FLAVOR
+            )
+        except ImdsError as e:
+            if e.status != 404:  # not offered for this machine type
+                raise
+            upcoming = None
+        now = time.time()
+        document = document_of(instance, upcoming, vm_name=vm_name, now=now, seen=self._seen)
+        notice_over(self._last, document, self._seen)
+        self._quick = bool(self._seen.ending)
+        if self._quick:  # what just ended is listed Started in this answer, gone in the next
+            document = document_of(instance, upcoming, vm_name=vm_name, now=now, seen=self._seen)
+        self._last = document
+        return document
+
+    def approve(self, event_ids: Iterable[str]) -> None:
+        raise ImdsError("request", "Google Cloud takes no approval through its metadata server")
+
+    def fetch_vm_name(self) -> str:
+        name = self._http.send("GET", "/instance/name", FLAVOR).decode("utf-8", "replace").strip()
+        if not name or len(name) > 63 or any(ch.isspace() or not ch.isprintable() for ch in name):
+            raise ImdsError("bad_name", f"unusable instance name {name[:80]!r}")
+        self._vm_name = self._vm_name or name
+        return name
