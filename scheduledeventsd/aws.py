@@ -5,6 +5,8 @@ through the one HTTP client (imds.ImdsClient) with a session token: PUT /latest/
 the token on every request, a new one on 401. Every notice there is this VM's.
 
 - `spot/instance-action` {"action", "time"} (404: none) -> Preempt, NotBefore `time`;
+- `events/recommendations/rebalance` {"noticeTime"} (404: none) -> Rebalance, NotBefore
+  `noticeTime` (a recommendation: the spot instance is at elevated risk; no default hooks);
 - `events/maintenance/scheduled` [{"Code", "EventId", "NotBefore", "State", ...}] ->
   instance-reboot, system-reboot: Reboot; system-maintenance: Freeze; instance-stop: Redeploy;
   instance-retirement: Terminate. `canceled` leaves the document (cancelled); `completed` is
@@ -29,6 +31,7 @@ TOKEN_TTL = 21600  # seconds: AWS's maximum
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
 SPOT_PATH = "/latest/meta-data/spot/instance-action"
 SCHEDULED_PATH = "/latest/meta-data/events/maintenance/scheduled"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
 CODES = {
     "instance-reboot": "Reboot",
@@ -47,6 +50,7 @@ class AwsError(ValueError):
 def document_of(
     spot: Optional[bytes],
     scheduled: Optional[bytes],
+    rebalance: Optional[bytes] = None,
     *,
     vm_name: str,
     now: float,
@@ -61,6 +65,11 @@ def document_of(
             events.append(_spot(spot, vm_name, now))
         except AwsError as e:
             skipped.append(f"spot/instance-action: {e}")
+    if rebalance:
+        try:
+            events.append(_rebalance(rebalance, vm_name))
+        except AwsError as e:
+            skipped.append(f"events/recommendations/rebalance: {e}")
     if scheduled:
         shown = frozenset(completed_shown)
         try:
@@ -102,6 +111,25 @@ def _spot(body: bytes, vm_name: str, now: float) -> Event:
         resources=(vm_name,),
         not_before=when,
         description=f"spot instance-action: {action}"[:200],
+        source="Platform",
+        provider="aws",
+        notice=_notice(raw),
+    )
+
+
+def _rebalance(body: bytes, vm_name: str) -> Event:
+    raw = _object(body)
+    when = _iso(raw.get("noticeTime"))
+    if when is None:
+        raise AwsError(f"no noticeTime: {_short(body)}")
+    return Event(
+        event_id=f"rebalance-{iso_utc(when)}",
+        event_type="Rebalance",
+        status=SCHEDULED,  # a recommendation: it never starts, it only goes away
+        resource_type="VirtualMachine",
+        resources=(vm_name,),
+        not_before=when,
+        description="rebalance recommendation: this spot instance is at elevated risk",
         source="Platform",
         provider="aws",
         notice=_notice(raw),
@@ -205,8 +233,14 @@ class AwsClient:
         vm_name = self._vm_name or self.fetch_vm_name()
         spot = self._get(SPOT_PATH, missing_ok=True)
         scheduled = self._get(SCHEDULED_PATH, missing_ok=True)
+        rebalance = self._get(REBALANCE_PATH, missing_ok=True)
         document = document_of(
-            spot, scheduled, vm_name=vm_name, now=time.time(), completed_shown=self._completed
+            spot,
+            scheduled,
+            rebalance,
+            vm_name=vm_name,
+            now=time.time(),
+            completed_shown=self._completed,
         )
         self._completed |= completed_in(document)
         return document

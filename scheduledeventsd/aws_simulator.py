@@ -49,6 +49,7 @@ class AwsSimulator:
         self._lock = threading.Lock()
         self._tokens: dict[str, float] = {}  # token -> monotonic expiry
         self._spot: Optional[dict[str, str]] = None
+        self._rebalance: Optional[dict[str, str]] = None
         self._scheduled: dict[str, dict[str, str]] = {}
         self._failures: list[int] = []  # statuses the next GETs answer with
         self.requests: deque[Request] = deque(maxlen=10_000)
@@ -60,6 +61,10 @@ class AwsSimulator:
     def spot(self, action: str = "terminate", in_seconds: float = 120) -> None:
         with self._lock:
             self._spot = {"action": action, "time": iso(time.time() + in_seconds)}
+
+    def rebalance(self) -> None:
+        with self._lock:
+            self._rebalance = {"noticeTime": iso(time.time())}
 
     def clear_spot(self) -> None:
         with self._lock:
@@ -132,6 +137,8 @@ class AwsSimulator:
                 return 200, self.instance_id
             if path == "/latest/meta-data/spot/instance-action":
                 return (404, "Not Found") if self._spot is None else (200, self._spot)
+            if path == "/latest/meta-data/events/recommendations/rebalance":
+                return (404, "Not Found") if self._rebalance is None else (200, self._rebalance)
             if path == "/latest/meta-data/events/maintenance/scheduled":
                 return 200, list(self._scheduled.values())
             return 404, "Not Found"

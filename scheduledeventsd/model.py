@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+# Azure's five, and AWS's rebalance recommendation (a spot instance at elevated risk).
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate", "Rebalance")
 SCHEDULED = "Scheduled"
 MAX_EVENT_ID = 200
 STARTED = "Started"

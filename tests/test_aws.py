@@ -225,3 +225,15 @@ def test_an_aws_config_without_a_provider_specific_url_gets_aws_endpoint():
     cfg = config.parse({"provider": "aws", "hooks": {}, "events": {}}, "t.yaml", check_files=False)
     assert cfg.metadata.url == "http://169.254.169.254"
     assert cfg.provider is Provider.AWS
+
+
+def test_a_rebalance_recommendation_is_its_own_type_run_only_when_configured(daemons, ec2, hooks):
+    cfg = aws_config(daemons, ec2, hooks)
+    cfg["hooks"]["rebalance"] = [{"command": [hooks.recorder("rebalance")]}]
+    cfg["events"]["Rebalance"] = ["rebalance"]
+    daemon = daemons.start(cfg)
+    ec2.rebalance()
+    daemon.wait_log("hook_finished", hook="rebalance", timeout=10)
+    env = env_of(hooks, "rebalance")
+    assert env["SCHEDULED_EVENT_TYPE"] == "Rebalance"
+    assert "noticeTime" in stdin_of(hooks, "rebalance")["ProviderNotice"]
