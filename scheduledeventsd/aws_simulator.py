@@ -18,7 +18,7 @@ import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .simulator import _Server
 
@@ -109,6 +109,11 @@ class AwsSimulator:
         with self._lock:
             self._failures.extend(statuses)
 
+    def complete_all(self) -> None:
+        with self._lock:
+            for event in self._scheduled.values():
+                event["State"] = "completed"
+
     def gets(self, path: str = "") -> int:
         return sum(1 for r in list(self.requests) if r.method == "GET" and path in r.path)
 
@@ -160,6 +165,15 @@ class AwsSimulator:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def demo_steps(sim: AwsSimulator) -> list[tuple[float, str, Callable[[], object]]]:
+    """What `simulate --provider aws` and `demo --provider aws` play: (at s, what, do)."""
+    return [
+        (2, "scheduled system-reboot in 10 minutes", lambda: sim.schedule("system-reboot", 600)),
+        (6, "spot instance-action: terminate in 2 minutes", lambda: sim.spot("terminate", 120)),
+        (12, "the reboot completed", sim.complete_all),
+    ]
 
 
 def _handler_for(sim: AwsSimulator) -> type[BaseHTTPRequestHandler]:

@@ -10,17 +10,19 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import __version__, config, log, observer, report
 from .daemon import Daemon, run_daemon
 from .identity import resolve
-from .imds import ImdsClient, ImdsError
+from .imds import ImdsError
 from .model import EVENT_TYPES
+from .providers import client_for
 from .rehearsal import rehearse
 from .state import STATUS_FILE, daemon_running, read_status
 
 EXIT_CONFIG = 2
+PROVIDERS = ("azure", "aws", "gcp")
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
@@ -80,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="azure",
+        help="whose metadata service (aws, gcp: playing a built-in sequence of notices)",
+    )
     p.add_argument("--scenario", type=Path, help="scenario YAML to play")
     p.add_argument("--vm-name", help="VM name to answer (overrides the scenario's)")
     p.add_argument(
@@ -88,6 +96,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
     p.add_argument("--scenario", type=Path, help="default: the bundled demo scenario")
+    p.add_argument("--provider", choices=PROVIDERS, default="azure", help="default: %(default)s")
     p.add_argument(
         "--hooks-dir",
         type=Path,
@@ -165,7 +174,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     if cfg is None:
         return EXIT_CONFIG
     md = cfg.metadata
-    client = ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
+    client = client_for(cfg)
     try:
         identity = resolve(cfg.vm_name, client)
         doc = client.fetch_document()
@@ -247,6 +256,8 @@ def cmd_test_hooks(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
 
+    if args.provider != "azure":
+        return _simulate_other_cloud(args)
     try:
         scenario = simulator.load_scenario(args.scenario) if args.scenario else simulator.Scenario()
     except simulator.ScenarioError as e:
@@ -275,10 +286,55 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sim.stop()
 
 
+def _other_cloud(provider: str) -> tuple[Any, list[tuple[float, str, Callable[[], object]]]]:
+    """The simulator of AWS's or Google Cloud's metadata service and what it plays."""
+    from . import aws_simulator, gcp_simulator  # noqa: PLC0415 - only when asked for
+
+    if provider == "aws":
+        aws = aws_simulator.AwsSimulator()
+        return aws, aws_simulator.demo_steps(aws)
+    gcp = gcp_simulator.GcpSimulator()
+    return gcp, gcp_simulator.demo_steps(gcp)
+
+
+def _play(steps: list[tuple[float, str, Callable[[], object]]], *, say: bool) -> None:
+    for at, what, do in steps:
+
+        def step(what: str = what, do: Callable[[], object] = do) -> None:
+            if say:
+                print(f"simulator: {what}", file=sys.stderr, flush=True)
+            do()
+
+        timer = threading.Timer(at, step)
+        timer.daemon = True
+        timer.start()
+
+
+def _simulate_other_cloud(args: argparse.Namespace) -> int:
+    sim, steps = _other_cloud(args.provider)
+    try:
+        host, _, port_text = args.listen.rpartition(":")
+        sim.start(host.strip("[]") or "127.0.0.1", int(port_text))
+    except (OSError, ValueError) as e:
+        print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.provider} metadata simulator on {sim.url}", flush=True)
+    _play(steps, say=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sim.stop()
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
 
     log.configure(args.log_target, args.log_format, args.log_level)
+    if args.provider != "azure":
+        return _demo_other_cloud(args)
     args.scenario = args.scenario or simulator.bundled_scenario("demo")
     try:
         scenario = simulator.load_scenario(args.scenario)
@@ -319,6 +375,41 @@ def cmd_demo(args: argparse.Namespace) -> int:
         + (", ".join(a.event_id for a in sim.approvals) or "none"),
         file=sys.stderr,
     )
+    return status
+
+
+def _demo_other_cloud(args: argparse.Namespace) -> int:
+    sim, steps = _other_cloud(args.provider)
+    sim.start()
+    hooks_dir = args.hooks_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="scheduledeventsd-demo-") as state_dir:
+        raw = {
+            "provider": args.provider,
+            "metadata": {"url": sim.url, "first_call_timeout": 10},
+            "state_dir": state_dir,
+            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
+        }
+        try:
+            cfg = config.parse(raw, "demo configuration")
+        except config.ConfigError as e:
+            for problem in e.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(
+            f"demo: {args.provider} simulator at {sim.url}; playing its notices for 20s with "
+            f"hooks from {hooks_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _play(steps, say=True)
+        daemon = Daemon(cfg)
+        daemon.install_signal_handlers()
+        timer = threading.Timer(20.0, daemon.request_stop)
+        timer.daemon = True
+        timer.start()
+        status = daemon.run()
+        timer.cancel()
+    sim.stop()
     return status
 
 

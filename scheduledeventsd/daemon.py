@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from . import config as config_mod
 from . import engine, log
-from .aws import AwsClient
 from .config import Config, Hook
 from .engine import (
     AcquireSlot,
@@ -62,13 +61,12 @@ from .engine import (
     UseConfig,
     WakeAt,
 )
-from .gcp import GcpClient
 from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
 from .identity import hostname, resolve
-from .imds import ImdsClient, ImdsError, MetadataClient
+from .imds import ImdsError, MetadataClient
 from .model import Event
 from .notify import Notifier
-from .providers import Provider
+from .providers import client_for
 from .state import StateError, StateStore
 from .telemetry import Telemetry
 
@@ -673,13 +671,7 @@ def boot_id(path: str = BOOT_ID) -> str:
 
 
 def _client(config: Config) -> MetadataClient:
-    """The provider's client; the rest of the daemon does not know which cloud it is in."""
-    md = config.metadata
-    if config.provider is Provider.AWS:
-        return AwsClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
-    if config.provider is Provider.GCP:
-        return GcpClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
-    return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
+    return client_for(config)
 
 
 def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:

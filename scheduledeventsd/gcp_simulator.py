@@ -18,7 +18,7 @@ import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .simulator import _Server
 
@@ -133,6 +133,15 @@ class GcpSimulator:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def demo_steps(sim: GcpSimulator) -> list[tuple[float, str, Callable[[], object]]]:
+    """What `simulate --provider gcp` and `demo --provider gcp` play: (at s, what, do)."""
+    return [
+        (2, "maintenance-event: MIGRATE_ON_HOST_MAINTENANCE", sim.maintenance),
+        (8, "maintenance-event: NONE (migrated)", lambda: sim.maintenance("NONE")),
+        (12, "preempted: TRUE", sim.preempt),
+    ]
 
 
 def _handler_for(sim: GcpSimulator) -> type[BaseHTTPRequestHandler]:

@@ -237,3 +237,23 @@ def test_a_rebalance_recommendation_is_its_own_type_run_only_when_configured(dae
     env = env_of(hooks, "rebalance")
     assert env["SCHEDULED_EVENT_TYPE"] == "Rebalance"
     assert "noticeTime" in stdin_of(hooks, "rebalance")["ProviderNotice"]
+
+
+def test_the_events_command_reads_aws_notices_too(tmp_path, ec2):
+    ec2.spot("terminate", in_seconds=300)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "provider": "aws",
+                "metadata": {"url": ec2.url},
+                "state_dir": str(tmp_path / "state"),
+                "hooks": {},
+                "events": {},
+            }
+        )
+    )
+    table = cli("events", "--config", str(path))
+    assert table.returncode == 0, table.stderr
+    assert f"this VM is {INSTANCE_ID}" in table.stdout
+    assert "Preempt" in next(line for line in table.stdout.splitlines() if "spot-" in line)

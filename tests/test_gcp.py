@@ -7,10 +7,14 @@ import datetime as dt
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,3 +160,25 @@ def test_an_ended_notice_is_listed_started_once_then_gone():
 @given(st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=300))
 def test_any_bytes_are_a_document_never_an_exception(instance, upcoming):
     gcp.document_of(instance, upcoming, vm_name="vm", now=NOW, seen=gcp.Seen())
+
+
+def test_simulate_provider_gcp_serves_the_metadata_server_and_plays_its_notices(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduledeventsd", "simulate", "--provider", "gcp",
+         "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().split()
+        url = first[-1]
+        assert first[:3] == ["gcp", "metadata", "simulator"]
+        answer = requests.get(
+            f"{url}/instance/name", headers={"Metadata-Flavor": "Google"}, timeout=5
+        )
+        assert answer.text == INSTANCE_NAME
+        assert requests.get(f"{url}/instance/name", timeout=5).status_code == 403
+    finally:
+        proc.terminate()
+        proc.wait(10)
