@@ -448,7 +448,7 @@ class Daemon:
     def _use_config(self, new: Config) -> None:
         old, self.config = self.config, new
         self.telemetry.use(new)
-        if new.metadata != old.metadata:
+        if (new.metadata, new.provider) != (old.metadata, old.provider):
             for lane in (self._poller, self._approver, self._namer):
                 lane.use(_client(new))
         if new.coordination != old.coordination:

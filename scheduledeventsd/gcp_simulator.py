@@ -55,8 +55,9 @@ class GcpSimulator:
         """NONE when it is over."""
         self._set("maintenanceEvent", value)
 
-    def preempt(self) -> None:
-        self._set("preempted", "TRUE")
+    def preempt(self, preempted: bool = True) -> None:
+        """FALSE again: a stopped instance started anew (tests and the bench reuse it)."""
+        self._set("preempted", "TRUE" if preempted else "FALSE")
 
     def upcoming(self, window_start: Optional[str], status: str = "PENDING") -> None:
         """An upcoming maintenance window (None: none)."""

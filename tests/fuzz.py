@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of every parser of untrusted input: IMDS bodies,
-the simulator's StartRequests, etcd values, YAML configs and the cluster tools' output
-(crm_mon's XML, crm_simulate's plan). A document that parses is fed on
+AWS's and Google Cloud's notices, the simulator's StartRequests, etcd values, YAML configs and
+the cluster tools' output (crm_mon's XML, crm_simulate's plan). A document that parses is fed on
 through the engine (seen, then gone), since a value the parser lets through must not make a
 step raise. Any exception other than the parser's own error is a crash: libFuzzer stops and
 writes the input to ./crash-*.
@@ -20,7 +20,7 @@ import atheris
 import yaml
 
 with atheris.instrument_imports():
-    from scheduledeventsd import config
+    from scheduledeventsd import aws, config, gcp
     from scheduledeventsd.coordination import state_of
     from scheduledeventsd.model import DocumentError, parse_document
     from scheduledeventsd.pacemaker import ClusterError, parse_status, transitions
@@ -37,6 +37,8 @@ def one(data: bytes) -> None:
         step_through_the_engine(document)
     _start_requests(data)
     state_of(data)
+    step_through_the_engine(aws.document_of(data, data, data, vm_name="i-1", now=1.8e9))
+    step_through_the_engine(gcp.document_of(data, data, vm_name="vm", now=1.8e9, seen=gcp.Seen()))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -134,14 +134,15 @@ def _ip(*args: str) -> None:
 
 
 def in_netns(netns: str, work: Callable[[], T]) -> T:
-    """`work()` run by a thread that entered `netns`: sockets it makes stay in that namespace,
-    while the test process itself stays where it is."""
+    """`work()` run by a thread that entered `netns` (a name of `ip netns`, or a path such as
+    /proc/PID/ns/net): sockets it makes stay in that namespace, while the test process itself
+    stays where it is."""
     libc = ctypes.CDLL(None, use_errno=True)
     out: list[T] = []
     errors: list[BaseException] = []
 
     def enter() -> None:
-        fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        fd = os.open(netns if netns.startswith("/") else f"/run/netns/{netns}", os.O_RDONLY)
         try:
             if libc.setns(fd, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"setns {netns}")

@@ -22,7 +22,10 @@ from typing import Any
 
 import pytest
 
+from scheduledeventsd.aws_simulator import AwsSimulator
+
 from .conftest import wait_for
+from .pacemaker_cluster import in_netns
 
 pytestmark = pytest.mark.xdist_group(name="deployed")  # steps on one machine, in file order
 
@@ -429,6 +432,46 @@ def test_the_hardening_lines_lower_the_exposure_systemd_analyze_reports(machine)
     readme = (ROOT / "README.md").read_text()  # the figures the README states are these
     assert f"| as shipped | {after:.1f} " in readme
     assert f"{before:.1f} without the hardening lines, {after:.1f} as shipped" in readme
+
+
+def test_the_same_package_and_hooks_serve_aws_under_real_systemd(machine):
+    """provider: aws, its simulator on 169.254.169.254:81 inside the machine (bound by a thread of
+    this process that entered the machine's network): a scheduled reboot runs the shipped drain
+    and checkpoint, nothing is posted, and its completion the undrain."""
+    ec2 = AwsSimulator(instance_id="i-0deployed0000001")
+    in_netns(f"/proc/{machine.pid}/ns/net", lambda: ec2.start("169.254.169.254", 81))
+    config = "/etc/scheduledeventsd/config.yaml"
+    text = machine.sh("cat", config).stdout
+    try:
+        machine.sh(
+            "sh",
+            "-c",
+            f"printf 'provider: aws\\nmetadata:\\n  url: http://169.254.169.254:81\\n' > {config}",
+        )
+        machine.sh("systemctl", "restart", "scheduledeventsd")
+        wait_for(lambda: machine.unit("ActiveState") == "active", 30, "the service on AWS")
+        event_id = ec2.schedule("system-reboot", in_seconds=3600)
+        wait_for(
+            lambda: machine.journal(f"EVENT_ID={event_id}", "LOG_EVENT=approval_skipped"),
+            30,
+            "the reboot prepared and left to AWS",
+        )
+        records = machine.journal(f"EVENT_ID={event_id}")
+        hooks_run = [r["HOOK"] for r in records if r["LOG_EVENT"] == "hook_finished"]
+        assert hooks_run == ["drain", "checkpoint"]
+        assert {r["RESOURCES"] for r in records if "RESOURCES" in r} == {ec2.instance_id}
+        ec2.set_state(event_id, "completed")
+        wait_for(
+            lambda: machine.journal(f"EVENT_ID={event_id}", "LOG_EVENT=after_hooks_finished"),
+            30,
+            "the undrain once AWS marked it completed",
+        )
+        assert ec2.tokens_issued >= 1, "IMDSv2: a session token first"
+        assert not [r for r in ec2.requests if r.method not in ("GET", "PUT")]
+    finally:
+        machine.sh("sh", "-c", f"cat > {config} <<'EOF'\n{text}EOF")
+        machine.sh("systemctl", "restart", "scheduledeventsd")
+        ec2.stop()
 
 
 def test_purge_leaves_nothing_behind(machine):
