@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker crash-campaign soak fuzz fuzz-quick
+.PHONY: demo test lint bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker bench-clouds crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -71,10 +71,15 @@ bench-quick: bootstrap
 	$(PY) -m bench.fleet --quick
 	$(PY) -m bench.observed --quick
 	$(PY) -m bench.pacemaker --quick
+	$(PY) -m bench.clouds --quick
 
 # What http, metrics and the textfile cost at rest, side by side with a plain daemon: 5 minutes.
 bench-observed: bootstrap
 	$(PY) -m bench.observed
+
+# Detection latency per cloud (Azure, AWS, Google Cloud's long-poll) side by side: ~3 minutes.
+bench-clouds: bootstrap
+	$(PY) -m bench.clouds
 
 # A Pacemaker node's drain (seen, resources gone, approved), health and standby side by side on
 # a real 3-node cluster: ~3 minutes.

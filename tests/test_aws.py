@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import aws, config
 from scheduledeventsd.aws_simulator import INSTANCE_ID, AwsSimulator, aws_time
+from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.model import SCHEDULED, STARTED
 from scheduledeventsd.providers import Provider, detect
+from scheduledeventsd.state import StateStore
 from tests.conftest import DaemonFactory, Hooks, cli, wait_for
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc).timestamp()
@@ -257,3 +259,36 @@ def test_the_events_command_reads_aws_notices_too(tmp_path, ec2):
     assert table.returncode == 0, table.stderr
     assert f"this VM is {INSTANCE_ID}" in table.stdout
     assert "Preempt" in next(line for line in table.stdout.splitlines() if "spot-" in line)
+
+
+def test_keys_that_mean_nothing_on_aws_are_warned_about_not_refused():
+    raw = {
+        "provider": "aws",
+        "approve": "always",
+        "metadata": {"api_version": "2020-07-01"},
+        "hooks": {},
+        "events": {},
+    }
+    cfg = config.parse(raw, "t.yaml", check_files=False)
+    assert cfg.warnings == (
+        "approve: aws takes no approval through its metadata service: nothing is posted, events "
+        "proceed at their own time (hooks, after-hooks and everything else work)",
+        "metadata.api_version: Azure's alone; aws ignores it",
+    )
+    assert config.parse({**raw, "provider": "azure"}, "t.yaml", check_files=False).warnings == ()
+
+
+def test_the_state_file_keeps_whose_notice_an_event_was(tmp_path):
+    """After a reboot the after-hooks run from the state file: they still get the cloud's words."""
+    spot = b'{"action": "stop", "time": "2026-11-26T12:02:00Z"}'
+    (event,) = aws.document_of(spot, None, vm_name="i-1", now=NOW).events
+    store = StateStore(tmp_path)
+    store.lock()
+    try:
+        store.save({event.event_id: Tracked(event, Phase.APPROVED)})
+        loaded, problem = store.load()
+    finally:
+        store.unlock()
+    assert problem == ""
+    kept = loaded[event.event_id].event
+    assert (kept.provider, json.loads(kept.notice)) == ("aws", json.loads(spot))
