@@ -92,7 +92,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Metadata:
-    url: str = schema.text("metadata.url")
+    url: str = DEFAULT_URLS[Provider.AZURE]
     api_version: str = schema.text("metadata.api_version")
     poll_interval: float = schema.number("metadata.poll_interval")
     timeout: float = schema.number("metadata.timeout")

@@ -121,9 +121,11 @@ KEYS: tuple[Key, ...] = (
     Key(
         "metadata.url",
         Kind.URL,
-        "The endpoint: http(s), no query. Default: the provider's (AWS http://169.254.169.254, "
-        "Google Cloud http://metadata.google.internal/computeMetadata/v1).",
-        "http://169.254.169.254/metadata/scheduledevents",
+        "The endpoint: http(s), no query (api_version is separate).",
+        None,
+        default_text="the provider's: Azure http://169.254.169.254/metadata/scheduledevents, "
+        "AWS http://169.254.169.254, Google Cloud "
+        "http://metadata.google.internal/computeMetadata/v1",
     ),
     Key("metadata.api_version", Kind.TEXT, "The api-version asked for (Azure).", "2020-07-01"),
     Key(

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config, schema
+from scheduledeventsd.providers import DEFAULT_URLS, Provider
 from scheduledeventsd.schema import Key, Kind
 
 ROOT = Path(__file__).parents[1]
@@ -185,9 +186,9 @@ def test_every_section_refuses_a_key_it_does_not_declare_and_lists_the_declared_
 
 def test_the_defaults_the_daemon_uses_are_the_declared_ones():
     cfg = config.parse(None, "defaults", check_files=False)
-    assert cfg.metadata == config.Metadata(
-        **{k.name: k.default for k in schema.KEYS if k.parent == "metadata"}
-    )
+    declared = {k.name: k.default for k in schema.KEYS if k.parent == "metadata"}
+    assert declared.pop("url") is None, "each provider's own (default_text)"
+    assert cfg.metadata == config.Metadata(**declared, url=DEFAULT_URLS[Provider.AZURE])
     assert cfg.approve.value == schema.key("approve").default
     assert cfg.user_events.value == schema.key("user_events").default
     assert cfg.unhealthy_from.value == schema.key("health.unhealthy_from").default
