@@ -10,7 +10,6 @@ in-process (`spot`, `schedule`, `set_state`, `expire_tokens`, `fail_next`).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import secrets
 import threading
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
-from .simulator import _Server
+from .simulator import Serving, reply
 
 INSTANCE_ID = "i-0123456789abcdef0"
 MAX_TTL = 21600
@@ -43,7 +42,7 @@ def iso(when: float) -> str:
     return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class AwsSimulator:
+class AwsSimulator(Serving):
     def __init__(self, instance_id: str = INSTANCE_ID) -> None:
         self.instance_id = instance_id
         self._lock = threading.Lock()
@@ -54,7 +53,6 @@ class AwsSimulator:
         self._failures: list[int] = []  # statuses the next GETs answer with
         self.requests: deque[Request] = deque(maxlen=10_000)
         self.tokens_issued = 0
-        self._server: Optional[_Server] = None
 
     # ---- what the tests set -----------------------------------------------------------------
 
@@ -148,23 +146,8 @@ class AwsSimulator:
                 return 200, list(self._scheduled.values())
             return 404, "Not Found"
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        self._server = _Server((host, port), _handler_for(self))
-        threading.Thread(target=self._server.serve_forever, name="aws-sim", daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"  # noqa: S101 - programming error
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler_for(self)
 
 
 def demo_steps(sim: AwsSimulator) -> list[tuple[float, str, Callable[[], object]]]:
@@ -199,12 +182,6 @@ def _handler_for(sim: AwsSimulator) -> type[BaseHTTPRequestHandler]:
             path = urllib.parse.urlsplit(self.path).path
             headers = {k.lower(): v for k, v in self.headers.items()}
             status, body = sim.answer(method, path, headers)
-            is_text = isinstance(body, str)
-            data = (body if is_text else json.dumps(body)).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if is_text else "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply(self, status, body, "text/plain" if isinstance(body, str) else "application/json")
 
     return Handler

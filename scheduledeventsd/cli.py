@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import __version__, config, log, observer, report
 from .daemon import Daemon, run_daemon
@@ -20,6 +20,9 @@ from .model import EVENT_TYPES
 from .providers import client_for
 from .rehearsal import rehearse
 from .state import STATUS_FILE, daemon_running, read_status
+
+if TYPE_CHECKING:  # the simulators stay out of the daemon's memory
+    from .simulator import Serving
 
 EXIT_CONFIG = 2
 PROVIDERS = ("azure", "aws", "gcp")
@@ -266,17 +269,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.vm_name:
         scenario.vm_name = args.vm_name
     sim = simulator.Simulator(scenario, rate_limit=not args.no_rate_limit)
+    return _serve(sim, args.listen, f"IMDS simulator for VM {scenario.vm_name} on", lambda: None)
+
+
+def _serve(sim: Serving, listen: str, what: str, begin: Callable[[], None]) -> int:
+    """A simulator on HOST:PORT until interrupted."""
     try:
-        host, _, port_text = args.listen.rpartition(":")
-        host, port = sim.start(host.strip("[]") or "127.0.0.1", int(port_text))
+        host, _, port_text = listen.rpartition(":")
+        sim.start(host.strip("[]") or "127.0.0.1", int(port_text))
     except (OSError, ValueError) as e:
-        print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        print(f"error: cannot listen on {listen}: {e}", file=sys.stderr)
         return 1
-    print(
-        f"IMDS simulator for VM {scenario.vm_name} on http://{host}:{port}"
-        f"{simulator.SCHEDULED_EVENTS_PATH}",
-        flush=True,
-    )
+    print(f"{what} {sim.url}", flush=True)
+    begin()
     try:
         while True:
             time.sleep(3600)
@@ -286,7 +291,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sim.stop()
 
 
-def _other_cloud(provider: str) -> tuple[Any, list[tuple[float, str, Callable[[], object]]]]:
+def _other_cloud(provider: str) -> tuple[Serving, list[tuple[float, str, Callable[[], object]]]]:
     """The simulator of AWS's or Google Cloud's metadata service and what it plays."""
     from . import aws_simulator, gcp_simulator  # noqa: PLC0415 - only when asked for
 
@@ -312,21 +317,8 @@ def _play(steps: list[tuple[float, str, Callable[[], object]]], *, say: bool) ->
 
 def _simulate_other_cloud(args: argparse.Namespace) -> int:
     sim, steps = _other_cloud(args.provider)
-    try:
-        host, _, port_text = args.listen.rpartition(":")
-        sim.start(host.strip("[]") or "127.0.0.1", int(port_text))
-    except (OSError, ValueError) as e:
-        print(f"error: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        return 1
-    print(f"{args.provider} metadata simulator on {sim.url}", flush=True)
-    _play(steps, say=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        sim.stop()
+    return _serve(sim, args.listen, f"{args.provider} metadata simulator on",
+                  lambda: _play(steps, say=True))  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -334,58 +326,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     log.configure(args.log_target, args.log_format, args.log_level)
     if args.provider != "azure":
-        return _demo_other_cloud(args)
+        sim, steps = _other_cloud(args.provider)
+        sim.start()
+        status = _demo(args, sim.url, 20.0, f"{args.provider} simulator at {sim.url}; playing "
+                       "its notices", lambda: _play(steps, say=True))  # fmt: skip
+        sim.stop()
+        return status
     args.scenario = args.scenario or simulator.bundled_scenario("demo")
     try:
         scenario = simulator.load_scenario(args.scenario)
     except simulator.ScenarioError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    sim = simulator.Simulator(scenario)
-    sim.start()
-    hooks_dir = args.hooks_dir.resolve()
-    with tempfile.TemporaryDirectory(prefix="scheduledeventsd-demo-") as state_dir:
-        raw = {
-            "metadata": {"url": sim.url, "first_call_timeout": 10},
-            "state_dir": state_dir,
-            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
-        }
-        try:
-            cfg = config.parse(raw, "demo configuration")
-        except config.ConfigError as e:
-            for problem in e.problems:
-                print(f"error: {problem}", file=sys.stderr)
-            return EXIT_CONFIG
-        print(
-            f"demo: simulator at {sim.url} for VM {scenario.vm_name}; playing {args.scenario.name} "
-            f"for {scenario.duration or 20:g}s with hooks from {hooks_dir}",
-            file=sys.stderr,
-            flush=True,
-        )
-        daemon = Daemon(cfg)
-        daemon.install_signal_handlers()
-        timer = threading.Timer(scenario.duration or 20.0, daemon.request_stop)
-        timer.daemon = True
-        timer.start()
-        status = daemon.run()
-        timer.cancel()
-    sim.stop()
+    azure = simulator.Simulator(scenario)
+    azure.start()
+    what = f"simulator at {azure.url} for VM {scenario.vm_name}; playing {args.scenario.name}"
+    status = _demo(args, azure.url, scenario.duration or 20.0, what, lambda: None)
+    azure.stop()
     print(
         "demo: approvals the simulator received: "
-        + (", ".join(a.event_id for a in sim.approvals) or "none"),
+        + (", ".join(a.event_id for a in azure.approvals) or "none"),
         file=sys.stderr,
     )
     return status
 
 
-def _demo_other_cloud(args: argparse.Namespace) -> int:
-    sim, steps = _other_cloud(args.provider)
-    sim.start()
+def _demo(
+    args: argparse.Namespace, url: str, seconds: float, what: str, begin: Callable[[], None]
+) -> int:
+    """The daemon against a simulator at `url` for `seconds`, with the example hooks."""
     hooks_dir = args.hooks_dir.resolve()
     with tempfile.TemporaryDirectory(prefix="scheduledeventsd-demo-") as state_dir:
         raw = {
             "provider": args.provider,
-            "metadata": {"url": sim.url, "first_call_timeout": 10},
+            "metadata": {"url": url, "first_call_timeout": 10},
             "state_dir": state_dir,
             "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
         }
@@ -395,21 +369,16 @@ def _demo_other_cloud(args: argparse.Namespace) -> int:
             for problem in e.problems:
                 print(f"error: {problem}", file=sys.stderr)
             return EXIT_CONFIG
-        print(
-            f"demo: {args.provider} simulator at {sim.url}; playing its notices for 20s with "
-            f"hooks from {hooks_dir}",
-            file=sys.stderr,
-            flush=True,
-        )
-        _play(steps, say=True)
+        print(f"demo: {what} for {seconds:g}s with hooks from {hooks_dir}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        begin()
         daemon = Daemon(cfg)
         daemon.install_signal_handlers()
-        timer = threading.Timer(20.0, daemon.request_stop)
+        timer = threading.Timer(seconds, daemon.request_stop)
         timer.daemon = True
         timer.start()
         status = daemon.run()
         timer.cancel()
-    sim.stop()
     return status
 
 

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union, get_args
 
 from . import config as config_mod
 from . import engine, log
@@ -85,6 +85,8 @@ class Signalled:
 
 
 Inbound = Union[Message, Signalled]
+# What --dry-run skips. It takes no slot and marks no cluster node: it logs what it would do,
+# stays QUEUED until the deadline, and takes a drain as done.
 Pretended = Union[
     SpawnHooks,
     PostApproval,
@@ -97,20 +99,7 @@ Pretended = Union[
     StopDraining,
     RestoreNode,
 ]
-# What --dry-run skips. It takes no slot and marks no cluster node: it logs what it would do,
-# stays QUEUED until the deadline, and takes a drain as done.
-_PRETENDED = (
-    SpawnHooks,
-    PostApproval,
-    Persist,
-    Coordinate,
-    AskGate,
-    AcquireSlot,
-    ReleaseSlot,
-    DrainNode,
-    StopDraining,
-    RestoreNode,
-)
+_PRETENDED = get_args(Pretended)
 Job = Callable[[], Message]
 Call = Callable[[MetadataClient], Message]
 

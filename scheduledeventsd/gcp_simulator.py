@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
-from .simulator import _Server
+from .simulator import Serving, reply
 
 INSTANCE_NAME = "gce-vm-1"
 PREFIX = "/computeMetadata/v1"
@@ -34,7 +34,9 @@ class Request:
     at: float  # time.monotonic()
 
 
-class GcpSimulator:
+class GcpSimulator(Serving):
+    PATH = PREFIX
+
     def __init__(self, name: str = INSTANCE_NAME) -> None:
         self.name = name
         self._cond = threading.Condition()
@@ -47,7 +49,6 @@ class GcpSimulator:
         self._upcoming: dict[str, Any] = {}
         self._failures: list[int] = []
         self.requests: deque[Request] = deque(maxlen=10_000)
-        self._server: Optional[_Server] = None
 
     # ---- what the tests set -----------------------------------------------------------------
 
@@ -115,25 +116,13 @@ class GcpSimulator:
                     self._cond.wait(deadline - time.monotonic())
             return 200, dict(self._instance), self._etag()
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        self._server = _Server((host, port), _handler_for(self))
-        threading.Thread(target=self._server.serve_forever, name="gcp-sim", daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"  # noqa: S101 - programming error
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}{PREFIX}"
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler_for(self)
 
     def stop(self) -> None:
-        if self._server is not None:
-            with self._cond:
-                self._cond.notify_all()
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        with self._cond:  # long-polls under way answer now
+            self._cond.notify_all()
+        super().stop()
 
 
 def demo_steps(sim: GcpSimulator) -> list[tuple[float, str, Callable[[], object]]]:
@@ -161,14 +150,7 @@ def _handler_for(sim: GcpSimulator) -> type[BaseHTTPRequestHandler]:
             status, body, etag = sim.answer(
                 parts.path, query, self.headers.get("Metadata-Flavor", "")
             )
-            is_text = isinstance(body, str)
-            data = (body if is_text else json.dumps(body)).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if is_text else "application/json")
-            if etag:
-                self.send_header("ETag", etag)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            kind = "text/plain" if isinstance(body, str) else "application/json"
+            reply(self, status, body, kind, (("ETag", etag),) if etag else ())
 
     return Handler

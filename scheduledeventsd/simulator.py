@@ -114,7 +114,62 @@ def rfc1123(when: float) -> str:
     return email.utils.formatdate(when, usegmt=True)
 
 
-class Simulator:
+class Serving:
+    """A simulator's HTTP server on a thread of its own: Azure's, AWS's and Google Cloud's."""
+
+    PATH = ""  # what its URL ends with
+    _server: Optional[_Server] = None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+        """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
+        self._server = _Server((host, port), self._handler())
+        name = type(self).__name__.lower()
+        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"  # noqa: S101 - programming error
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}{self.PATH}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def reply(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    body: object,
+    content_type: str = "application/json; charset=utf-8",
+    headers: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """One answer: bytes as they are, text as text, anything else as JSON."""
+    if isinstance(body, bytes):
+        data = body
+    elif isinstance(body, str):
+        data = body.encode()
+    else:
+        data = json.dumps(body, separators=(",", ":")).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+class Simulator(Serving):
+    PATH = SCHEDULED_EVENTS_PATH
+
     """Thread-safe state plus the HTTP server around it; time is read lazily on each request."""
 
     def __init__(self, scenario: Optional[Scenario] = None, *, rate_limit: bool = True) -> None:
@@ -135,8 +190,6 @@ class Simulator:
         self.changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=HISTORY)
         # (time.time(), EventId, added | started | removed): what a campaign checks against.
         self.history: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=HISTORY)
-        self._server: Optional[ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -386,28 +439,8 @@ class Simulator:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
-        self._server = _Server((host, port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="simulator", daemon=True
-        )
-        self._thread.start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"  # noqa: S101 - programming error
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}{SCHEDULED_EVENTS_PATH}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler_for(self)
 
     def __enter__(self) -> Simulator:
         if self._server is None:
@@ -463,17 +496,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             body: object,
             content_type: str = "application/json; charset=utf-8",
         ) -> None:
-            if isinstance(body, bytes):
-                data = body
-            elif isinstance(body, str):
-                data = body.encode()
-            else:
-                data = json.dumps(body, separators=(",", ":")).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply(self, status, body, content_type)
 
         def _body(self) -> bytes:
             length = int(self.headers.get("Content-Length") or 0)
