@@ -127,6 +127,7 @@ class Observer:
         return {
             "version": __version__,
             "vm_name": state.vm_name,
+            "provider": state.config.provider.value,
             "written_at": _iso(wall),
             "written_at_unix": round(wall, 3),
             "started_at": _iso(self.started),

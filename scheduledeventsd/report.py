@@ -91,8 +91,8 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
     last_ok = poll.get("last_ok_unix")
     ago = f"{now - last_ok:.1f} s ago" if isinstance(last_ok, (int, float)) else "never"
     lines = [
-        f"scheduledeventsd {doc.get('version')} on {doc.get('vm_name') or '?'}, "
-        f"started {doc.get('started_at')}",
+        f"scheduledeventsd {doc.get('version')} on {doc.get('vm_name') or '?'} "
+        f"({doc.get('provider') or 'azure'}), started {doc.get('started_at')}",
         f"last poll: {poll.get('last')}; last success {ago}; incarnation {poll.get('incarnation')}",
         "health: ok"
         if health.get("ok")

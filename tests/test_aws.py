@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from scheduledeventsd.aws_simulator import INSTANCE_ID, AwsSimulator, aws_time
 from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.model import SCHEDULED, STARTED
 from scheduledeventsd.providers import Provider, detect
-from scheduledeventsd.state import StateStore
+from scheduledeventsd.state import StateStore, read_status
 from tests.conftest import DaemonFactory, Hooks, cli, wait_for
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc).timestamp()
@@ -44,6 +45,13 @@ def aws_config(daemons: DaemonFactory, ec2: AwsSimulator, hooks: Hooks, **extra:
         },
         **extra,
     }
+
+
+def _status(state_dir: Path) -> Any:
+    try:
+        return read_status(state_dir)
+    except (OSError, ValueError):
+        return None
 
 
 def stdin_of(hooks: Hooks, name: str) -> dict[str, Any]:
@@ -73,6 +81,8 @@ def test_a_spot_notice_runs_the_preempt_hooks_with_aws_own_words_and_posts_nothi
     assert notice["NotBefore"] == notice["ProviderNotice"]["time"]
     skipped = daemon.wait_log("approval_skipped")
     assert "aws takes no approval" in skipped["reason"]
+    status = wait_for(lambda: _status(daemons.state_dir), 10, "status.json")
+    assert status["provider"] == "aws"
     assert not [r for r in ec2.requests if r.method not in ("GET", "PUT")], "nothing posted"
 
 
