@@ -134,7 +134,10 @@ class Drainer:
                 if reason is not None:
                     self._send(ClusterHeld(event_id, reason))
                     return
-                self.cli.mark(me, away=True)
+                with self._restoring:  # a restore racing this mark comes after it, or stops it
+                    if stop.is_set():
+                        return
+                    self.cli.mark(me, away=True)
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))
             return
