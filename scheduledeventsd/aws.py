@@ -95,7 +95,15 @@ def document_of(
 
 def completed_in(document: Document) -> set[str]:
     """The completed events this document lists for the last time (see `document_of`)."""
-    return {e.event_id for e in document.events if e.description.startswith("[completed]")}
+    return {e.event_id for e in document.events if _state(e.notice) == "completed"}
+
+
+def _state(notice: str) -> object:
+    try:
+        raw = json.loads(notice)
+    except ValueError:
+        return None
+    return raw.get("State") if isinstance(raw, dict) else None
 
 
 def _spot(body: bytes, vm_name: str, now: float) -> Event:
@@ -160,7 +168,7 @@ def _maintenance(raw: Any, vm_name: str, now: float) -> Optional[Event]:  # noqa
         resource_type="VirtualMachine",
         resources=(vm_name,),
         not_before=when,
-        description=(("[completed] " if state == "completed" else "") + text)[:1000],
+        description=text[:1000],
         source="Platform",
         provider="aws",
         notice=_notice(raw),

@@ -2,7 +2,7 @@
 
 The instance directory is long-polled (`instance/?recursive=true&wait_for_change=true&
 last_etag=...`), so a change is seen when it happens, not at the next tick; each answer is
-mapped here, pure (`document_of`):
+mapped here without I/O or clock (`document_of`, with the `Seen` record the client keeps):
 
 - `maintenanceEvent`: MIGRATE_ON_HOST_MAINTENANCE -> Freeze (a live migration),
   TERMINATE_ON_HOST_MAINTENANCE -> Redeploy; NotBefore = first seen + 60 s (the documented
