@@ -25,7 +25,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 from .imds import ImdsClient, ImdsError
-from .model import MAX_EVENT_ID, SCHEDULED, STARTED, Document, Event, iso_utc
+from .model import (
+    MAX_EVENT_ID,
+    SCHEDULED,
+    STARTED,
+    Document,
+    Event,
+    event_identifier,
+    iso_utc,
+    parse_not_before,
+    short,
+)
 
 TOKEN_TTL = 21600  # seconds: AWS's maximum
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
@@ -108,9 +118,9 @@ def _state(notice: str) -> object:
 
 def _spot(body: bytes, vm_name: str, now: float) -> Event:
     raw = _object(body)
-    action, when = raw.get("action"), _iso(raw.get("time"))
+    action, when = raw.get("action"), _time(raw.get("time"))
     if not isinstance(action, str) or when is None:
-        raise AwsError(f"no action and time: {_short(body)}")
+        raise AwsError(f"no action and time: {short(body)}")
     return Event(
         event_id=f"spot-{action}-{iso_utc(when)}"[:MAX_EVENT_ID],
         event_type="Preempt",
@@ -127,9 +137,9 @@ def _spot(body: bytes, vm_name: str, now: float) -> Event:
 
 def _rebalance(body: bytes, vm_name: str) -> Event:
     raw = _object(body)
-    when = _iso(raw.get("noticeTime"))
+    when = _time(raw.get("noticeTime"))
     if when is None:
-        raise AwsError(f"no noticeTime: {_short(body)}")
+        raise AwsError(f"no noticeTime: {short(body)}")
     return Event(
         event_id=f"rebalance-{iso_utc(when)}",
         event_type="Rebalance",
@@ -146,23 +156,23 @@ def _rebalance(body: bytes, vm_name: str) -> Event:
 
 def _maintenance(raw: Any, vm_name: str, now: float) -> Optional[Event]:  # noqa: ANN401
     if not isinstance(raw, dict):
-        raise AwsError(f"not an object: {_short(raw)}")
-    code, event_id, state = raw.get("Code"), raw.get("EventId"), raw.get("State")
-    if not isinstance(event_id, str) or not event_id.strip() or len(event_id) > MAX_EVENT_ID:
-        raise AwsError(f"no usable EventId: {_short(event_id)}")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id):
-        raise AwsError(f"EventId is not an identifier: {_short(event_id)}")
+        raise AwsError(f"not an object: {short(raw)}")
+    code, raw_id, state = raw.get("Code"), raw.get("EventId"), raw.get("State")
+    try:
+        event_id = event_identifier(raw_id if isinstance(raw_id, str) else "")
+    except ValueError as e:
+        raise AwsError(str(e)) from None
     event_type = CODES.get(code) if isinstance(code, str) else None
     if event_type is None:
-        raise AwsError(f"unknown Code {_short(code)} (known: {', '.join(CODES)})")
+        raise AwsError(f"unknown Code {short(code)} (known: {', '.join(CODES)})")
     if state == "canceled":
         return None  # it leaves the document: cancelled
-    when = _aws_time(raw.get("NotBefore"))
+    when = _time(raw.get("NotBefore"))
     started = state == "completed" or (when is not None and now >= when.timestamp())
     description = raw.get("Description")
     text = description if isinstance(description, str) else ""
     return Event(
-        event_id=event_id.strip(),
+        event_id=event_id,
         event_type=event_type,
         status=STARTED if started else SCHEDULED,
         resource_type="VirtualMachine",
@@ -179,42 +189,26 @@ def _object(body: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise AwsError(f"not JSON: {_short(body)}") from None
+        raise AwsError(f"not JSON: {short(body)}") from None
     if not isinstance(raw, dict):
-        raise AwsError(f"not an object: {_short(raw)}")
+        raise AwsError(f"not an object: {short(raw)}")
     return raw
 
 
-def _iso(value: Any) -> Optional[dt.datetime]:  # noqa: ANN401
-    """`2026-11-26T10:00:00Z` (spot's time)."""
+def _time(value: Any) -> Optional[dt.datetime]:  # noqa: ANN401
+    """`2026-11-26T10:00:00Z` (spot, rebalance) or `21 Jan 2019 09:00:43 GMT` (scheduled
+    events): both are forms Azure's NotBefore parser reads."""
     if not isinstance(value, str):
         return None
     try:
-        when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        return parse_not_before(value)
     except ValueError:
         return None
-    return when.astimezone(dt.timezone.utc) if when.tzinfo is not None else None
-
-
-def _aws_time(value: Any) -> Optional[dt.datetime]:  # noqa: ANN401
-    """`21 Jan 2019 09:00:43 GMT` (scheduled events' times), or ISO 8601 as a fallback."""
-    if not isinstance(value, str):
-        return None
-    try:
-        when = dt.datetime.strptime(value.strip(), "%d %b %Y %H:%M:%S GMT")
-    except ValueError:
-        return _iso(value)
-    return when.replace(tzinfo=dt.timezone.utc)
 
 
 def _notice(raw: Any) -> str:  # noqa: ANN401
     text = json.dumps(raw, sort_keys=True)
     return text if len(text) <= MAX_NOTICE else text[:MAX_NOTICE]
-
-
-def _short(value: Any) -> str:  # noqa: ANN401
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class AwsClient:

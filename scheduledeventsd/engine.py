@@ -58,10 +58,10 @@ CLOCK_STEP = 1.0
 # name lookups share that budget: at 4 Hz an approval waits at most for the oldest poll of the
 # second to leave the window (< 0.25 s), and the poll after it for the approval, rather than
 # either being refused with a 429 (every approval cost one at 4 Hz before).
-# A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
-CLUSTER_ASK = 2.0
 IMDS_RATE = 5
 RATE_WINDOW = 1.02  # the margin covers up to 20 ms of jitter in the latency to IMDS
+# A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
+CLUSTER_ASK = 2.0
 
 
 @dataclass(frozen=True)
@@ -1428,10 +1428,7 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
             error=detail or None,
         )
     )
-    state, tracked = _before_hooks(
-        state, replace(tracked, drain=Drain.HELD), On.DRAIN_HELD, now, out
-    )
-    return state, tracked
+    return _before_hooks(state, replace(tracked, drain=Drain.HELD), On.DRAIN_HELD, now, out)
 
 
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from .imds import ImdsClient, ImdsError
@@ -96,7 +96,7 @@ def notice_over(previous: Document, current: Document, seen: Seen) -> None:
     listed = {e.event_id for e in current.events}
     for event in previous.events:
         if event.event_id not in listed and event.event_id not in seen.ended:
-            seen.ending[event.event_id] = _started(event)
+            seen.ending[event.event_id] = replace(event, status=STARTED)
 
 
 def _notice_event(  # noqa: PLR0917 - the notice, its type and notice time, and where from
@@ -144,22 +144,6 @@ def _upcoming(raw: Mapping[str, Any], vm_name: str, now: float) -> Optional[Even
         source="Platform",
         provider="gcp",
         notice=json.dumps(raw, sort_keys=True)[:MAX_NOTICE],
-    )
-
-
-def _started(event: Event) -> Event:
-    return Event(
-        event.event_id,
-        event.event_type,
-        STARTED,
-        event.resource_type,
-        event.resources,
-        event.not_before,
-        event.description,
-        event.source,
-        event.duration_seconds,
-        event.provider,
-        event.notice,
     )
 
 

@@ -89,15 +89,13 @@ def parse_not_before(text: str) -> Optional[dt.datetime]:
         try:
             parsed = dt.datetime.fromisoformat(iso)
         except ValueError:
-            raise ValueError(
-                f"NotBefore is neither RFC 1123 nor ISO 8601: {_short(text)}"
-            ) from None
+            raise ValueError(f"NotBefore is neither RFC 1123 nor ISO 8601: {short(text)}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.timezone.utc)
     try:  # every consumer needs it in UTC and as a timestamp: refuse what has neither
         parsed.astimezone(dt.timezone.utc).timestamp()
     except (OverflowError, ValueError, OSError):
-        raise ValueError(f"NotBefore is out of range: {_short(text)}") from None
+        raise ValueError(f"NotBefore is out of range: {short(text)}") from None
     return parsed
 
 
@@ -117,7 +115,7 @@ def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
             raise ValueError(f"{key} is missing")
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{key} is not a string: {_short(value)}")
+        raise ValueError(f"{key} is not a string: {short(value)}")
     if required and not value.strip():
         raise ValueError(f"{key} is empty")
     return _clean(value)
@@ -126,19 +124,15 @@ def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
 def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
     """Raise ValueError naming the first problem that makes the event unusable."""
     if not isinstance(raw, dict):
-        raise ValueError(f"event is not an object: {_short(raw)}")
+        raise ValueError(f"event is not an object: {short(raw)}")
     fields = _lower_keys(raw)
     resources_raw = fields.get("resources", [])
     if not isinstance(resources_raw, list) or not all(isinstance(r, str) for r in resources_raw):
-        raise ValueError(f"Resources is not a list of strings: {_short(resources_raw)}")
+        raise ValueError(f"Resources is not a list of strings: {short(resources_raw)}")
     duration = fields.get("durationinseconds")
     if isinstance(duration, bool) or not isinstance(duration, (int, type(None))):
         duration = None
-    event_id = _text(fields, "EventId", required=True).strip()
-    if len(event_id) > MAX_EVENT_ID or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id):
-        # A GUID in every real document. Anything else would travel into keys, logs and
-        # environments as an identifier: refused, never escaped on the way.
-        raise ValueError(f"EventId is not an identifier: {_short(event_id)}")
+    event_id = event_identifier(_text(fields, "EventId", required=True))
     return Event(
         event_id=event_id,
         event_type=_text(fields, "EventType", required=True).strip(),
@@ -152,7 +146,22 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
     )
 
 
-def _short(value: Any) -> str:  # noqa: ANN401 - for error messages about untyped input
+def event_identifier(text: str) -> str:
+    """An EventId as every cloud's events carry it, or ValueError. A GUID in every Azure
+    document: anything else would travel into keys, logs and environments as an identifier,
+    so it is refused, never escaped on the way."""
+    event_id = text.strip()
+    if (
+        not event_id
+        or len(event_id) > MAX_EVENT_ID
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id)
+    ):
+        raise ValueError(f"EventId is not an identifier: {short(event_id)}")
+    return event_id
+
+
+def short(value: Any) -> str:  # noqa: ANN401 - for error messages about untyped input
+    """A value as an error message quotes it: its repr, at most 100 characters."""
     try:
         text = repr(value)
     except RecursionError:
@@ -204,7 +213,7 @@ def _parse_document(body: bytes, cache: Optional[EventCache]) -> Document:
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
-        raise DocumentError(f"not JSON: {_short(str(e))}") from None
+        raise DocumentError(f"not JSON: {short(str(e))}") from None
     if not isinstance(raw, dict):
         raise DocumentError("not a JSON object")
     fields = _lower_keys(raw)
@@ -213,13 +222,13 @@ def _parse_document(body: bytes, cache: Optional[EventCache]) -> Document:
         incarnation = int(incarnation)  # not isdigit(): "²" is a digit int() refuses
     if isinstance(incarnation, bool) or not isinstance(incarnation, int):
         raise DocumentError(
-            f"DocumentIncarnation is missing or not an integer: {_short(incarnation)}"
+            f"DocumentIncarnation is missing or not an integer: {short(incarnation)}"
         )
     raw_events = fields.get("events", [])
     if raw_events is None:
         raw_events = []
     if not isinstance(raw_events, list):
-        raise DocumentError(f"Events is not a list: {_short(raw_events)}")
+        raise DocumentError(f"Events is not a list: {short(raw_events)}")
     events: list[Event] = []
     skipped: list[str] = []
     seen: set[str] = set()
