@@ -160,9 +160,9 @@ class Daemon:
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._poller = Lane("imds-poll", self.inbox, _client(config))
-        self._approver = Lane("imds-approve", self.inbox, _client(config))
-        self._namer = Lane("imds-name", self.inbox, _client(config))
+        self._poller = Lane("imds-poll", self.inbox, client_for(config))
+        self._approver = Lane("imds-approve", self.inbox, client_for(config))
+        self._namer = Lane("imds-name", self.inbox, client_for(config))
         self._coordinator = _coordinator(config, self.inbox.put)
         self._slots = _slot_keeper(config, self.inbox.put)
         self._drainer = _drainer(config, self.runner, self.inbox.put)
@@ -439,12 +439,11 @@ class Daemon:
         self.telemetry.use(new)
         if (new.metadata, new.provider) != (old.metadata, old.provider):
             for lane in (self._poller, self._approver, self._namer):
-                lane.use(_client(new))
+                lane.use(client_for(new))
         if new.coordination != old.coordination:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = _coordinator(new, self.inbox.put)
-        if new.coordination != old.coordination:
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
             if self._drainer is not None:
@@ -487,14 +486,8 @@ class Daemon:
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
-        drainer = self._drainer
-        if drainer is not None:
-
-            def ask() -> None:
-                status, detail = drainer.ask(effect.event)
-                self.inbox.put(GateAnswered(effect.run, status, detail=detail))
-
-            threading.Thread(target=ask, name=f"cluster-ask-{effect.run}", daemon=True).start()
+        if self._drainer is not None:
+            self._drainer.ask(effect)
             return
         gate = self.config.coordination.gate if self.config.coordination else None
         if gate is None:
@@ -657,10 +650,6 @@ def boot_id(path: str = BOOT_ID) -> str:
             return f.read().strip()
     except (OSError, UnicodeDecodeError):
         return ""
-
-
-def _client(config: Config) -> MetadataClient:
-    return client_for(config)
 
 
 def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:

@@ -14,12 +14,14 @@ from typing import Callable, Optional
 
 from .config import Pacemaker
 from .engine import (
+    AskGate,
     ClusterChecked,
     ClusterDrained,
     ClusterDraining,
     ClusterHeld,
     ClusterRestored,
     DrainNode,
+    GateAnswered,
     Message,
 )
 from .hooks import GATE_LATER, ProcessRunner
@@ -88,26 +90,31 @@ class Drainer:
         """Now, on the caller's thread (an after-stage run, before its hooks); a failure is
         reported and retried in the background."""
         self.stop(event_id)
-        error = self._restore_once(event_id)
-        if error:
-            self._thread(
-                "cluster-restore",
-                lambda: self._retry_restore(event_id),
-                lambda detail: ClusterRestored(event_id, detail),
-            )
+        if self._restore_once(event_id):
+            self._restore_in_background(event_id, failures=1)
 
     def restore_later(self, event_id: str) -> None:
         self.stop(event_id)
+        self._restore_in_background(event_id)
+
+    def ask(self, effect: AskGate) -> None:
+        """A shared event's gate, on a thread: GateAnswered(run) comes back, also when the
+        asking itself broke (then as a coordination failure, asked again with backoff)."""
+
+        def work() -> None:
+            status, detail = self._answer(effect.event)
+            self._send(GateAnswered(effect.run, status, detail=detail))
+
         self._thread(
-            "cluster-restore",
-            lambda: self._retry_restore(event_id, first=True),
-            lambda detail: ClusterRestored(event_id, detail),
+            f"cluster-ask-{effect.run}",
+            work,
+            lambda detail: GateAnswered(effect.run, None, detail=detail),
         )
 
-    def ask(self, event: Event) -> tuple[Optional[int], str]:
-        """A shared event's gate, asked once this node's before-hooks are done: it says so in
-        the cluster, then 0 when every node the event names is drained and done too, else
-        GATE_LATER; (None, why) when the cluster cannot be read."""
+    def _answer(self, event: Event) -> tuple[Optional[int], str]:
+        """Asked once this node's before-hooks are done: it says so in the cluster, then 0 when
+        every node the event names is drained and done too, else GATE_LATER; (None, why) when
+        the cluster cannot be read."""
         try:
             if event.event_id not in self._announced:
                 self.cli.ready(self.me(), event.event_id)
@@ -171,16 +178,16 @@ class Drainer:
         self._send(ClusterRestored(event_id))
         return ""
 
-    def _retry_restore(self, event_id: str, *, first: bool = False) -> None:
-        failures = 0
-        if not first:
-            failures = 1
-            self._closed.wait(RESTORE_BACKOFF.delay(failures))
-        while not self._closed.is_set():
-            if not self._restore_once(event_id):
-                return
-            failures += 1
-            self._closed.wait(RESTORE_BACKOFF.delay(failures))
+    def _restore_in_background(self, event_id: str, failures: int = 0) -> None:
+        """Tried (again) after the backoff of `failures`, until it works or the daemon stops."""
+
+        def retry(failures: int = failures) -> None:
+            while not self._closed.wait(RESTORE_BACKOFF.delay(failures)):
+                if not self._restore_once(event_id):
+                    return
+                failures += 1
+
+        self._thread("cluster-restore", retry, lambda detail: ClusterRestored(event_id, detail))
 
     def _thread(
         self, name: str, work: Callable[[], None], failed: Callable[[str], Message]
