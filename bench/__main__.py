@@ -407,17 +407,17 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 FOUR_HZ = "scheduledeventsd-4hz"
-# Issue 17: at 4 Hz, detection p50 <= 0.15 s and p99 <= 0.3 s, and at rest at most twice the
-# 1 Hz CPU.
+# Issue 17: at 4 Hz, detection p50 <= 0.15 s and p99 <= 0.3 s, and at rest "at most twice its
+# 1 Hz CPU of today": today being the daemon before issue 17, whose full run on this machine
+# kind measured 0.122 % of a core at 1 Hz (README, "1 Hz before"). The same run's 1 Hz is in the
+# table beside it: it got cheaper by the same changes, so twice it is not the target.
+ONE_HZ_BEFORE = 0.122
 TARGETS_4HZ = [
     ("4 Hz: detection p50 <= 0.15 s", lambda r, one: lookup(r, ("detection_s", "p50")) <= 0.15),
     ("4 Hz: detection p99 <= 0.3 s", lambda r, one: lookup(r, ("detection_s", "p99")) <= 0.3),
     (
-        "4 Hz: rest CPU <= 2x the 1 Hz rest CPU",
-        lambda r, one: (
-            lookup(r, ("rest", "cpu_percent_of_core"))
-            <= 2 * lookup(one, ("rest", "cpu_percent_of_core"))
-        ),
+        f"4 Hz: rest CPU <= 2x the 1 Hz of before ({2 * ONE_HZ_BEFORE:.3f} %)",
+        lambda r, one: lookup(r, ("rest", "cpu_percent_of_core")) <= 2 * ONE_HZ_BEFORE,
     ),
     (
         "4 Hz: nothing missed or handled twice",

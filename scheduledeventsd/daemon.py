@@ -1,8 +1,8 @@
 """The daemon: carries out the engine's effects and turns their results into messages.
 
 Every decision and timer is in `engine.step`; this module owns the threads, the signals and the
-one inbox. IMDS calls run on worker threads (one per kind, each with its own connection), hooks
-on a thread per run, so a poll hanging for its whole timeout never delays an approval, a hook
+one inbox. IMDS calls run on lanes (`lanes`: one thread per kind, each with its own connection),
+hooks on a thread per run, so a poll hanging for its whole timeout never delays an approval, a hook
 result, a signal or the watchdog. Signal handlers only put a message on a `SimpleQueue`, whose
 `put` is reentrant (a `queue.Queue` there can deadlock the loop: CPython issue 59181).
 """
@@ -64,6 +64,7 @@ from .engine import (
 from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
 from .identity import hostname, resolve
 from .imds import ImdsError, MetadataClient
+from .lanes import Lane, PollLane
 from .model import Event
 from .notify import Notifier
 from .providers import client_for
@@ -100,50 +101,6 @@ Pretended = Union[
     RestoreNode,
 ]
 _PRETENDED = get_args(Pretended)
-Job = Callable[[], Message]
-Call = Callable[[MetadataClient], Message]
-
-
-class Lane:
-    """One thread with the IMDS connection it alone uses; calls run in order and each one's
-    message goes to the inbox, even if it raised. Polls, approvals and name lookups have a lane
-    each, so a hanging GET never holds up an approval."""
-
-    def __init__(
-        self, name: str, inbox: queue.SimpleQueue[Inbound], client: MetadataClient
-    ) -> None:
-        self._inbox = inbox
-        self._client = client
-        self._jobs: queue.SimpleQueue[Optional[tuple[Job, Callable[[str], Message]]]] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, call: Call, on_error: Callable[[str], Message]) -> None:
-        client = self._client
-        self._jobs.put((lambda: call(client), on_error))
-
-    def use(self, client: MetadataClient) -> None:
-        """Switch connection (a reload changed `metadata`); the old one is closed on this
-        lane's own thread, after any call it is making now."""
-        stale, self._client = self._client, client
-        self._jobs.put((functools.partial(_closed, stale), _poll_error))
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            job, on_error = item
-            try:
-                message = job()
-            except Exception as e:  # noqa: BLE001 - any failure must still come back as a message
-                message = on_error(f"internal error: {e!r}")
-            self._inbox.put(message)
 
 
 class Daemon:
@@ -160,7 +117,7 @@ class Daemon:
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._poller = Lane("imds-poll", self.inbox, client_for(config))
+        self._poller = PollLane("imds-poll", self.inbox, client_for(config))
         self._approver = Lane("imds-approve", self.inbox, client_for(config))
         self._namer = Lane("imds-name", self.inbox, client_for(config))
         self._coordinator = _coordinator(config, self.inbox.put)
@@ -225,11 +182,8 @@ class Daemon:
         except queue.Empty:
             return [engine.Tick()]
         batch = [first]
-        while True:
-            try:
-                batch.append(self.inbox.get_nowait())
-            except queue.Empty:
-                break
+        while not self.inbox.empty():  # the one reader: what it says is there stays there
+            batch.append(self.inbox.get_nowait())
         messages: list[Message] = []
         reload = stop = False
         for item in batch:
@@ -339,7 +293,7 @@ class Daemon:
     def _ask_imds(self, effect: Union[Fetch, PostApproval, ResolveName]) -> None:
         """Each on its own lane, so a GET hanging for its timeout delays no approval."""
         if isinstance(effect, Fetch):
-            self._poller.submit(_fetch, _poll_error)
+            self._poller.order(effect.at, _fetch, _poll_error)
         elif isinstance(effect, ResolveName):
             self._namer.submit(_resolve, _name_error)
         else:
@@ -630,11 +584,6 @@ def _resolve(client: MetadataClient) -> Message:
 def _name_error(detail: str) -> Message:
     identity = hostname(detail)
     return NameResolved(identity.name, identity.source, identity.problem)
-
-
-def _closed(client: MetadataClient) -> Message:
-    client.close()
-    return engine.Tick()
 
 
 def _traceback(error: Exception) -> str:

@@ -12,6 +12,7 @@ the table says what may happen, the handlers below say which of it does.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 from collections.abc import Mapping
@@ -60,6 +61,7 @@ CLOCK_STEP = 1.0
 # either being refused with a 429 (every approval cost one at 4 Hz before).
 IMDS_RATE = 5
 RATE_WINDOW = 1.02  # the margin covers up to 20 ms of jitter in the latency to IMDS
+TAKE_BACK = 0.005  # a poll ordered for sooner than this may be under way: it is not taken back
 # A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
 CLUSTER_ASK = 2.0
 
@@ -299,7 +301,11 @@ Message = Union[
 
 @dataclass(frozen=True)
 class Fetch:
-    """GET the document (off the loop; the result comes back as DocumentFetched/PollFailed)."""
+    """GET the document at monotonic `at` (off the loop; the result comes back as
+    DocumentFetched/PollFailed). Ordered with the previous answer, so the loop wakes once a
+    poll, not twice; a new order replaces one whose instant has not come."""
+
+    at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -456,12 +462,15 @@ Effect = Union[
 # ---- state ---------------------------------------------------------------------------------
 
 
+NO_FAILURES = Failures()
+
+
 @dataclass(frozen=True)
 class Poll:
     next_at: float = 0.0
     in_flight_since: Optional[float] = None
     scheduled_at: float = 0.0  # the tick the fetch in flight belongs to
-    failures: Failures = field(default_factory=Failures)
+    failures: Failures = NO_FAILURES  # one shared (frozen), not one made for every poll
     rejected: str = ""  # IMDS answered 400: our request is wrong until a reload fixes it
     last: str = "not yet"
     stalled: bool = False
@@ -535,6 +544,39 @@ def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effec
     A transition the lifecycle table does not declare raises in strict mode (tests); otherwise
     the message is refused whole (`transition_refused`) and the state stays as it was.
     """
+    if type(message) is DocumentFetched:
+        quiet = _quiet_answer(state, message, now)
+        if quiet is not None:
+            return quiet
+    return full_step(state, message, now)
+
+
+def _quiet_answer(
+    state: State, msg: DocumentFetched, now: float
+) -> Optional[tuple[State, tuple[Effect, ...]]]:
+    """The same incarnation again, on time, while no timer is due: all a step would do is
+    order the next poll, so that is all this does (at rest, at 4 Hz, the walk over every timer
+    was most of the daemon's CPU). test_promises checks it equals `full_step` in every history.
+    None: take the whole step."""
+    wall, offset = msg.wall, state.wall_offset
+    if (
+        msg.document.incarnation != state.incarnation
+        or state.stopping is not None
+        or state.poll.failures.count
+        or wall is None
+        or offset is None
+        or abs(wall - now - offset) > CLOCK_STEP
+        or next_wakeup(state, now) <= now
+    ):
+        return None
+    out: list[Effect] = []
+    new = _order_next_poll(state, now, out)
+    out.append(WakeAt(next_wakeup(new, now)))
+    return new, tuple(out)
+
+
+def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
+    """`step` without its shortcut for a quiet answer."""
     out: list[Effect] = []
     try:
         new = _HANDLERS[type(message)](state, message, now, out)
@@ -735,16 +777,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 {"failures": poll.failures.count, "outage_s": round(now - poll.failures.since, 1)},
             )
         )
-    interval = state.config.metadata.poll_interval
-    # Start to start on the monotonic clock: a late poll skips ticks instead of drifting.
-    base = poll.scheduled_at
-    missed = max(0, int((now - base) // interval))
-    state = replace(
-        state,
-        poll=Poll(next_at=base + interval * (missed + 1), last="ok"),
-    )
     if state.stopping is not None:
-        return state
+        return replace(state, poll=Poll(next_at=math.inf, last="ok"))
+    state = _order_next_poll(state, now, out)
     doc = msg.document
     offset = None if msg.wall is None else msg.wall - now
     if doc.incarnation == state.incarnation:
@@ -1127,8 +1162,9 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
             state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
     state = _replace_waiting(state, now, out)  # windows, lead times may have changed
     if new.metadata != old.metadata:
-        # A fixed url/api_version is tried at once, not after the rejected request's backoff.
-        state = replace(state, poll=replace(state.poll, next_at=now, rejected=""))
+        # A fixed url/api_version is tried at once, not after the rejected request's backoff
+        # nor the old interval: an order whose instant has not come is replaced.
+        state = _poll_now(state, now)
     if new.vm_name != old.vm_name or (new.metadata != old.metadata and not new.vm_name):
         if new.vm_name:
             state = _name_known(state, NameResolved(new.vm_name, "config"), now, out)
@@ -1596,37 +1632,111 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
     state = _start_waiting(state, now, out)
     state = _drain_timeouts(state, now, out)
     state = _coordinate(state, now, out)
+    state = _make_room(state, now)
     state = _retry_approvals(state, now, out)
-    poll = state.poll
-    due = state.ready and poll.in_flight_since is None and now >= poll.next_at
-    if due and _allowed_at(state, now) <= now:
-        out.append(Fetch())
-        state = _spend(state, now)
-        state = replace(
-            state, poll=replace(state.poll, in_flight_since=now, scheduled_at=poll.next_at)
-        )
-    if (
-        state.name_source == "hostname"
-        and not state.resolving
-        and now >= state.name_failures.retry_at
-        and _allowed_at(state, now) <= now
-    ):
+    if _name_due(state, now) and _allowed_at(state, now) <= now:
         out.append(ResolveName())
         state = replace(_spend(state, now), resolving=True)
+    if state.ready and state.poll.in_flight_since is None:
+        state = _order_poll(state, state.poll, now, out)
     return state
 
 
-def _allowed_at(state: State, now: float) -> float:
+def _make_room(state: State, now: float) -> State:
+    """An approval or a name lookup that is due goes before a poll ordered for later: that
+    poll is taken back and ordered again after it, when the rate limit allows. A poll may move
+    by a few milliseconds; at 4 Hz an approval behind the polls' slots would wait forever."""
+    if _pending_poll(state, now) is None or _allowed_first(state, now) > now:
+        return state  # nothing to take back, or what waits would not fit even without it
+    approving = any(
+        t.phase is Phase.APPROVING
+        and event_id not in state.approvals.posting
+        and now >= state.approvals.failures.get(event_id, NO_FAILURES).retry_at
+        for event_id, t in state.events.items()
+    )
+    return _take_back(state) if approving or _name_due(state, now) else state
+
+
+def _name_due(state: State, now: float) -> bool:
+    return (
+        state.name_source == "hostname"
+        and not state.resolving
+        and now >= state.name_failures.retry_at
+    )
+
+
+def _pending_poll(state: State, now: float) -> Optional[float]:
+    """The instant of a poll ordered for later, if it can still be taken back (one due within
+    TAKE_BACK may be under way already)."""
+    ordered = state.poll.in_flight_since
+    return ordered if ordered is not None and ordered > now + TAKE_BACK else None
+
+
+def _take_back(state: State) -> State:
+    """The ordered poll no longer counts against the rate limit; the next order replaces it."""
+    ordered = state.poll.in_flight_since
+    sent = tuple(t for t in state.sent if t != ordered)
+    return replace(state, sent=sent, poll=replace(state.poll, in_flight_since=None))
+
+
+def _order_next_poll(state: State, now: float, out: list[Effect]) -> State:
+    """After an answer: the next poll, one interval after the last one's start (on the
+    monotonic clock: a late poll skips ticks instead of drifting), or when the rate limit
+    allows. One Poll and one State made: at rest this is the whole of a step."""
+    interval = state.config.metadata.poll_interval
+    base = state.poll.scheduled_at
+    next_at = base + interval * (max(0, int((now - base) // interval)) + 1)
+    at = max(now, next_at)
+    at = max(at, _allowed_at(state, at))
+    out.append(Fetch(at))
+    poll = Poll(next_at=next_at, in_flight_since=at, scheduled_at=next_at, last="ok")
+    return replace(state, poll=poll, sent=_spent(state.sent, now, at))
+
+
+def _order_poll(state: State, poll: Poll, now: float, out: list[Effect]) -> State:
+    """The first poll, or the next after a failure: at its instant or when the rate limit
+    allows, whichever is later."""
+    at = max(now, poll.next_at)
+    at = max(at, _allowed_at(state, at))
+    out.append(Fetch(at))
+    poll = replace(poll, in_flight_since=at, scheduled_at=poll.next_at)
+    return replace(state, poll=poll, sent=_spent(state.sent, now, at))
+
+
+def _poll_now(state: State, now: float) -> State:
+    """Poll at once: a poll ordered for later is taken back (the lane replaces it), one under
+    way is left to end."""
+    if _pending_poll(state, now) is not None:
+        state = _take_back(state)
+    return replace(state, poll=replace(state.poll, next_at=now, rejected=""))
+
+
+def _allowed_at(state: State, now: float, sent: Optional[tuple[float, ...]] = None) -> float:
     """When the next IMDS request fits in the rate limit (`now` if it does now)."""
-    recent = [t for t in state.sent if t > now - RATE_WINDOW]
+    recent = [t for t in (state.sent if sent is None else sent) if t > now - RATE_WINDOW]
     if len(recent) < IMDS_RATE:
         return now
     return recent[len(recent) - IMDS_RATE] + RATE_WINDOW
 
 
+def _allowed_first(state: State, now: float) -> float:
+    """When a request that goes before an ordered poll (`_make_room`) fits in the rate limit."""
+    ordered = _pending_poll(state, now)
+    if ordered is None:
+        return _allowed_at(state, now)
+    return _allowed_at(state, now, tuple(t for t in state.sent if t != ordered))
+
+
 def _spend(state: State, now: float) -> State:
-    recent = tuple(t for t in state.sent if t > now - RATE_WINDOW)
-    return replace(state, sent=(*recent, now))
+    return replace(state, sent=_spent(state.sent, now, now))
+
+
+def _spent(sent: tuple[float, ...], now: float, at: float) -> tuple[float, ...]:
+    """The requests of the rate limit's window and one more `at` (a poll is ordered for its
+    instant); in order, so a poll's future slot counts against an approval sent before it."""
+    recent = [t for t in sent if t > now - RATE_WINDOW]
+    bisect.insort(recent, at)
+    return tuple(recent)
 
 
 def _coordinate(state: State, now: float, out: list[Effect]) -> State:
@@ -1762,7 +1872,7 @@ def _exit(state: State, out: list[Effect]) -> State:
 def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branch per timer
     """The earliest instant a timer of this state is due (never in the past)."""
     times: list[float] = []
-    allowed = _allowed_at(state, now)  # no IMDS request is due before the rate limit allows
+    allowed = _allowed_first(state, now)  # none is due before the rate limit allows it
     if state.watchdog_every is not None:
         times.append(state.watchdog_at)
     if state.stopping is not None:

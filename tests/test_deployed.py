@@ -40,6 +40,7 @@ INCLUDE = ",".join(
         "procps",
         "man-db",
         # The package's dependencies, so that apt installs the .deb without a network.
+        "python3-httptools",
         "python3-requests",
         "python3-yaml",
         "python3-systemd",

@@ -380,19 +380,47 @@ def test_a_cancelled_run_is_interrupted_on_disk_and_runs_again_while_still_sched
 
 
 def test_polls_are_scheduled_start_to_start_and_a_slow_one_skips_ticks():
+    """The next poll is ordered with the answer, for its instant: the loop never wakes just to
+    start one."""
     m = Machine(now=100.0)
+    assert of(m.effects, Fetch) == [Fetch(100.0)]
     m.fetched(doc(), at=100.3)
-    assert m.state.poll.next_at == 101.0
-    assert not of(m.tick(100.99), Fetch)
-    assert of(m.tick(101.0), Fetch)
+    assert of(m.effects, Fetch) == [Fetch(101.0)]
+    assert m.wake() > 101.0, "no wake for the poll: the lane carries it out at its instant"
+    assert not of(m.tick(101.0), Fetch), "ordered once"
     m.fetched(doc(), at=103.4)  # took 2.4 s: ticks 102 and 103 are skipped, not made up
-    assert m.state.poll.next_at == 104.0
+    assert of(m.effects, Fetch) == [Fetch(104.0)]
+
+
+def test_a_quiet_answer_orders_the_next_poll_as_the_whole_step_would():
+    """The same incarnation, on time, no timer due: the shortcut's state and effects are the
+    full step's (here, and in every history of test_promises)."""
+    m = Machine(now=100.0)
+    m.send(DocumentFetched(doc(event()), WALL0), at=100.2)
+    for at in (101.2, 102.3, 103.25):
+        quick = engine.step(m.state, DocumentFetched(doc(event()), WALL0 + at - 100), at)
+        assert quick == engine.full_step(
+            m.state, DocumentFetched(doc(event()), WALL0 + at - 100), at
+        )
+        assert [type(e) for e in quick[1]] == [Fetch, WakeAt]
+        m.state, m.now = quick[0], at
+
+
+def test_a_reload_takes_back_a_poll_ordered_for_later_and_polls_at_once():
+    m = Machine(config(metadata=Metadata(poll_interval=20.0)), now=100.0)
+    m.fetched(doc(), at=100.2)
+    assert of(m.effects, Fetch) == [Fetch(120.0)]
+    m.send(Reloaded(config(metadata=Metadata(poll_interval=1.0))), at=101.0)
+    assert of(m.effects, Fetch) == [Fetch(101.0)], "the lane replaces the order for 120"
+    assert 120.0 not in m.state.sent, "the poll taken back no longer counts against IMDS' limit"
 
 
 def test_only_one_fetch_is_in_flight_however_long_it_takes():
     m = Machine()
     for t in (101, 102, 105):
         assert not of(m.tick(t), Fetch)
+    m.fetched(doc(), at=105.5)
+    assert len(of(m.effects, Fetch)) == 1
 
 
 def test_poll_backoff_doubles_from_the_interval_and_is_capped_at_2_s():

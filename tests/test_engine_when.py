@@ -299,30 +299,34 @@ def test_at_4_hz_polls_and_approvals_stay_within_imds_rate_limit():
         config(metadata=Metadata(poll_interval=0.25), approve=ApprovePolicy.ALWAYS), now=MONO0
     )
     sent: list[tuple[float, str]] = []
-    answered = 1
     approved_at = hooks_done = None
+    ordered = None  # the poll lane: a new order replaces one whose instant has not come
     t = MONO0
     pending = list(m.effects)
     while t < MONO0 + 6:
         while pending:
             effect = pending.pop(0)
             if isinstance(effect, Fetch):
-                sent.append((m.now, "poll"))
-                events = (due_in(3600),) if m.now >= MONO0 + 2 else ()
-                answered = 2 if events else 1
-                m.send(DocumentFetched(doc(*events, incarnation=answered), WALL0), at=m.now)
+                ordered = effect.at
             elif isinstance(effect, SpawnHooks):
                 hooks_done = m.now + 0.005
-                m.send(HooksFinished(effect.run, Outcome.SUCCEEDED), at=hooks_done)
+                pending += m.send(HooksFinished(effect.run, Outcome.SUCCEEDED), at=hooks_done)
             elif isinstance(effect, PostApproval):
                 sent.append((m.now, "approval"))
                 approved_at = approved_at or m.now
-                m.send(ApprovalSent(effect.event.event_id), at=m.now)
-            else:
-                continue
-            pending += m.effects
-        t = max(t + 0.01, m.now)
-        pending += m.tick(round(t, 3))
+                pending += m.send(ApprovalSent(effect.event.event_id), at=m.now)
+        if ordered is not None and ordered <= t + 0.01:
+            at, ordered = max(ordered, m.now), None
+            sent.append((at, "poll"))
+            events = (due_in(3600),) if at >= MONO0 + 2 else ()
+            answer = DocumentFetched(
+                doc(*events, incarnation=2 if events else 1), WALL0 + at - MONO0
+            )
+            pending += m.send(answer, at=at)
+            t = at
+        else:
+            t = max(t + 0.01, m.now)
+            pending += m.tick(round(t, 3))
     # IMDS counts arrivals: with 1 to 15 ms of latency (the margin is 20 ms), never more than 5
     # in a trailing second.
     arrivals = sorted(at + (0.001 if i % 2 else 0.015) for i, (at, _) in enumerate(sent))

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -128,3 +129,162 @@ def test_the_first_call_waits_longer_than_later_ones(sim):
     with pytest.raises(ImdsError) as info:
         c.fetch_document()
     assert info.value.kind == "timeout"
+
+
+@dataclass(frozen=True)
+class Close:
+    answer: bytes
+
+
+class Scripted:
+    """A raw HTTP server on loopback answering each request with the next scripted bytes, so
+    the client meets framings and faults the simulator's http.server never sends. `None`
+    closes the connection instead of answering; `Close(answer)` answers, then closes it."""
+
+    def __init__(self, answers, *, pieces=1):
+        self.answers = list(answers)
+        self.pieces = pieces
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/metadata/scheduledevents"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        with contextlib.suppress(OSError):
+            while self.answers:
+                conn, _ = self._listener.accept()
+                self.connections += 1
+                with conn:
+                    self._answer(conn)
+
+    def _answer(self, conn):
+        while self.answers:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                request += data
+            self.requests.append(request)
+            answer = self.answers.pop(0)
+            if answer is None:
+                return
+            closing = isinstance(answer, Close)
+            answer = answer.answer if closing else answer
+            size = max(1, len(answer) // self.pieces)
+            for i in range(0, len(answer), size):
+                conn.sendall(answer[i : i + size])
+                if self.pieces > 1:
+                    time.sleep(0.001)
+            if closing:
+                return
+
+    def close(self):
+        self._listener.close()
+
+
+DOC = b'{"DocumentIncarnation": 3, "Events": []}'
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(DOC), DOC)
+
+
+def test_an_answer_arriving_a_byte_at_a_time_is_read_whole():
+    server = Scripted([OK], pieces=len(OK))
+    assert client(server.url).fetch_document().incarnation == 3
+    server.close()
+
+
+def test_a_chunked_answer_is_decoded():
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + DOC[:5]
+    chunked += b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(DOC) - 5, DOC[5:])
+    server = Scripted([chunked, OK])
+    c = client(server.url)
+    assert c.fetch_document().incarnation == 3
+    assert c.fetch_document().incarnation == 3
+    assert server.connections == 1, "a chunked answer leaves the connection usable"
+    server.close()
+
+
+def test_an_answer_ending_with_its_connection_is_read_and_the_connection_not_reused():
+    server = Scripted([Close(b"HTTP/1.0 200 OK\r\n\r\n" + DOC), OK])
+    c = client(server.url)
+    assert c.fetch_document().incarnation == 3
+    assert c.fetch_document().incarnation == 3
+    assert server.connections == 2
+    server.close()
+
+
+def test_a_connection_closed_mid_answer_is_an_error_not_a_short_document():
+    server = Scripted([Close(OK[:-10])])
+    with pytest.raises(ImdsError) as info:
+        client(server.url).fetch_document()
+    assert info.value.kind == "connection"
+    assert "middle of the answer" in info.value.detail
+    server.close()
+
+
+def test_a_kept_alive_connection_closed_by_imds_is_opened_again_once():
+    server = Scripted([OK, None, OK])
+    c = client(server.url)
+    c.fetch_document()
+    time.sleep(0.1)
+    assert c.fetch_document().incarnation == 3
+    assert server.connections == 2
+    server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (b"SPDY/9 200 OK\r\n\r\n", "connection"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "connection"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"y" * (70 << 10) + b"\r\n\r\n", "too_large"),
+        (
+            b"HTTP/1.1 307 Temporary\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n",
+            "redirect",
+        ),
+        (b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\nContent-Length: 4\r\n\r\nbusy", "http_503"),
+    ],
+)
+def test_a_malformed_or_refusing_answer_is_one_error_of_its_kind(answer, kind):
+    server = Scripted([answer])
+    with pytest.raises(ImdsError) as info:
+        client(server.url).fetch_document()
+    assert info.value.kind == kind
+    if kind == "http_503":
+        assert info.value.retry_after == 7
+    server.close()
+
+
+def test_bytes_after_a_whole_answer_leave_the_answer_but_not_the_connection():
+    server = Scripted([OK + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", OK])
+    c = client(server.url)
+    assert c.fetch_document().incarnation == 3
+    assert c.fetch_document().incarnation == 3, "the stray answer is not taken for the next"
+    assert server.connections == 2
+    server.close()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-aws-ec2-metadata-token": "a\r\nInjected: 1"}, {"X": "a\nb"}, {"Bad Name": "v"}],
+)
+def test_a_header_that_could_end_a_line_is_refused_before_anything_is_sent(headers):
+    server = Scripted([OK])
+    with pytest.raises(ImdsError) as info:
+        client(server.url).send("GET", "/x", headers)
+    assert info.value.kind == "request"
+    assert server.requests == []
+    server.close()
+
+
+def test_the_request_carries_host_metadata_and_no_proxy_or_encoding_surprises():
+    server = Scripted([OK])
+    client(server.url).fetch_document()
+    head = server.requests[0].decode()
+    port = server.url.split(":")[2].split("/")[0]
+    assert head.startswith("GET /metadata/scheduledevents?api-version=2020-07-01 HTTP/1.1\r\n")
+    assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head
+    assert "\r\nMetadata: true\r\n" in head
+    assert "\r\nAccept-Encoding: identity\r\n" in head
+    server.close()

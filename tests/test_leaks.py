@@ -73,16 +73,16 @@ def test_an_effect_that_raises_ends_as_its_failure_and_polling_goes_on(in_proces
     """A Fetch that cannot be handed to its lane is a failed poll, retried: not a poll left
     in flight forever (the daemon alive but blind)."""
     daemon, thread, capture, _ = in_process
-    submit = daemon._poller.submit
+    order = daemon._poller.order
     calls = []
 
-    def refuse_once(call, on_error):
+    def refuse_once(at, call, on_error):
         calls.append(call)
         if len(calls) == 2:
             raise RuntimeError("the poll lane is gone")
-        submit(call, on_error)
+        order(at, call, on_error)
 
-    daemon._poller.submit = refuse_once
+    daemon._poller.order = refuse_once
     thread.start()
     wait_for(lambda: len(calls) >= 6, what="polls after the refused one")
     (error,) = [e for e in capture.entries if e["event"] == "internal_error"]

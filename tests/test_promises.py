@@ -132,7 +132,11 @@ class Promises(RuleBasedStateMachine):
     # ---- driving the engine as the daemon does ------------------------------------------
 
     def feed(self, message: object) -> None:
+        before = self.state
         self.state, effects = engine.step(self.state, message, self.now)
+        if isinstance(message, DocumentFetched):
+            full = engine.full_step(before, message, self.now)
+            assert (self.state, effects) == full, "(q) a quiet answer's shortcut is not the step"
         for i, effect in enumerate(effects):
             assert not self.exited, f"(d) {effect!r} after Exit"
             self.check(effect, message)
