@@ -28,6 +28,7 @@ from .engine import (
     ApprovalFailed,
     ApprovalSent,
     AskGate,
+    CancelFetch,
     CancelRuns,
     CheckCluster,
     ClusterDrained,
@@ -269,6 +270,8 @@ class Daemon:
             self.telemetry.record(effect)
         elif isinstance(effect, (Fetch, PostApproval, ResolveName)):
             self._ask_imds(effect)
+        elif isinstance(effect, CancelFetch):
+            self._poller.cancel()
         elif isinstance(effect, SpawnHooks):
             self._spawn(effect)
         elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):

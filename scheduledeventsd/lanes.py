@@ -89,6 +89,11 @@ class PollLane:
             if at < self._asleep_until:
                 self._ready.notify()
 
+    def cancel(self) -> None:
+        """The order is dropped unless under way; the lane is not woken for it."""
+        with self._ready:
+            self._order = None
+
     def use(self, client: MetadataClient) -> None:
         """The old connection is closed by the lane before its next poll."""
         with self._ready:

@@ -8,10 +8,12 @@ import dataclasses
 import datetime as dt
 from zoneinfo import ZoneInfo
 
+from scheduledeventsd import engine
 from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalSent,
+    CancelFetch,
     DocumentFetched,
     Fetch,
     HooksFinished,
@@ -308,6 +310,8 @@ def test_at_4_hz_polls_and_approvals_stay_within_imds_rate_limit():
             effect = pending.pop(0)
             if isinstance(effect, Fetch):
                 ordered = effect.at
+            elif isinstance(effect, CancelFetch):
+                ordered = None
             elif isinstance(effect, SpawnHooks):
                 hooks_done = m.now + 0.005
                 pending += m.send(HooksFinished(effect.run, Outcome.SUCCEEDED), at=hooks_done)
@@ -336,3 +340,25 @@ def test_at_4_hz_polls_and_approvals_stay_within_imds_rate_limit():
     assert approved_at - (MONO0 + 2) < 0.3, "the approval went out with the next poll's answer"
     assert approved_at - hooks_done <= 0.25, "an approval waits at most one poll's place"
     assert sum(1 for _, kind in sent if kind == "poll") >= 3.5 * 5, "nearly 4 polls a second"
+
+
+def test_at_4_hz_an_approval_takes_the_place_of_the_poll_ordered_for_later():
+    """The polls alone fill IMDS' 5 requests a second at 4 Hz: the approval that is due goes
+    at once, the poll ordered for later is cancelled, and the next is ordered after it."""
+    m = Machine(
+        config(metadata=Metadata(poll_interval=0.25), approve=ApprovePolicy.ALWAYS), now=MONO0
+    )
+    (fetch,) = of(m.effects, Fetch)
+    for k in range(8):  # two seconds of polls: the rate limit's window is full of them
+        events = (due_in(3600),) if k == 7 else ()
+        answer = DocumentFetched(doc(*events, incarnation=2 if events else 1), WALL0 + k / 4)
+        m.send(answer, at=fetch.at + 0.004)
+        (fetch,) = of(m.effects, Fetch)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=m.now + 0.05)
+    kinds = [type(e) for e in m.effects if isinstance(e, (CancelFetch, PostApproval, Fetch))]
+    assert kinds == [CancelFetch, PostApproval, Fetch], "cancelled, approved, then ordered again"
+    (again,) = of(m.effects, Fetch)
+    assert again.at > fetch.at, "the poll moved behind the approval"
+    window = [t for t in m.state.sent if t > again.at - engine.RATE_WINDOW]
+    assert len(window) <= engine.IMDS_RATE

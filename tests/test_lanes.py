@@ -83,3 +83,14 @@ def test_a_new_connection_serves_the_next_poll_and_the_old_one_is_closed(sim):
     assert first._sock is None, "closed by the lane before its next poll"
     assert second._sock is not None
     lane.stop()
+
+
+def test_a_cancelled_order_is_not_carried_out(sim):
+    inbox = queue.SimpleQueue()
+    lane = PollLane("test-poll", inbox, client(sim))
+    lane.order(time.monotonic() + 0.2, _fetch, _poll_error)
+    lane.cancel()
+    time.sleep(0.4)
+    assert inbox.empty()
+    assert gets(sim) == []
+    lane.stop()
