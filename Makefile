@@ -23,7 +23,7 @@ lint: bootstrap
 # the Pacemaker tests start a real 3-node corosync/pacemaker cluster in namespaces.
 test: bootstrap
 	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter \
-		pacemaker corosync resource-agents
+		pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign and not pacemaker"
 	$(PY) -m pytest -q -m "campaign or pacemaker"
 
@@ -63,7 +63,7 @@ bench: bootstrap
 	$(PY) -m bench
 
 bench-quick: bootstrap
-	./scripts/apt-need etcd-server etcd-client pacemaker corosync resource-agents
+	./scripts/apt-need etcd-server etcd-client pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m bench --quick
 	$(PY) -m bench.parse
 	$(PY) -m bench.step
@@ -84,7 +84,7 @@ bench-clouds: bootstrap
 # A Pacemaker node's drain (seen, resources gone, approved), health and standby side by side on
 # a real 3-node cluster: ~3 minutes.
 bench-pacemaker: bootstrap
-	./scripts/apt-need pacemaker corosync resource-agents
+	./scripts/apt-need pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m bench.pacemaker
 
 # Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.

@@ -30,7 +30,7 @@ import pytest
 from scheduledeventsd.pacemaker import parse_status
 
 TOOLS = ("corosync", "pacemakerd", "crm_mon", "crm_attribute", "crm_node", "crm_resource")
-PACKAGES = ("pacemaker", "corosync", "resource-agents")
+PACKAGES = ("pacemaker", "pacemaker-cli-utils", "corosync", "resource-agents")
 SUBNET = "169.254.100"
 HUB_ADDRESS = f"{SUBNET}.100"
 RED = -1000000
