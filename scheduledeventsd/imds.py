@@ -331,7 +331,7 @@ def _read(sock: socket.socket, *, first: bool) -> bytes:
             raise _StaleConnectionError from None
         raise ImdsError("connection", "reset while reading the answer") from None
     except OSError as e:
-        if isinstance(e, TimeoutError):
+        if isinstance(e, (socket.timeout, TimeoutError)):  # one class only from Python 3.10
             raise ImdsError("timeout", "the response outlived its timeout") from None
         raise ImdsError("connection", f"while reading the answer: {_root(e)}") from None
     if not data and first:
