@@ -785,9 +785,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 {"failures": poll.failures.count, "outage_s": round(now - poll.failures.since, 1)},
             )
         )
+    state = replace(state, poll=_answered(poll, state.config, now))
     if state.stopping is not None:
-        return replace(state, poll=Poll(next_at=math.inf, last="ok"))
-    state = replace(state, poll=_answered(state.poll, state.config, now))
+        return state
     doc = msg.document
     offset = None if msg.wall is None else msg.wall - now
     if doc.incarnation == state.incarnation:
@@ -1696,34 +1696,39 @@ def _take_back(state: State, out: list[Effect]) -> State:
 
 
 def _answered(poll: Poll, config: Config, now: float) -> Poll:
+    return Poll(next_at=_next_tick(poll, config, now), last="ok")
+
+
+def _next_tick(poll: Poll, config: Config, now: float) -> float:
     """After an answer: the next poll is due one interval after the last one's start (on the
     monotonic clock: a late poll skips ticks instead of drifting)."""
     interval = config.metadata.poll_interval
     base = poll.scheduled_at
-    return Poll(next_at=base + interval * (max(0, int((now - base) // interval)) + 1), last="ok")
+    return base + interval * (max(0, int((now - base) // interval)) + 1)
 
 
 def _order_next_poll(state: State, now: float, out: list[Effect]) -> State:
-    """`_answered` and `_order_poll` in one, for the quick path: one Poll and one State made,
-    at rest the whole of a step."""
-    interval = state.config.metadata.poll_interval
-    base = state.poll.scheduled_at
-    next_at = base + interval * (max(0, int((now - base) // interval)) + 1)
-    at = max(now, next_at)
-    at = max(at, _allowed_at(state, at))
-    out.append(Fetch(at))
+    """`_answered` and `_order_poll` for the quick path, building one Poll and one State: at
+    rest that is the whole of a step."""
+    next_at = _next_tick(state.poll, state.config, now)
+    at = _poll_instant(state, next_at, now, out)
     poll = Poll(next_at=next_at, in_flight_since=at, scheduled_at=at, last="ok")
     return replace(state, poll=poll, sent=_spent(state.sent, now, at))
 
 
 def _order_poll(state: State, poll: Poll, now: float, out: list[Effect]) -> State:
-    """The first poll, or the next after a failure: at its instant or when the rate limit
-    allows, whichever is later."""
-    at = max(now, poll.next_at)
-    at = max(at, _allowed_at(state, at))
-    out.append(Fetch(at))
+    """The first poll, the next after a failure, or one moved behind an approval."""
+    at = _poll_instant(state, poll.next_at, now, out)
     poll = replace(poll, in_flight_since=at, scheduled_at=at)
     return replace(state, poll=poll, sent=_spent(state.sent, now, at))
+
+
+def _poll_instant(state: State, next_at: float, now: float, out: list[Effect]) -> float:
+    """The poll is ordered for its instant or when the rate limit allows, whichever is later."""
+    at = max(now, next_at)
+    at = max(at, _allowed_at(state, at))
+    out.append(Fetch(at))
+    return at
 
 
 def _poll_now(state: State, now: float, out: list[Effect]) -> State:

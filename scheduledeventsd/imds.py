@@ -100,8 +100,7 @@ class ImdsClient:
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if self._https else 80)
         self._path = parts.path or "/"
-        self._sock: Optional[socket.socket] = None
-        self._link: Optional[_Link] = None  # the socket's parser and answer, made with it
+        self._link: Optional[_Link] = None  # the kept-alive socket and its parser
         host = f"[{self._host}]" if ":" in self._host else self._host
         default = self._port == (443 if self._https else 80)
         self._headers = {
@@ -117,9 +116,8 @@ class ImdsClient:
         self._last: tuple[bytes, Document] = (b"", Document(0, ()))
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._link is not None:
+            self._link.sock.close()
             self._link = None
 
     def fetch_document(self) -> Document:
@@ -183,15 +181,15 @@ class ImdsClient:
         return "\r\n".join(lines).encode("ascii") + b"\r\n\r\n" + (body or b"")
 
     def _connect(self) -> _Link:
-        sock = self._sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:
+        link = self._link
+        if link is not None and select.select([link.sock], [], [], 0)[0]:
             self.close()  # IMDS closed the idle connection (readable at EOF): a fresh one
         if self._link is None:
             sock = socket.create_connection((self._host, self._port), timeout=self.timeout)
             if self._https:
                 context = ssl.create_default_context()
                 sock = context.wrap_socket(sock, server_hostname=self._host)
-            self._sock, self._link = sock, _Link(sock)
+            self._link = _Link(sock)
         return self._link
 
     def _send(self, wire: bytes, timeout: Optional[float] = None) -> bytes:
@@ -202,7 +200,7 @@ class ImdsClient:
             read_timeout = max(read_timeout, timeout)
         deadline = time.monotonic() + read_timeout
         for attempt in (1, 2):
-            reused = self._sock is not None
+            reused = self._link is not None
             try:
                 return self._exchange(self._connect(), wire, deadline)
             except _StaleConnectionError:

@@ -76,12 +76,12 @@ def test_a_new_connection_serves_the_next_poll_and_the_old_one_is_closed(sim):
     lane = PollLane("test-poll", inbox, first)
     lane.order(time.monotonic(), _fetch, _poll_error)
     inbox.get(timeout=5)
-    assert first._sock is not None
+    assert first._link is not None
     lane.use(second)
     lane.order(time.monotonic(), _fetch, _poll_error)
     inbox.get(timeout=5)
-    assert first._sock is None, "closed by the lane before its next poll"
-    assert second._sock is not None
+    assert first._link is None, "closed by the lane before its next poll"
+    assert second._link is not None
     lane.stop()
 
 
