@@ -296,6 +296,7 @@ class _Link:
         answer = self.answer
         answer.reset()
         first = True
+        fed = 0
         while not answer.complete:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -308,6 +309,9 @@ class _Link:
                     break  # a body that ends where the connection does
                 raise ImdsError("connection", "the connection closed in the middle of the answer")
             _feed(self.parser, answer, data)
+            fed += len(data)
+            if not answer.headed and fed > MAX_HEAD:  # a line the parser keeps, never ending
+                raise ImdsError("too_large", f"response headers larger than {MAX_HEAD} bytes")
         answer.status = self.parser.get_status_code()
         return answer
 
