@@ -99,7 +99,9 @@ def document_of(
             if event is not None and event.event_id not in shown:
                 events.append(event)
     unique = {e.event_id: e for e in events}
-    canonical = json.dumps([e.to_json() for e in unique.values()], sort_keys=True)
+    # What was skipped counts too: a notice that cannot be read is news (event_skipped) even
+    # when nothing else changed.
+    canonical = json.dumps([[e.to_json() for e in unique.values()], skipped], sort_keys=True)
     return Document(zlib.crc32(canonical.encode()), tuple(unique.values()), tuple(skipped))
 
 
@@ -227,6 +229,9 @@ class AwsClient:
         self._token_until = 0.0
         self._vm_name = vm_name or ""
         self._completed: set[str] = set()
+
+    def recall(self, events: Iterable[Event]) -> None:
+        """Nothing to recall: every AWS notice carries its own time."""
 
     def close(self) -> None:
         self._http.close()

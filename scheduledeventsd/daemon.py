@@ -118,7 +118,8 @@ class Daemon:
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._poller = PollLane("imds-poll", self.inbox, client_for(config))
+        self._polling = client_for(config)  # told what was saved, before its first poll
+        self._poller = PollLane("imds-poll", self.inbox, self._polling)
         self._approver = Lane("imds-approve", self.inbox, client_for(config))
         self._namer = Lane("imds-name", self.inbox, client_for(config))
         self._coordinator = _coordinator(config, self.inbox.put)
@@ -155,6 +156,7 @@ class Daemon:
             except OSError as e:
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             loaded, load_problem = self.store.load()
+            self._polling.recall(tracked.event for tracked in loaded.values())
             self._feed(engine.Boot(loaded, problem or load_problem, boot_id()))
             while self._exit is None:
                 for message in self._receive():
@@ -395,7 +397,10 @@ class Daemon:
         old, self.config = self.config, new
         self.telemetry.use(new)
         if (new.metadata, new.provider) != (old.metadata, old.provider):
-            for lane in (self._poller, self._approver, self._namer):
+            self._polling = client_for(new)
+            self._polling.recall(tracked.event for tracked in self.state.events.values())
+            self._poller.use(self._polling)
+            for lane in (self._approver, self._namer):
                 lane.use(client_for(new))
         if new.coordination != old.coordination:
             if self._coordinator is not None:

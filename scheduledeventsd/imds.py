@@ -20,7 +20,7 @@ from typing import Literal, Optional, Protocol
 import httptools
 
 from . import __version__
-from .model import Document, DocumentError, EventCache, parse_document
+from .model import Document, DocumentError, Event, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
 # A real document is a few KiB; this leaves room for 10 000 events or a 1 MB Description (a
@@ -73,6 +73,10 @@ class MetadataClient(Protocol):
 
     def fetch_vm_name(self) -> str: ...
 
+    def recall(self, events: Iterable[Event]) -> None:
+        """The events the daemon saved before a restart (Google Cloud's NotBefore counts from
+        a first sighting the metadata server does not tell)."""
+
     def close(self) -> None: ...
 
 
@@ -114,6 +118,9 @@ class ImdsClient:
         self._events = EventCache()
         self.etag = ""  # of the last answer (Google Cloud's long-poll asks with it)
         self._last: tuple[bytes, Document] = (b"", Document(0, ()))
+
+    def recall(self, events: Iterable[Event]) -> None:
+        """Nothing to recall: Azure's document carries every time it means."""
 
     def close(self) -> None:
         if self._link is not None:

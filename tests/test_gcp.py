@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from scheduledeventsd import gcp
 from scheduledeventsd.gcp_simulator import INSTANCE_NAME, GcpSimulator
 from scheduledeventsd.model import SCHEDULED, STARTED
-from tests.conftest import DaemonFactory, Hooks, processes_mentioning
+from tests.conftest import DaemonFactory, Hooks, processes_mentioning, wait_for
 
 
 @pytest.fixture
@@ -121,6 +121,117 @@ def test_a_restart_mid_hook_keeps_the_event_and_runs_its_hooks_again(daemons, gc
     assert interrupted["event_id"] == "gcp-migrate_on_host_maintenance"
     again.wait_log("hook_finished", hook="freeze", timeout=10)
     assert not again.logs("event_detected"), "the same event, not a new one"
+
+
+def not_before_of(notice: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(notice["NotBefore"].replace("Z", "+00:00")).timestamp()
+
+
+def env_of(hooks: Hooks, name: str) -> dict[str, str]:
+    lines = (hooks.out / f"{name}.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_a_failed_get_after_a_change_does_not_hide_the_notice_behind_the_next_long_poll(
+    daemons, gce, hooks
+):
+    """Issue 26 #4: the preemption's answer came, the upcoming-maintenance GET beside it failed
+    (503); the next poll asks at once (no ETag), and NotBefore counts from that first answer."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    wait_for(lambda: any("wait_for_change=true" in r.query for r in list(gce.requests)),
+             what="a long-poll at rest")  # fmt: skip
+    gce.fail_next(503, path="/instance/upcoming-maintenance")
+    posted = time.time()
+    gce.preempt()
+    daemon.wait_log("poll_failed", timeout=10)
+    daemon.wait_log("hook_finished", hook="spot", timeout=10)  # not 30 s later
+    assert time.time() - posted < 8
+    left = not_before_of(stdin_of(hooks, "spot")) - posted
+    assert 29 <= left <= 31, f"NotBefore {left:.1f} s after the preemption was posted"
+
+
+def test_an_unreadable_window_start_time_is_skipped_and_a_later_preemption_is_seen(
+    daemons, gce, hooks
+):
+    """Issue 26 #5: one notice that cannot be read is skipped with its reason; every poll does
+    not fail, and a Preempt posted later runs its hooks."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    gce.upcoming("2026-12-05 02:00 UTC")
+    gce.attribute("nudge", "1")  # the directory changes: the long-poll answers now
+    skipped = daemon.wait_log("event_skipped", timeout=10)
+    assert "window_start_time" in skipped["reason"]
+    assert "2026-12-05 02:00 UTC" in skipped["reason"]
+    gce.preempt()
+    daemon.wait_log("hook_finished", hook="spot", timeout=10)
+    assert not daemon.logs("poll_failed")
+    assert not daemons.defects()
+
+
+def test_every_live_migration_that_ends_runs_its_after_hooks_not_only_the_first(
+    daemons, gce, hooks
+):
+    """Issue 26 #12: the second migration of the same kind (same id) that ends is over, not
+    cancelled: its after-hooks run with SCHEDULED_EVENT_STAGE=after."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    for migration in (1, 2):
+        gce.maintenance("MIGRATE_ON_HOST_MAINTENANCE")
+        wait_for(lambda n=migration: len(daemon.logs("hook_finished", hook="freeze")) == n)
+        gce.maintenance("NONE")
+        wait_for(lambda n=migration: len(daemon.logs("after_hooks_finished")) == n)
+        assert hooks.order()[-1] == "after", f"migration {migration}: {hooks.order()}"
+        assert env_of(hooks, "after")["SCHEDULED_EVENT_STAGE"] == "after"
+    assert hooks.order() == ["freeze", "after", "freeze", "after"]
+    assert not daemon.logs("event_cancelled")
+
+
+def test_a_moved_maintenance_window_is_the_same_event_with_a_new_not_before(daemons, gce, hooks):
+    """Issue 26 #13: Google moves the upcoming window: the event waits for the new one; it is
+    not listed Started (missed, or after-hooks for maintenance that never happened)."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    first = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(hours=3)
+    gce.upcoming(first.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "1")
+    waiting = daemon.wait_log("event_waiting", timeout=10)
+    moved = first + dt.timedelta(hours=1)
+    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "2")
+    wait_for(lambda: len(daemon.logs("event_waiting")) == 2, what="the wait placed again")
+    again = daemon.logs("event_waiting")[1]
+    assert again["event_id"] == waiting["event_id"]
+    assert again["not_before"] == moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+    asked = gce.gets("/upcoming-maintenance")
+    gce.attribute("nudge", "3")  # one more whole answer, so a quick second one came too
+    wait_for(lambda: gce.gets("/upcoming-maintenance") > asked, what="one more answer")
+    assert len(daemon.logs("event_detected")) == 1
+    assert not daemon.logs("event_missed")
+    assert not daemon.logs("event_status_changed")
+    assert hooks.order() == []
+
+
+def test_a_restart_keeps_the_not_before_counted_from_the_first_sighting(daemons, gce, hooks):
+    """Suspected in issue 26, confirmed: a restart saw the notice anew, moving NotBefore later
+    (the hooks run again believing they have more time). The saved event keeps it."""
+    slow = hooks.make("slow", 'cat > "$OUT/slow.stdin"; sleep 30')
+    cfg = gcp_config(daemons, gce, hooks)
+    cfg["hooks"]["freeze"] = [{"command": [slow]}]
+    daemon = daemons.start(cfg)
+    gce.maintenance()
+    daemon.wait_log("hook_started", hook="freeze", timeout=10)
+    wait_for(
+        lambda: (
+            (hooks.out / "slow.stdin").stat().st_size if (hooks.out / "slow.stdin").exists() else 0
+        )
+    )
+    first = not_before_of(json.loads((hooks.out / "slow.stdin").read_text()))
+    time.sleep(3)
+    daemon.signal(signal.SIGKILL)
+    daemon.stop()
+    for pid, _ in processes_mentioning(slow):  # systemd would end them with the unit's cgroup
+        os.kill(pid, signal.SIGKILL)
+    cfg["hooks"]["freeze"] = [{"command": [hooks.recorder("freeze")]}]
+    again = daemons.start(cfg)
+    again.wait_log("hook_finished", hook="freeze", timeout=10)
+    assert not_before_of(stdin_of(hooks, "freeze")) == first
 
 
 NOW = 1_800_000_000.0
