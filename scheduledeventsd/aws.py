@@ -110,6 +110,25 @@ def completed_in(document: Document) -> set[str]:
     return {e.event_id for e in document.events if _state(e.notice) == "completed"}
 
 
+def completed_listed(scheduled: Optional[bytes]) -> set[str]:
+    """The ids this answer still lists as completed: a completed event the answer no longer
+    lists need not be remembered as shown (AWS drops them after a while; kept, they grew the
+    remembered set for the whole life of the daemon)."""
+    try:
+        items = json.loads(scheduled) if scheduled else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return set()
+    listed = set()
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("State") == "completed":
+            raw_id = item.get("EventId")
+            try:
+                listed.add(event_identifier(raw_id if isinstance(raw_id, str) else ""))
+            except ValueError:
+                continue
+    return listed
+
+
 def _state(notice: str) -> object:
     try:
         raw = json.loads(notice)
@@ -249,7 +268,8 @@ class AwsClient:
             now=time.time(),
             completed_shown=self._completed,
         )
-        self._completed |= completed_in(document)
+        shown = self._completed | completed_in(document)
+        self._completed = shown & completed_listed(scheduled)
         return document
 
     def approve(self, event_ids: Iterable[str]) -> None:
