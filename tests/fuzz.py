@@ -54,12 +54,14 @@ def one(data: bytes) -> None:
 # to a scratch corpus, since libFuzzer adds what it finds to the first corpus directory.
 SEEDS = Path(__file__).parent / "seeds" / "config"
 CLUSTER_SEEDS = Path(__file__).parent / "seeds" / "cluster"
+# Clouds' notices that once made a parser raise (issue 26 #5: an unreadable window_start_time).
+NOTICE_SEEDS = Path(__file__).parent / "seeds" / "notices"
 
 
 def main() -> None:
     given = [arg for arg in sys.argv[1:] if not arg.startswith("-")]  # a crash to replay
     with tempfile.TemporaryDirectory(prefix="fuzz-corpus-") as corpus:
-        for seed in [*SEEDS.iterdir(), *CLUSTER_SEEDS.iterdir()]:
+        for seed in [*SEEDS.iterdir(), *CLUSTER_SEEDS.iterdir(), *NOTICE_SEEDS.iterdir()]:
             shutil.copy(seed, corpus)
         atheris.Setup([*sys.argv, "-max_len=20000", *([] if given else [corpus])], one)
         atheris.Fuzz()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import gcp
 from scheduledeventsd.gcp_simulator import INSTANCE_NAME, GcpSimulator
+from scheduledeventsd.imds import ImdsError
 from scheduledeventsd.model import SCHEDULED, STARTED
 from tests.conftest import DaemonFactory, Hooks, processes_mentioning, wait_for
 
@@ -265,6 +266,103 @@ def test_an_ended_notice_is_listed_started_once_then_gone():
     again = gcp.document_of(b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}', None,
                             vm_name="vm", now=NOW + 500, seen=seen)  # fmt: skip
     assert again.events[0].not_before.timestamp() == NOW + 560, "a new notice is seen anew"
+
+
+def test_not_before_counts_from_the_first_answer_even_when_the_poll_failed_after_it(gce):
+    """Issue 26 #4, at the client: the instance answer showed the preemption, the GET beside it
+    failed; the next poll (2 s later) asks without an ETag and NotBefore is the first answer's
+    instant + 30 s, not the later sighting's."""
+    client = gcp.GcpClient(gce.url, 2, 5)
+    try:
+        client.fetch_document()
+        gce.fail_next(503, path="/instance/upcoming-maintenance")
+        gce.preempt()
+        answered = time.time()
+        with pytest.raises(ImdsError):
+            client.fetch_document()
+        time.sleep(2)
+        started = time.monotonic()
+        (event,) = client.fetch_document().events
+        assert time.monotonic() - started < 1, "asked at once, not by a long-poll"
+        assert "last_etag" not in gce.requests[-2].query
+        assert event.not_before is not None
+        assert abs(event.not_before.timestamp() - (answered + 30)) < 0.5
+    finally:
+        client.close()
+
+
+def test_an_unreadable_upcoming_window_is_skipped_and_the_rest_of_the_answer_used():
+    """Issue 26 #5: the reason is kept, the preemption beside it is an event, and the answer
+    differs from one without the bad notice (so event_skipped is logged)."""
+    instance = b'{"preempted": "TRUE"}'
+    for start in ("2026-12-05 02:00 UTC", "", 17, None, "9999-99-99T00:00:00Z"):
+        upcoming = json.dumps({"window_start_time": start, "maintenance_status": "PENDING"})
+        doc = gcp.document_of(instance, upcoming.encode(), vm_name="vm", now=NOW, seen=gcp.Seen())
+        assert [e.event_type for e in doc.events] == ["Preempt"]
+        (reason,) = doc.skipped
+        assert reason.startswith("upcoming-maintenance: window_start_time is not a time")
+        clean = gcp.document_of(instance, None, vm_name="vm", now=NOW, seen=gcp.Seen())
+        assert clean.incarnation != doc.incarnation
+
+
+def test_each_migration_of_the_same_kind_that_ends_is_listed_started_once():
+    """Issue 26 #12, in the mapping: the second migration (same id) ends Started too."""
+    seen = gcp.Seen()
+    on, off = (
+        b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}',
+        b'{"maintenanceEvent": "NONE"}',
+    )
+    for n in range(3):
+        last = gcp.document_of(on, None, vm_name="vm", now=NOW + n, seen=seen)
+        assert [e.status for e in last.events] == [SCHEDULED]
+        ended = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        gcp.notice_over(last, ended, seen)
+        once = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        assert [e.status for e in once.events] == [STARTED], f"migration {n + 1}"
+        gone = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        gcp.notice_over(once, gone, seen)
+        assert gone.events == ()
+        assert gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen).events == ()
+
+
+def test_a_moved_window_keeps_its_id_and_moves_its_not_before():
+    """Issue 26 #13, in the mapping."""
+    seen = gcp.Seen()
+    docs = [
+        gcp.document_of(
+            None,
+            json.dumps({"window_start_time": start}).encode(),
+            vm_name="vm",
+            now=NOW,
+            seen=seen,
+        )
+        for start in ("2027-02-01T02:00:00Z", "2027-02-08T02:00:00Z")
+    ]
+    gcp.notice_over(docs[0], docs[1], seen)
+    assert not seen.ending, "nothing ended"
+    (first,), (moved,) = (d.events for d in docs)
+    assert first.event_id == moved.event_id == gcp.UPCOMING_ID
+    assert (first.status, moved.status) == (SCHEDULED, SCHEDULED)
+    assert moved.not_before == dt.datetime(2027, 2, 8, 2, tzinfo=dt.timezone.utc)
+
+
+def test_recall_gives_back_the_first_sighting_of_a_notice_still_shown():
+    """The restart half of the suspected defect, in the client: a saved event's NotBefore."""
+    saved = gcp.document_of(b'{"preempted": "TRUE"}', None, vm_name="vm", now=NOW, seen=gcp.Seen())
+    client = gcp.GcpClient("http://127.0.0.1:9/computeMetadata/v1", 2, 5)
+    client.recall(saved.events)
+    assert client._seen.first == {"PREEMPTED": NOW}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.none() | st.text(max_size=40) | st.integers() | st.floats(),
+    st.sampled_from(["PENDING", "ONGOING", None, 3]),
+)
+def test_any_upcoming_window_is_an_event_or_a_reason_never_an_exception(start, status):
+    body = json.dumps({"window_start_time": start, "maintenance_status": status}).encode()
+    doc = gcp.document_of(b"{}", body, vm_name="vm", now=NOW, seen=gcp.Seen())
+    assert len(doc.events) + len(doc.skipped) == 1
 
 
 @settings(max_examples=300, deadline=None)
