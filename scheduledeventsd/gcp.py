@@ -219,11 +219,15 @@ class GcpClient:
         vm_name = self._vm_name or self.fetch_vm_name()
         query = {"recursive": "true", "alt": "json"}
         etag, self._etag = self._etag, ""  # kept only if this whole poll succeeds
-        if etag and not self._quick:  # at once the first time and after a failure; then on a change
+        waits = bool(etag) and not self._quick  # at once the first time and after a failure
+        if waits:  # then on a change: the answer may take LONG_POLL seconds
             query |= {"wait_for_change": "true", "last_etag": etag,
                       "timeout_sec": str(LONG_POLL)}  # fmt: skip
         instance = self._http.send(
-            "GET", f"/instance/?{urllib.parse.urlencode(query)}", FLAVOR, timeout=LONG_POLL + 5
+            "GET",
+            f"/instance/?{urllib.parse.urlencode(query)}",
+            FLAVOR,
+            timeout=LONG_POLL + 5 if waits else None,
         )
         answered, now = self._http.etag, time.time()
         sighted(instance, now, self._seen)  # even if the next GET fails

@@ -136,7 +136,14 @@ KEYS: tuple[Key, ...] = (
         0.25,
         60,
     ),
-    Key("metadata.timeout", Kind.SECONDS, "Whole deadline of one request.", 5, 0.1, 60),
+    Key(
+        "metadata.timeout",
+        Kind.SECONDS,
+        "Whole deadline of one request, name lookup included.",
+        5,
+        0.1,
+        60,
+    ),
     Key(
         "metadata.first_call_timeout",
         Kind.SECONDS,

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -233,6 +237,66 @@ def test_a_restart_keeps_the_not_before_counted_from_the_first_sighting(daemons,
     again = daemons.start(cfg)
     again.wait_log("hook_finished", hook="freeze", timeout=10)
     assert not_before_of(stdin_of(hooks, "freeze")) == first
+
+
+@pytest.fixture
+def silent_resolver(tmp_path: Path) -> Any:
+    """A mount namespace prefix whose resolver is a DNS server that never answers (options
+    timeout:15 attempts:1: a lookup takes 15 s), and whose hosts file names only localhost."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    address = "127.{}.{}.{}".format(*(secrets.randbelow(240) + 2 for _ in range(3)))
+    sock.bind((address, 53))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def swallow() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                sock.recvfrom(4096)
+
+    thread = threading.Thread(target=swallow, daemon=True)
+    thread.start()
+    resolv, hosts = tmp_path / "resolv.conf", tmp_path / "hosts"
+    resolv.write_text(f"nameserver {address}\noptions timeout:15 attempts:1\n")
+    hosts.write_text("127.0.0.1 localhost\n")
+    script = (
+        f'mount --bind {resolv} /etc/resolv.conf && mount --bind {hosts} /etc/hosts && exec "$@"'
+    )
+    yield ("unshare", "-m", "sh", "-c", script, "sh")
+    stop.set()
+    thread.join(5)
+    sock.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+def test_the_lookup_of_the_metadata_servers_name_is_within_the_request_deadline(
+    daemons, gce, hooks, silent_resolver
+):
+    """Suspected in issue 26, confirmed: `metadata.google.internal` was looked up before the
+    request's deadline began, by the C library's resolver with its own timeouts (here 15 s
+    against a 3 s deadline). The lookup is within the deadline: the poll fails as a timeout
+    after 3 s."""
+    url = gce.url.replace("127.0.0.1", "metadata.google.internal")
+    cfg = gcp_config(daemons, gce, hooks, vm_name=INSTANCE_NAME)
+    cfg["metadata"] |= {"url": url, "timeout": 2, "first_call_timeout": 3}
+    started = time.monotonic()
+    daemon = daemons.start(cfg, ready=False, prefix=silent_resolver)
+    failed = daemon.wait_log("poll_failed", timeout=30)
+    took = time.monotonic() - started
+    assert took < 8, f"the first poll failed {took:.1f} s after the start (deadline 3 s)"
+    assert failed["kind"] == "timeout", failed
+    assert "metadata.google.internal" in failed["error"]
+
+
+def test_a_named_metadata_server_is_looked_up_and_answers(gce):
+    """The lookup path (Google Cloud's URL names a host; Azure's and AWS's are addresses)."""
+    client = gcp.GcpClient(gce.url.replace("127.0.0.1", "localhost"), 2, 5)
+    try:
+        assert client.fetch_vm_name() == INSTANCE_NAME
+        gce.preempt()
+        assert [e.event_type for e in client.fetch_document().events] == ["Preempt"]
+    finally:
+        client.close()
 
 
 NOW = 1_800_000_000.0
