@@ -250,13 +250,16 @@ class GcpClient:
 
     def recall(self, events: Iterable[Event]) -> None:
         """The events the daemon saved before a restart: a notice still shown keeps the
-        NotBefore it had, counted from its first sighting then, not from now."""
+        NotBefore it had, counted from its first sighting then, not from now; one that ended
+        while the daemon was down is over (listed Started once), as if it had been watched."""
         notices = {f"gcp-{v.lower()}": (v, n) for v, (_t, n) in _KINDS.items()}
-        for event in events:
+        saved = tuple(e for e in events if e.provider == "gcp")
+        for event in saved:
             known = notices.get(event.event_id)
-            if known is not None and event.provider == "gcp" and event.not_before is not None:
+            if known is not None and event.not_before is not None:
                 value, notice = known
                 self._seen.first.setdefault(value, event.not_before.timestamp() - notice)
+        self._last = Document(0, saved)
 
     def approve(self, event_ids: Iterable[str]) -> None:
         raise ImdsError("request", "Google Cloud takes no approval through its metadata server")

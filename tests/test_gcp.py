@@ -299,6 +299,21 @@ def test_a_named_metadata_server_is_looked_up_and_answers(gce):
         client.close()
 
 
+def test_a_migration_that_ends_while_the_daemon_is_down_is_over_not_cancelled(daemons, gce, hooks):
+    """Found beside the restart's NotBefore: the saved notice gone at the restart was taken as
+    withdrawn (undrain ran with SCHEDULED_EVENT_STAGE=cancelled). It ended: after-hooks."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    gce.maintenance()
+    daemon.wait_log("hook_finished", hook="freeze", timeout=10)
+    daemon.wait_log("approval_skipped", timeout=10)
+    assert daemon.stop() == 0
+    gce.maintenance("NONE")
+    again = daemons.start(gcp_config(daemons, gce, hooks))
+    again.wait_log("after_hooks_finished", timeout=10)
+    assert hooks.order() == ["freeze", "after"]
+    assert env_of(hooks, "after")["SCHEDULED_EVENT_STAGE"] == "after"
+
+
 NOW = 1_800_000_000.0
 
 
