@@ -252,6 +252,17 @@ def test_completed_events_are_remembered_only_while_aws_still_lists_them(ec2):
         client.close()
 
 
+def test_an_unreadable_notice_alone_is_a_new_document_so_its_skip_is_logged():
+    """Found with issue 26 #5: the incarnation counted events only, so a notice that cannot be
+    read, with nothing else changed, was never news: the engine logs event_skipped only for a
+    new incarnation."""
+    empty = aws.document_of(None, None, vm_name="i-1", now=NOW)
+    unreadable = aws.document_of(b'{"action": "stop"}', None, vm_name="i-1", now=NOW)
+    assert unreadable.events == ()
+    assert unreadable.skipped
+    assert unreadable.incarnation != empty.incarnation
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=300))
 def test_any_bytes_are_a_document_never_an_exception(spot, scheduled):
