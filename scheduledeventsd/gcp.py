@@ -216,9 +216,9 @@ class GcpClient:
         self._http.close()
 
     def fetch_document(self) -> Document:
+        etag, self._etag = self._etag, ""  # kept only if this whole poll succeeds
         vm_name = self._vm_name or self.fetch_vm_name()
         query = {"recursive": "true", "alt": "json"}
-        etag, self._etag = self._etag, ""  # kept only if this whole poll succeeds
         waits = bool(etag) and not self._quick  # at once the first time and after a failure
         if waits:  # then on a change: the answer may take LONG_POLL seconds
             query |= {"wait_for_change": "true", "last_etag": etag,
