@@ -108,10 +108,40 @@ def test_a_window_opening_late_never_makes_preparation_later_than_the_lead():
     assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 - WINDOW_LEAD
 
 
-def test_start_before_comes_first_when_it_is_earlier_than_the_window():
+def test_a_window_chooses_within_start_before_not_before_it():
+    """start_before 4 h, NotBefore 17:00, a window 15:00-16:00: the hooks start at 15:00, in the
+    window and within start_before (the lead, 13:00, used to win over the window)."""
     events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=4 * 3600)}
     m = machine([window("15:00", "16:00")], events=events)
     seen(m, due_in(5 * 3600))  # NotBefore 17:00; lead at 13:00, window at 15:00
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "window"
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T15:00:00Z"
+    assert not of(m.tick(mono("2026-11-26T14:59:59")), SpawnHooks)
+    assert of(m.tick(mono("2026-11-26T15:00")), SpawnHooks)
+
+
+def test_a_window_open_now_does_not_start_hooks_before_start_before_allows():
+    """The docs' promise, broken: a window open all day, start_before 60, NotBefore 25 min
+    away: the hooks ran at once (SECONDS_LEFT 1346). They start 60 s before NotBefore."""
+    events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=60)}
+    m = machine([window("00:00", "23:59")], events=events)
+    seen(m, due_in(25 * 60))
+    assert not of(m.effects, SpawnHooks)
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T12:24:00Z"
+    assert m.state.events["E1"].start_at == MONO0 + 25 * 60 - 60
+    assert not of(m.tick(MONO0 + 25 * 60 - 61), SpawnHooks)
+    (spawn,) = of(m.tick(MONO0 + 25 * 60 - 60), SpawnHooks)
+    assert spawn.event.event_id == "E1"
+
+
+def test_with_no_window_within_start_before_the_hooks_start_at_the_lead():
+    """start_before 1 h, NotBefore 14:00, the window opens 13:55 (inside start_before but later
+    than the 10-minute window lead): preparation is never late because of a window: 13:00."""
+    events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=3600)}
+    m = machine([window("13:55", "15:00")], events=events)
+    seen(m, due_in(2 * 3600))
     (waiting,) = logs(m.effects, "event_waiting")
     assert waiting.fields["reason"] == "start_before"
     assert waiting.fields["hooks_start_at"] == "2026-11-26T13:00:00Z"
