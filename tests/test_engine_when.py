@@ -9,7 +9,7 @@ import datetime as dt
 from zoneinfo import ZoneInfo
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, Metadata
+from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, HealthFrom, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalSent,
@@ -26,6 +26,7 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
 )
+from scheduledeventsd.observer import Observer
 from scheduledeventsd.when import WINDOW_LEAD
 from scheduledeventsd.windows import Window
 
@@ -318,6 +319,43 @@ def test_a_restart_asks_again_for_a_held_slot_and_a_lost_one_means_no_early_appr
     again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
     assert logs(again.effects, "slot_unavailable")
     assert again.state.events["E1"].slot.value == "missing"
+
+
+def test_slot_busy_for_a_queued_event_after_a_restart_is_recorded_not_an_internal_error():
+    """Issue 26 #14: after a restart a QUEUED event waits for the next document to place its
+    deadline (start_at=inf); a SlotBusy then raised OverflowError (internal_error) and the
+    status never showed the holders."""
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    again = Machine(m.state.config, loaded={"E1": m.state.events["E1"]}, now=MONO0 + 10)
+    assert again.state.events["E1"].start_at == float("inf")
+    again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
+    (waiting,) = logs(again.effects, "event_waiting")
+    assert waiting.fields["holders"] == ["vm-b"]
+    assert waiting.fields["hooks_start_at"] is None, "placed by the next document"
+    status = Observer(WALL0).document(again.state, WALL0 + 11, HealthFrom.DETECTED)
+    assert status["concurrency"]["last_seen_holders"] == ["vm-b"]
+    seen(again, due_in(3 * 86400), at=MONO0 + 12)  # the next document places the deadline
+    assert again.state.events["E1"].start_at == MONO0 + 3 * 86400 - WINDOW_LEAD
+
+
+def test_a_wall_clock_step_places_the_slot_deadline_again():
+    """Issue 26 #15: the wall clock 1 h behind at first sight, then corrected: the slot deadline
+    stayed an hour late (only windowed waits were placed again), so the hooks did not start
+    even at NotBefore. Every timer taken from the wall clock follows the step."""
+    m = slotted()
+    behind = 3600.0
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    assert m.phase() is Phase.QUEUED
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 + behind - WINDOW_LEAD
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)  # corrected
+    assert logs(m.effects, "clock_moved")
+    deadline = MONO0 + 2 * 3600 - WINDOW_LEAD
+    assert m.state.events["E1"].start_at == deadline
+    assert not of(m.tick(deadline - 0.01), SpawnHooks)
+    assert of(m.tick(deadline), SpawnHooks), "no slot by the deadline: hooks start anyway"
+    assert logs(m.effects, "slot_unavailable")
 
 
 # ---- faster than 1 Hz ----------------------------------------------------------------------
