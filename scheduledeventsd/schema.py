@@ -250,7 +250,7 @@ KEYS: tuple[Key, ...] = (
         "events.TYPE.start_before",
         Kind.SECONDS,
         "Start before-hooks only when NotBefore is this near (a Reboot may come 7 days ahead);"
-        " windows choose within it.",
+        " windows pick the first instant inside one within it.",
         low=0,
         high=7 * 86400,
         example="900",

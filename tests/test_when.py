@@ -105,6 +105,26 @@ def test_dry_run_says_it_would_take_a_slot_takes_none_and_waits_for_its_deadline
     assert not daemon.logs("would_run_hooks")
 
 
+def test_a_window_open_now_waits_for_start_before_to_allow_the_hooks(daemons, sim, hooks):
+    """The docs' promise, broken: with a window open now, start_before: 60 and NotBefore 25 min
+    away the hooks ran at once (SECONDS_LEFT 1346). Windows choose within what start_before
+    allows: the hooks wait until 60 s before NotBefore."""
+    cfg = daemons.config(
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": {"before": ["drain"], "start_before": 60}},
+        approve="always",
+        windows=[_window(-5, 120)],  # open now, and for two hours
+    )
+    daemon = daemons.start(cfg)
+    reboot = sim.add_event("Reboot", [VM], not_before_in=25 * 60)
+    waiting = daemon.wait_log("event_waiting", event_id=reboot)
+    starts = dt.datetime.fromisoformat(waiting["hooks_start_at"].replace("Z", "+00:00"))
+    left = starts.timestamp() - time.time()
+    assert 25 * 60 - 60 - 10 < left <= 25 * 60 - 60, left
+    daemon.polls_seen(sim)
+    assert hooks.order() == [], "no hook runs 24 minutes early"
+
+
 # ---- daylight saving, end to end: the daemon's wall clock faked by libfaketime -----------------
 
 SHIM = r"""
