@@ -2308,7 +2308,7 @@ def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Option
 def _waiting(event: Event, rule: EventRule, held: Held, state: State) -> Record:
     wall = held.at + (state.wall_offset or 0.0)
     fields: dict[str, object] = {
-        "hooks_start_at": iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        "hooks_start_at": _iso_wall(wall),
         "reason": held.reason,
     }
     if held.window is not None:
