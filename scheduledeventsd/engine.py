@@ -830,7 +830,10 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
         )
     state = replace(state, incarnation=doc.incarnation)
     if offset is not None:
+        jumped = None if state.wall_offset is None else offset - state.wall_offset
         state = replace(state, wall_offset=offset)
+        if jumped is not None and abs(jumped) > CLOCK_STEP:  # a step that came with news
+            state = _replace_waiting(state, now, out, jumped)
     return _on_document(state, doc, now, out)
 
 

@@ -126,6 +126,13 @@ def test_a_wall_clock_step_moves_a_drains_cap_at_not_before():
     short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
     short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)
     assert short.state.events["E1"].start_at == MONO0 + 60, "its own timeout does not move"
+    news = machine(drain_timeout=86400)  # the step comes with a new document
+    news.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    other = due_in(3 * 86400, "E2", event_type="Freeze")
+    news.send(
+        DocumentFetched(doc(due_in(2 * 3600), other, incarnation=3), WALL0 + 10), at=MONO0 + 10
+    )
+    assert news.state.events["E1"].start_at == MONO0 + 2 * 3600
 
 
 def test_types_not_listed_do_not_drain():
