@@ -22,7 +22,7 @@ lint: bootstrap
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries;
 # the Pacemaker tests start a real 3-node corosync/pacemaker cluster in namespaces.
 test: bootstrap
-	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter \
+	./scripts/apt-need etcd-server etcd-client openssl faketime prometheus prometheus-node-exporter \
 		pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign and not pacemaker"
 	$(PY) -m pytest -q -m "campaign or pacemaker"

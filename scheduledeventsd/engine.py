@@ -806,8 +806,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 },
             )
         )
+        moved = offset - state.wall_offset
         state = replace(state, wall_offset=offset)
-        return _replace_waiting(state, now, out)
+        return _replace_waiting(state, now, out, moved)
     out.append(
         Record(
             Level.INFO,
@@ -829,16 +830,44 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
         )
     state = replace(state, incarnation=doc.incarnation)
     if offset is not None:
+        jumped = None if state.wall_offset is None else offset - state.wall_offset
         state = replace(state, wall_offset=offset)
+        if jumped is not None and abs(jumped) > CLOCK_STEP:  # a step that came with news
+            state = _replace_waiting(state, now, out, jumped)
     return _on_document(state, doc, now, out)
 
 
-def _replace_waiting(state: State, now: float, out: list[Effect]) -> State:
-    """The clock moved within one document: WAITING events are placed again."""
+def _replace_waiting(
+    state: State, now: float, out: list[Effect], moved: Optional[float] = None
+) -> State:
+    """The clock moved within one document (by `moved` s), or a reload: every timer taken from
+    the wall clock is placed again: WAITING events' lead or window, QUEUED events' slot
+    deadline, and, after a step, a drain's cap at NotBefore."""
     for event_id, t in state.events.items():
         if t.phase is Phase.WAITING:
             state = _with(state, event_id, _still_waiting(t, state, now, out))
+        elif t.phase is Phase.QUEUED and math.isfinite(t.start_at):
+            rule = state.config.events.get(t.event.event_type, EventRule())
+            deadline = _slot_deadline(t.event, rule, state)
+            state = _with(
+                state, event_id, replace(t, start_at=now if deadline is None else deadline)
+            )
+        elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
+            state = _with(state, event_id, replace(t, start_at=_drain_moved(state, t, moved)))
     return state
+
+
+def _drain_moved(state: State, tracked: Tracked, moved: float) -> float:
+    """A drain's deadline after the wall clock moved by `moved` s: its cap at NotBefore moves
+    on the monotonic clock; drain_timeout counts from when it started and does not. Where the
+    cap was what held (within a second), the new cap holds; else the sooner of the two."""
+    not_before = tracked.event.not_before
+    offset = state.wall_offset
+    if not_before is None or offset is None:
+        return tracked.start_at
+    cap = not_before.timestamp() - offset
+    was_cap = not_before.timestamp() - (offset - moved)
+    return cap if abs(tracked.start_at - was_cap) <= 1.0 else min(tracked.start_at, cap)
 
 
 def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -> State:
@@ -2198,6 +2227,8 @@ def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[floa
 
 
 def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+    """`deadline` is inf after a restart until the next document places it: no instant then
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
     wall = deadline + (state.wall_offset or 0.0)
     concurrency = state.config.concurrency
     return _note(
@@ -2207,8 +2238,17 @@ def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state
         reason="slot",
         group=concurrency.group if concurrency else None,
         holders=list(holders),
-        hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        hooks_start_at=_iso_wall(wall),
     )
+
+
+def _iso_wall(wall: float) -> Optional[str]:
+    """A wall-clock instant as the records show it; None where it is none (inf: not placed yet)
+    or beyond what a datetime holds."""
+    try:
+        return iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc))
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _approval_of(tracked: Tracked, state: State) -> tuple[Phase, Optional[Record]]:
@@ -2271,7 +2311,7 @@ def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Option
 def _waiting(event: Event, rule: EventRule, held: Held, state: State) -> Record:
     wall = held.at + (state.wall_offset or 0.0)
     fields: dict[str, object] = {
-        "hooks_start_at": iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        "hooks_start_at": _iso_wall(wall),
         "reason": held.reason,
     }
     if held.window is not None:

@@ -110,6 +110,31 @@ def test_a_drain_never_outlasts_not_before():
     assert m.phase() is Phase.NOT_APPROVED, "no before-hooks: decided at once, not approved"
 
 
+def test_a_wall_clock_step_moves_a_drains_cap_at_not_before():
+    """Issue 26 #15: a drain waits at most drain_timeout and never past NotBefore; that cap is
+    wall-clock time, so a step of the wall clock moves it (the drain's own timeout does not).
+    The clock 1 h behind at first sight, then corrected: the cap was an hour late."""
+    m = machine(drain_timeout=86400)
+    behind = 3600.0
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    assert m.phase() is Phase.DRAINING
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 + behind
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)  # corrected
+    assert logs(m.effects, "clock_moved")
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600, "NotBefore as the clock now says"
+    short = machine(drain_timeout=60)
+    short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)
+    assert short.state.events["E1"].start_at == MONO0 + 60, "its own timeout does not move"
+    news = machine(drain_timeout=86400)  # the step comes with a new document
+    news.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    other = due_in(3 * 86400, "E2", event_type="Freeze")
+    news.send(
+        DocumentFetched(doc(due_in(2 * 3600), other, incarnation=3), WALL0 + 10), at=MONO0 + 10
+    )
+    assert news.state.events["E1"].start_at == MONO0 + 2 * 3600
+
+
 def test_types_not_listed_do_not_drain():
     m = machine()
     seen(m, due_in(600, event_type="Freeze"))
