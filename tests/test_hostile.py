@@ -83,3 +83,63 @@ def test_a_hook_printing_200000_lines_is_logged_within_its_budget_and_approved(d
     (truncated,) = daemon.logs("hook_output_truncated", event_id=event_id)
     assert truncated["lines_dropped"] == 200000 - MAX_LOGGED_LINES
     assert len(daemon.logs("hook_output", event_id=event_id)) == MAX_LOGGED_LINES
+
+
+def test_a_lone_surrogate_in_event_text_is_replaced_and_the_drain_runs(daemons, sim, hooks):
+    """`"Description": "Host update \\ud800"` is valid JSON, but a lone surrogate cannot be
+    encoded: every hook failed to start (`cause=hooks_failed`, no record saying why) and the
+    VM was rebooted undrained. It reaches the hook, the state file, the log, a webhook, the
+    metrics and `status` as U+FFFD, and the event is approved."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    from tests.conftest import cli  # noqa: PLC0415
+    from tests.test_observability import Receiver  # noqa: PLC0415
+
+    receiver = Receiver()
+    textfile = daemons.tmp_path / "scheduledeventsd.prom"
+    cfg = daemons.config(
+        vm_name=VM,
+        approve="always",
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        webhooks=[{"url": receiver.url}],
+        metrics_textfile=str(textfile),
+    )
+    try:
+        daemon = daemons.start(cfg)
+        event_id = sim.add_event(
+            raw={
+                "EventId": "2C5E2E3C-6A4B-4D2E-9A44-5A1B2C3D4E5F",
+                "EventType": "Reboot",
+                "EventStatus": "Scheduled",
+                "NotBefore": "",
+                "Resources": [VM, "other-\udfff"],
+                "Description": "Host update \ud800",
+                "EventSource": "Platform",
+            }
+        )
+        daemon.wait_log("event_approved", event_id=event_id, timeout=15)
+        assert sim.approved(event_id)
+        assert not daemon.logs("hook_failed")
+        assert not daemon.logs("event_not_approved")
+        env = (hooks.out / "drain.env").read_text(encoding="utf-8")
+        assert "\nSCHEDULED_EVENT_DESCRIPTION=Host update \ufffd\n" in env
+        assert f"\nSCHEDULED_EVENT_RESOURCES={VM} other-\ufffd\n" in env
+        stdin = json.loads((hooks.out / "drain.stdin").read_text(encoding="utf-8"))
+        assert stdin["Description"] == "Host update \ufffd"
+        assert stdin["Resources"] == [VM, "other-\ufffd"]
+        saved = json.loads((daemons.state_dir / "state.json").read_text(encoding="utf-8"))
+        (tracked,) = [e for e in saved["events"] if e["event"]["EventId"] == event_id]
+        assert tracked["event"]["Description"] == "Host update \ufffd"
+        wait_for(lambda: len(receiver.bodies()) >= 2, 10, "detected and approved webhooks")
+        assert receiver.bodies()[0]["event"]["resources"] == f"{VM} other-\ufffd"
+        families = list(text_string_to_metric_families(textfile.read_text(encoding="utf-8")))
+        assert any(f.name == "scheduledeventsd_approvals" for f in families)
+        shown = cli("status", "--config", str(daemon.config_path), "--json")
+        assert "Traceback" not in shown.stderr
+        assert event_id in {e["event_id"] for e in json.loads(shown.stdout)["events"]}
+        for line in daemon.raw_lines:  # every record whole, none with a surrogate escape
+            assert "\\ud" not in line.lower(), line
+            json.loads(line)
+    finally:
+        receiver.stop()
