@@ -143,3 +143,31 @@ def test_a_lone_surrogate_in_event_text_is_replaced_and_the_drain_runs(daemons, 
             json.loads(line)
     finally:
         receiver.stop()
+
+
+def test_every_hook_output_line_longer_than_4096_bytes_is_logged_cut_with_its_marker(
+    daemons, sim, hooks
+):
+    """The README promises each line cut at 4096 bytes; lines of 5 000 and 60 000 bytes that
+    ended within one 64 KiB read were logged whole (only an unfinished line was checked)."""
+    from scheduledeventsd.hooks import MAX_LINE  # noqa: PLC0415
+
+    long_lines = hooks.make(  # one write: the lines arrive whole, with their newlines
+        "long_lines",
+        '{ head -c 5000 /dev/zero | tr "\\0" a; echo; head -c 60000 /dev/zero | tr "\\0" b; echo\n'
+        f'  head -c {MAX_LINE} /dev/zero | tr "\\0" c; echo; echo short; }} > "$OUT/lines"\n'
+        'cat "$OUT/lines"',
+    )
+    cfg = daemons.config(
+        hooks={"long_lines": [{"command": [long_lines]}]}, events={"Reboot": ["long_lines"]}
+    )
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=event_id, timeout=15)
+    marker = f" [cut: longer than {MAX_LINE} bytes]"
+    assert [r["line"] for r in daemon.logs("hook_output", event_id=event_id)] == [
+        "a" * MAX_LINE + marker,
+        "b" * MAX_LINE + marker,
+        "c" * MAX_LINE,  # exactly 4096: whole
+        "short",
+    ]
