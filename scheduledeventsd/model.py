@@ -174,12 +174,15 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
 def event_identifier(text: str) -> str:
     """An EventId as every cloud's events carry it, or ValueError. A GUID in every Azure
     document: anything else would travel into keys, logs and environments as an identifier,
-    so it is refused, never escaped on the way."""
+    so it is refused, never escaped on the way: nor replaced (U+FFFD stands for a NUL or a lone
+    surrogate the parser replaced, and an id IMDS never sent could not be approved)."""
     event_id = text.strip()
     if (
         not event_id
         or len(event_id) > MAX_EVENT_ID
         or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id)
+        or encodable(event_id) != event_id
+        or "\ufffd" in event_id
     ):
         raise ValueError(f"EventId is not an identifier: {short(event_id)}")
     return event_id

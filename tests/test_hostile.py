@@ -9,7 +9,7 @@ import time
 
 from tests.conftest import VM, wait_for
 
-NASTY = "line one\nPRIORITY=0\nMESSAGE=pwned\x1b[31m red = \x00 \u202e end"
+NASTY = "line one\nPRIORITY=0\nMESSAGE=pwned\x1b[31m red = \x00 \u202e \ud800 end"
 
 
 def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp_path):
@@ -23,7 +23,7 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
     description = (NASTY + "\n") * (1_000_000 // len(NASTY))
     traversal = "../../etc/cron.d/scheduledeventsd-test"
     scheduled = {"EventType": "Reboot", "EventStatus": "Scheduled", "NotBefore": ""}
-    for event_id in ("x" * 10_000, "two\nlines"):
+    for event_id in ("x" * 10_000, "two\nlines", "lone \udc00", "nul \x00"):
         sim.add_event(raw={**scheduled, "EventId": event_id, "Resources": [VM]})
     others = [{"EventType": "Freeze", "Resources": [f"vm-{i}"]} for i in range(10_000)]
     sim.add_many(others)
@@ -39,11 +39,13 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
     assert "bytes in all; the whole event is on stdin]\n" in env, "the description is cut"
     assert len(env) < 64_000
     stdin = json.loads((hooks.out / "drain.stdin").read_text())
-    assert stdin["Description"] == description.replace("\x00", "\ufffd")
+    assert stdin["Description"] == description.replace("\x00", "\ufffd").replace("\ud800", "\ufffd")
     assert stdin["Resources"] == [VM, "x\nPWNED=1"]
     skipped = [r["reason"] for r in daemon.logs("event_skipped")]
     assert any("EventId is not an identifier: 'xxxx" in r for r in skipped)
     assert any("EventId is not an identifier: 'two\\nlines'" in r for r in skipped)
+    assert any("EventId is not an identifier: 'lone \ufffd'" in r for r in skipped)
+    assert any("EventId is not an identifier: 'nul \ufffd'" in r for r in skipped)
     # Within a Preempt's 30 s notice, however loaded the machine (bench/ measures the speed).
     assert detected_in < 25, f"10 000 events slowed detection to {detected_in:.1f} s"
     # Nothing is named after an event: the state directory holds what it always holds.
