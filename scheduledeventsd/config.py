@@ -339,11 +339,24 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
 _UniqueKeyLoader.add_implicit_resolver(
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+# Integers as YAML 1.2 reads them: `010` is ten, as it reads (YAML 1.1 made it octal 8, so a
+# `timeout: 010` was 8 s and `08` was a string); octal is written `0o10`.
 _UniqueKeyLoader.add_implicit_resolver(
     _INT,
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    re.compile(r"^(?:[-+]?0b[0-1_]+|0o[0-7]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"),
 )
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """Leading zeros are decimal; 0x, 0o, 0b say their base (see the resolver above)."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    digits = text.lstrip("+-")
+    sign = -1 if text.startswith("-") else 1
+    return sign * int(digits, 0 if digits[:2] in ("0x", "0o", "0b") else 10)
+
+
+_UniqueKeyLoader.add_constructor(_INT, _construct_int)
 
 
 class _Checker:
