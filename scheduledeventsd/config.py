@@ -33,6 +33,7 @@ DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV_PREFIX = "SCHEDULED_EVENT_"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApprovePolicy(str, enum.Enum):
@@ -286,6 +287,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 event.start_mark,
             )
         return super().compose_node(parent, index)
+
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> str:
+        """A `"\\ud800"` escape makes a lone surrogate: no argv, environment, journal field or
+        file can carry it (a hook given one fails to start); refused where it is written."""
+        value = super().construct_scalar(node)
+        if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "a surrogate escape (\\ud800 to \\udfff) is no character and cannot be "
+                "encoded: write the character itself (or \\U and its 8 hex digits)",
+                node.start_mark,
+            )
+        return value
 
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:  # noqa: ANN401

@@ -625,3 +625,16 @@ def test_a_number_with_a_leading_zero_is_decimal_as_yaml_1_2_reads_it_not_octal(
     assert result.returncode == 2
     assert f"{path}: metadata.timeout: must be a number of seconds, got a string" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_surrogate_escape_is_refused_where_it_is_written_not_at_the_hooks_start(tmp_path):
+    """`"\\ud800"` is a valid YAML escape that makes a lone surrogate: in `environment:` every
+    hook failed to start ("surrogates not allowed"), in `vm_name` every journald record."""
+    path = tmp_path / "config.yaml"
+    path.write_text('hooks: {}\nevents: {}\nenvironment:\n  SITE: "berlin \\ud800"\n')
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert f"{path}: line 4, column 9: a surrogate escape" in result.stderr
+    assert "Traceback" not in result.stderr
+    cfg = load(tmp_path, 'hooks: {}\nevents: {}\nvm_name: "vm-\\u00e9\\U0001F600"\n')
+    assert cfg.vm_name == "vm-\u00e9\U0001f600", "other escapes are characters"
