@@ -629,7 +629,7 @@ def test_a_number_with_a_leading_zero_is_decimal_as_yaml_1_2_reads_it_not_octal(
 
 def test_a_surrogate_escape_is_refused_where_it_is_written_not_at_the_hooks_start(tmp_path):
     """`"\\ud800"` is a valid YAML escape that makes a lone surrogate: in `environment:` every
-    hook failed to start ("surrogates not allowed"), in `vm_name` every journald record."""
+    hook failed to start ("surrogates not allowed"), in `vm_name` the journald records naming it."""
     path = tmp_path / "config.yaml"
     path.write_text('hooks: {}\nevents: {}\nenvironment:\n  SITE: "berlin \\ud800"\n')
     result = cli("check-config", "--config", str(path))
