@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.conftest import VM, wait_for
 
@@ -173,3 +181,106 @@ def test_every_hook_output_line_longer_than_4096_bytes_is_logged_cut_with_its_ma
         "c" * MAX_LINE,  # exactly 4096: whole
         "short",
     ]
+
+
+class Journal:
+    """A real systemd-journald in a mount namespace of its own (tmpfs on /run and /var/log), so
+    a daemon entered into that namespace logs to it as under systemd."""
+
+    def __init__(self, root: Path) -> None:
+        pidfile = root / "journald.pid"
+        script = (
+            "mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/log && "
+            f"echo $$ > {pidfile} && exec /lib/systemd/systemd-journald"
+        )
+        self._unshare = subprocess.Popen(
+            ["setpriv", "--pdeathsig", "KILL", "unshare", "-m", "--fork", "sh", "-c", script],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))
+        self.enter = ("nsenter", "-t", str(self.pid), "-m", "--")
+        wait_for(lambda: self._ls("/run/systemd/journal/socket"), 10, "journald's socket")
+
+    def _ls(self, path: str) -> bool:
+        return subprocess.run([*self.enter, "test", "-S", path], check=False).returncode == 0
+
+    def entries(self, *matches: str) -> list[dict[str, Any]]:
+        out = subprocess.run(
+            [*self.enter, "journalctl", "-o", "json", "--no-pager", *matches],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self._unshare.wait(10)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    started = Journal(tmp_path)
+    yield started
+    started.stop()
+
+
+def test_under_journald_an_event_with_a_lone_surrogate_is_logged_and_approved(
+    daemons, sim, hooks, journal
+):
+    """journald is where the daemon logs under systemd, and systemd.journal.send raises on a
+    lone surrogate (the JSON console escapes it, so the other tests never saw this): the
+    records naming such an event were lost, besides its hooks failing to start."""
+    cfg = daemons.config(
+        vm_name=VM,
+        approve="always",
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+    )
+    daemon = daemons.start(cfg, ready=False, prefix=journal.enter, args=("--log-target", "journal"))
+    wait_for(lambda: journal.entries("LOG_EVENT=document_changed"), 20, "the daemon's first poll")
+    event_id = sim.add_event(
+        raw={
+            "EventId": "5D1E2C3B-4A59-4E6F-8A7B-9C0D1E2F3A4B",
+            "EventType": "Reboot",
+            "EventStatus": "Scheduled",
+            "NotBefore": "",
+            "Resources": [VM, "other-\udfff"],
+            "Description": "Host update \ud800",
+        }
+    )
+    match = f"EVENT_ID={event_id}"
+    (detected,) = wait_for(
+        lambda: journal.entries(match, "LOG_EVENT=event_detected"), 10, "event_detected"
+    )
+    assert detected["RESOURCES"] == f"{VM} other-\ufffd"
+    wait_for(lambda: sim.approved(event_id), 15, "the approval")
+    assert wait_for(lambda: journal.entries(match, "LOG_EVENT=event_approved"), 5)
+    assert journal.entries(match, "LOG_EVENT=hook_finished")
+    assert not journal.entries("LOG_EVENT=internal_error")
+    assert daemon.stop() == 0
+
+
+def test_a_record_holding_a_name_the_os_decoded_with_surrogateescape_reaches_journald(journal):
+    """A path or host name that is not UTF-8 comes to Python with lone surrogates (0xff is
+    `\\udcff`): systemd.journal.send raised on it and the record was lost."""
+    code = (
+        "import os\n"
+        "from scheduledeventsd import log\n"
+        "log.configure('journal')\n"
+        "path = os.fsdecode(b'/etc/scheduledeventsd/conf-\\xff.yaml')\n"
+        "log.get().warning('config_warning', warning=f'{path}: readable by others')\n"
+    )
+    sent = subprocess.run(
+        [*journal.enter, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(Path(__file__).parents[1])},
+        check=False,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    (entry,) = wait_for(lambda: journal.entries("LOG_EVENT=config_warning"), 5, "the record")
+    assert entry["WARNING"] == "/etc/scheduledeventsd/conf-\ufffd.yaml: readable by others"
+    assert entry["MESSAGE"].startswith("config_warning: warning=/etc/scheduledeventsd/conf-\ufffd")
