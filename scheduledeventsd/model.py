@@ -25,6 +25,17 @@ class DocumentError(ValueError):
     """The response is not a Scheduled Events document at all."""
 
 
+_TEXT_FIELDS = (
+    "event_id",
+    "event_type",
+    "status",
+    "resource_type",
+    "description",
+    "source",
+    "notice",
+)
+
+
 @dataclass(frozen=True)
 class Event:
     """One scheduled event, with every optional field normalised."""
@@ -44,8 +55,7 @@ class Event:
     def __post_init__(self) -> None:
         """Whoever built it (Azure's, AWS's or Google's parser, a state file), its text is
         text every consumer can carry: see `encodable`."""
-        text = ("event_id", "event_type", "status", "resource_type", "description", "source")
-        for name in (*text, "notice"):
+        for name in _TEXT_FIELDS:
             _set_encodable(self, name, getattr(self, name))
         resources = tuple(encodable(r) for r in self.resources)
         if resources != self.resources:
@@ -180,12 +190,15 @@ def event_identifier(text: str) -> str:
     if (
         not event_id
         or len(event_id) > MAX_EVENT_ID
-        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id)
-        or encodable(event_id) != event_id
-        or "\ufffd" in event_id
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F or _replaced(ch) for ch in event_id)
     ):
         raise ValueError(f"EventId is not an identifier: {short(event_id)}")
     return event_id
+
+
+def _replaced(ch: str) -> bool:
+    """A lone surrogate, or the U+FFFD `encodable` put in place of one (or of a NUL)."""
+    return 0xD800 <= ord(ch) <= 0xDFFF or ch == "\ufffd"
 
 
 def short(value: Any) -> str:  # noqa: ANN401 - for error messages about untyped input
