@@ -434,9 +434,13 @@ def hook_stdin(event: Event, incarnation: int, vm_name: str) -> bytes:
     if event.provider != "azure":  # beside the event as Azure spells it, the cloud's own words
         document["Provider"] = event.provider
         document["ProviderNotice"] = _notice(event.notice)
-    # As UTF-8, not \u escapes: a lone surrogate in the cloud's own notice (valid JSON, which
-    # ProviderNotice gives back as it came) is replaced like every other event text.
-    return (encodable(json.dumps(document, sort_keys=True, ensure_ascii=False)) + "\n").encode()
+    # A lone surrogate in the cloud's own notice (valid JSON, and ProviderNotice gives it back
+    # as it came) is replaced like every other event text; stdin stays ASCII, \u-escaped.
+    text = json.dumps(document, sort_keys=True, ensure_ascii=False)
+    clean = encodable(text)
+    if clean != text:
+        document = json.loads(clean)
+    return (json.dumps(document, sort_keys=True) + "\n").encode()
 
 
 def _notice(text: str) -> object:
