@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import VM, wait_for
+from scheduledeventsd.hooks import MAX_LINE
+from tests.conftest import VM, cli, wait_for
+from tests.test_observability import Receiver
 
 NASTY = "line one\nPRIORITY=0\nMESSAGE=pwned\x1b[31m red = \x00 \u202e \ud800 end"
 
@@ -100,11 +103,6 @@ def test_a_lone_surrogate_in_event_text_is_replaced_and_the_drain_runs(daemons, 
     encoded: every hook failed to start (`cause=hooks_failed`, no record saying why) and the
     VM was rebooted undrained. It reaches the hook, the state file, the log, a webhook, the
     metrics and `status` as U+FFFD, and the event is approved."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    from tests.conftest import cli  # noqa: PLC0415
-    from tests.test_observability import Receiver  # noqa: PLC0415
-
     receiver = Receiver()
     textfile = daemons.tmp_path / "scheduledeventsd.prom"
     cfg = daemons.config(
@@ -160,8 +158,6 @@ def test_every_hook_output_line_longer_than_4096_bytes_is_logged_cut_with_its_ma
 ):
     """The README promises each line cut at 4096 bytes; lines of 5 000 and 60 000 bytes that
     ended within one 64 KiB read were logged whole (only an unfinished line was checked)."""
-    from scheduledeventsd.hooks import MAX_LINE  # noqa: PLC0415
-
     long_lines = hooks.make(  # one write: the lines arrive whole, with their newlines
         "long_lines",
         '{ head -c 5000 /dev/zero | tr "\\0" a; echo; head -c 60000 /dev/zero | tr "\\0" b; echo\n'
