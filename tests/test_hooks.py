@@ -29,7 +29,7 @@ from scheduledeventsd.hooks import (
 )
 from scheduledeventsd.model import Event, parse_document
 
-from .conftest import wait_for
+from .conftest import VM, wait_for
 
 EVENT = Event(
     "E1",
@@ -324,3 +324,17 @@ def test_any_text_a_cloud_sends_gives_an_environment_and_stdin_a_command_starts_
             (key + value).encode()  # as the kernel gets it: no surrogateescape
         document = json.loads(hook_stdin(event, 1, "vm").decode())
         assert json.dumps(document, ensure_ascii=False).encode()
+
+
+def test_a_command_that_cannot_be_started_is_logged_with_its_reason(daemons, sim, hooks):
+    """The drain hook was checked at load, then removed: hook_failed says why (a guard beside
+    the engine's test for runs that end without any command's result)."""
+    drain = hooks.recorder("drain")
+    cfg = daemons.config(hooks={"drain": [{"command": [drain]}]}, events={"Reboot": ["drain"]})
+    daemon = daemons.start(cfg)
+    os.remove(drain)
+    event_id = sim.add_event("Reboot", [VM])
+    failed = daemon.wait_log("hook_failed", event_id=event_id)
+    assert "No such file or directory" in failed["error"]
+    assert failed["exit_status"] is None
+    assert daemon.wait_log("event_not_approved", event_id=event_id)["cause"] == "hooks_failed"
