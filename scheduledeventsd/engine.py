@@ -954,7 +954,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         return state
     event = tracked.event
     if tracked.phase is Phase.AFTER:
-        return _stage_finished(state, tracked, outcome, out)
+        return _stage_finished(state, tracked, outcome, out, msg.detail)
     on = _BEFORE_ENDED[outcome]
     if tracked.phase is Phase.ENDING:
         if state.stopping is not None:  # its stage runs after the restart, not in the grace
@@ -971,6 +971,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
                 event,
                 cause=Cause.HOOKS_FAILED.value,
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
+                **_why(msg.detail),
             )
         )
         if _approval(event, state)[0] is Phase.COORDINATING and _etcd(state):
@@ -985,7 +986,15 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
     return _with(state, event_id, _move(tracked, on, phase, run=None))
 
 
-def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[Effect]) -> State:
+def _why(detail: str) -> dict[str, str]:
+    """A run that ended without any hook's own result (no thread for it, a defect in starting
+    its commands) says why in the record, as `hook_failed` says it for a command."""
+    return {"error": detail} if detail else {}
+
+
+def _stage_finished(
+    state: State, tracked: Tracked, outcome: Outcome, out: list[Effect], detail: str = ""
+) -> State:
     """After- and cancelled-hooks run once: a failure is reported, never retried."""
     event = tracked.event
     stage = tracked.stage.value
@@ -999,6 +1008,7 @@ def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[
                 event,
                 stage=stage,
                 reason="not retried: after- and cancelled-hooks run at most once",
+                **_why(detail),
             )
         )
     else:
