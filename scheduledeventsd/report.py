@@ -115,11 +115,15 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         )
     cluster = doc.get("pacemaker")
     if isinstance(cluster, dict):
+        ready = cluster.get("ready")
+        readiness = "not read yet" if ready is None else "ready" if ready else "cluster_unready"
+        mark = cluster.get("marked")
         lines.append(
-            f"pacemaker: method {cluster.get('method')}; draining for "
+            f"pacemaker: {readiness}; method {cluster.get('method')}; draining for "
             f"{', '.join(cluster.get('draining_for') or []) or 'none'}; drained for "
             f"{', '.join(cluster.get('drained_for') or []) or 'none'}; held for "
-            f"{', '.join(cluster.get('held_for') or []) or 'none'}"
+            f"{', '.join(cluster.get('held_for') or []) or 'none'}; marked by this daemon: "
+            + ("no" if not isinstance(mark, dict) else f"{mark.get('method')}")
         )
     events = doc.get("events") or []
     lines.append("events of this VM:" if events else "no events of this VM")
