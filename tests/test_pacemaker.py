@@ -397,6 +397,16 @@ def test_a_failed_restore_survives_a_restart_and_is_taken_off_then(nodes, sim, h
         event_id = sim.add_event("Preempt", ["node1"], not_before_in=30)
         failed = daemon.wait_log("cluster_restore_failed", timeout=60, event_id=event_id)
         assert "exit 102" in failed["error"]
+        # The event is over, its after-hooks done: only the mark is left to take off.
+        wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+        state_file = nodes.factory(node1).state_dir / "state.json"
+        wait_for(
+            lambda: all(
+                e["phase"] != "after" for e in json.loads(state_file.read_text())["events"]
+            ),
+            10,
+            "the after-stage to be recorded as over",
+        )
         # `status` says so while it lasts.
         shown = wait_for(
             lambda: (r := cli("status", "--config", str(daemon.config_path))).returncode and r,
@@ -411,7 +421,7 @@ def test_a_failed_restore_survives_a_restart_and_is_taken_off_then(nodes, sim, h
         again = nodes.start(node1, method="standby")
         again.wait_log("cluster_restored", timeout=20)
         wait_for(lambda: not cluster.standby("node1"), 10, "standby off")
-        stored = json.loads((nodes.factory(node1).state_dir / "state.json").read_text())
+        stored = json.loads(state_file.read_text())
         assert "cluster_mark" not in stored, "taken off, so no longer in the state file"
 
 
