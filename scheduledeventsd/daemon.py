@@ -156,8 +156,16 @@ class Daemon:
             except OSError as e:
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             loaded, load_problem = self.store.load()
-            mark = self.store.cluster_mark
-            self._feed(engine.Boot(loaded, problem or load_problem, boot_id(), mark))
+            store = self.store
+            self._feed(
+                engine.Boot(
+                    loaded,
+                    problem or load_problem,
+                    boot_id(),
+                    store.cluster_mark,
+                    mark_unrecorded=store.mark_unrecorded,
+                )
+            )
             while self._exit is None:
                 for message in self._receive():
                     self._feed(message)

@@ -116,6 +116,9 @@ class Boot:
     state_problem: str = ""
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id: a different one means we rebooted
     mark: Optional[ClusterMark] = None  # what the state file says this daemon set on its node
+    # A state file written before marks were recorded, with an event that had the node drained:
+    # that daemon marked it (it took off whatever it found at the end); it is taken as ours.
+    mark_unrecorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -685,6 +688,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         events={},
         cluster_mark=msg.mark,
     )
+    settings = _pacemaker(state)
+    if msg.mark is None and msg.mark_unrecorded and settings is not None:
+        state = replace(state, cluster_mark=mark_of(settings))
     for event_id, loaded in msg.loaded.items():
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)

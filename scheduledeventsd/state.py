@@ -46,6 +46,7 @@ class StateStore:
         self._lock_fd: int | None = None
         self._saved: tuple[Known, Optional[ClusterMark]] | None = None
         self.cluster_mark: Optional[ClusterMark] = None  # as `load` found it
+        self.mark_unrecorded = False  # an older file, with a node drained for an event
 
     def lock(self) -> None:
         """Two daemons on one state directory would both run every hook: refuse the second.
@@ -100,6 +101,9 @@ class StateStore:
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             return {}, self._move_aside(str(e) or type(e).__name__)
         self._saved, self.cluster_mark = (known, mark), mark
+        self.mark_unrecorded = "cluster_mark" not in raw and any(
+            t.drain in (Drain.ASKED, Drain.DONE) for t in known.values()
+        )
         return known, ""
 
     def _move_aside(self, problem: str) -> str:
@@ -120,8 +124,9 @@ class StateStore:
         if self._saved is not None and durable == self._saved:
             return
         encoded = _encode(durable[0])
-        if mark is not None:
-            encoded["cluster_mark"] = {"method": mark.method.value, "attribute": mark.attribute}
+        encoded["cluster_mark"] = (  # null: none (absent: a file from before marks were kept)
+            None if mark is None else {"method": mark.method.value, "attribute": mark.attribute}
+        )
         data = json.dumps(encoded, indent=1, sort_keys=True).encode()
         write_atomically(self.path, data, durable=True)
         self._saved = durable

@@ -57,14 +57,21 @@ MARK = ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents")
 STANDBY = ClusterMark(DrainMethod.STANDBY, "#health-scheduledevents")
 
 
-def machine(loaded=None, boot="boot-1", approve=ApprovePolicy.ALWAYS, mark=None, **pacemaker):
+def machine(
+    loaded=None,
+    boot="boot-1",
+    approve=ApprovePolicy.ALWAYS,
+    mark=None,
+    mark_unrecorded=False,
+    **pacemaker,
+):
     """`mark`: what the state file says this daemon set on its node."""
     settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
     cfg = config(events=EVENTS, approve=approve, coordination=Coordination(pacemaker=settings))
     m = Machine.__new__(Machine)
     m.now = MONO0
     m.state = initial(cfg, None, strict=True)
-    m.effects = m.send(Boot(loaded or {}, "", boot, mark))
+    m.effects = m.send(Boot(loaded or {}, "", boot, mark, mark_unrecorded=mark_unrecorded))
     return m
 
 
@@ -386,3 +393,12 @@ def test_the_cluster_is_checked_again_every_minute_and_logged_on_change():
     m.send(ClusterChecked(()))
     assert logs(m.effects, "cluster_ready")
     assert m.state.cluster_problems == ()
+
+
+def test_a_drained_event_from_a_state_file_older_than_marks_is_taken_as_our_mark():
+    """Upgraded mid-drain: the old daemon set the mark, so the event's end takes it off."""
+    loaded = {"E1": Tracked(due_in(600), Phase.APPROVED, boot_id="boot-1", drain=Drain.DONE)}
+    m = machine(loaded=loaded, mark_unrecorded=True)
+    assert m.state.cluster_mark == MARK
+    seen(m, incarnation=3)  # over
+    assert of(m.effects, SpawnHooks)[0].restore == MARK
