@@ -213,6 +213,15 @@ def test_a_reboot_drains_the_node_before_approval_and_restores_it_after(nodes, s
     seen = watch_approvals(sim, cluster, ("node1",))
     daemon = nodes.start(node1)
     daemon.wait_log("cluster_ready", timeout=20)
+    ready = wait_for(
+        lambda: (
+            "pacemaker: ready" in (r := cli("status", "--config", str(daemon.config_path))).stdout
+            and r
+        ),
+        10,
+        "status to show the cluster ready",
+    )
+    assert ready.returncode == 0, "the README's migration check passes"
     event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
     wait_for(lambda: seen, 60, "the approval")
     (at_approval,) = seen
@@ -499,6 +508,13 @@ def test_without_node_health_strategy_the_daemon_says_what_to_set(nodes, sim, he
         (problem,) = unready["problems"]
         assert "node-health-strategy is not set" in problem
         assert "--name node-health-strategy --update custom" in problem
+        shown = wait_for(
+            lambda: (r := cli("status", "--config", str(daemon.config_path))).returncode and r,
+            10,
+            "status to exit 1",
+        )
+        assert "pacemaker: cluster_unready" in shown.stdout
+        assert "PROBLEM: cluster_unready: node-health-strategy is not set" in shown.stdout
     finally:
         via.run("crm_attribute", "--type", "crm_config", "--name", "node-health-strategy",
                 "--update", "custom")  # fmt: skip
