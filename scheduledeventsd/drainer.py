@@ -158,8 +158,10 @@ class Drainer:
                 with self._restoring:  # a restore racing this mark comes after it, or stops it
                     if stop.is_set():
                         return
-                    self.cli.mark(me, away=True)
-                    self._send(ClusterMarked(event_id, ours=True))
+                    try:
+                        self.cli.mark(me, away=True)
+                    finally:  # one that failed (timed out) may still have been applied
+                        self._send(ClusterMarked(event_id, ours=True))
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))
             return

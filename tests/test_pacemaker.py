@@ -374,17 +374,19 @@ def test_an_operators_standby_is_left_on_when_the_event_is_over(nodes, sim, heal
 
 
 @contextlib.contextmanager
-def refused_restore(node: Node, tmp_path: Path) -> Any:
-    """Inside `node` only (its mount namespace), `crm_attribute ... --update off` exits 102
-    while the yielded file exists; everything else reaches the real tool."""
+def refused_restore(node: Node, tmp_path: Path, update: str = "off", applied: bool = False) -> Any:
+    """Inside `node` only (its mount namespace), `crm_attribute ... --update UPDATE` exits 102
+    while the yielded file exists (`applied`: after the real tool did it, as a timeout can);
+    everything else reaches the real tool."""
     refuse = tmp_path / "refuse-restore"
     real = tmp_path / "crm_attribute.real"
     shutil.copy("/usr/sbin/crm_attribute", real)
     wrapper = tmp_path / "crm_attribute"
+    first = f'{real} "$@"; ' if applied else ""
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'case " $* " in *" --update off "*) [ -e {refuse} ] && '
-        '{ echo "injected: update refused" >&2; exit 102; } ;; esac\n'
+        f'case " $* " in *" --update {update} "*) [ -e {refuse} ] && '
+        f'{{ {first}echo "injected: update refused" >&2; exit 102; }} ;; esac\n'
         f'exec {real} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -518,3 +520,22 @@ def test_without_node_health_strategy_the_daemon_says_what_to_set(nodes, sim, he
     finally:
         via.run("crm_attribute", "--type", "crm_config", "--name", "node-health-strategy",
                 "--update", "custom")  # fmt: skip
+
+
+def test_a_mark_whose_command_failed_after_applying_it_is_still_taken_off(
+    nodes, sim, healthy, tmp_path
+):
+    """Only a mark of ours is taken off, so a `crm_attribute` that set standby and then failed
+    (timed out) must count as ours: held (tool_failed), and restored at the event's end."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    with refused_restore(node1, tmp_path, update="on", applied=True):
+        daemon = nodes.start(node1, method="standby")
+        event_id = sim.add_event("Preempt", ["node1"], not_before_in=8)
+        assert daemon.wait_log("cluster_hold", timeout=20)["reason"] == "tool_failed"
+        assert cluster.standby("node1"), "applied, whatever the exit status said"
+        wait_for(lambda: event_id not in sim.event_ids(), 30, "the event to be over")
+        wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+        daemon.wait_log("cluster_restored", timeout=20)
+        assert not cluster.standby("node1")
+    assert not [a for a in sim.approvals if a.event_id == event_id]
