@@ -158,10 +158,10 @@ class Drainer:
                 with self._restoring:  # a restore racing this mark comes after it, or stops it
                     if stop.is_set():
                         return
-                    try:
-                        self.cli.mark(me, away=True)
-                    finally:  # one that failed (timed out) may still have been applied
-                        self._send(ClusterMarked(event_id, ours=True))
+                    # Reported first, so the state file has it (nearly always) before the
+                    # cluster does; a command that failed (timed out) may be applied all the same.
+                    self._send(ClusterMarked(event_id, ours=True))
+                    self.cli.mark(me, away=True)
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))
             return

@@ -225,8 +225,9 @@ class ClusterChecked:
 
 @dataclass(frozen=True)
 class ClusterMarked:
-    """This node is marked as going away: by this daemon now (`ours`), or already, by someone
-    else (an operator's standby): that mark is left as it is when the event is over."""
+    """This node is marked as going away by this daemon (`ours`: sent just before the command,
+    which may fail and still be applied), or was already, by someone else (an operator's
+    standby): that mark is left as it is when the event is over."""
 
     event_id: str
     ours: bool
