@@ -122,3 +122,21 @@ def test_a_failed_hook_on_a_pending_event_is_a_problem_but_not_once_it_is_over()
         "a hook failed for Reboot E1, which is still pending"
     ]
     assert problems(doc(events=[dict(failed, phase="over")]), now=10_000.0) == []
+
+
+def test_a_mark_of_ours_that_fails_to_come_off_is_shown_and_a_problem_even_unconfigured():
+    """Issue 26 #8b: `coordination.pacemaker` reloaded away, the restore failing: `status`
+    still shows the mark and exits 1."""
+    from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
+    from scheduledeventsd.report import status  # noqa: PLC0415
+
+    mark = engine.ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents")
+    state = dataclasses.replace(state_with(), cluster_mark=mark, restore_error="exit 102")
+    shown = Observer(10_000.0).document(state, 10_000.0, HealthFrom.DETECTED)
+    cluster = shown["pacemaker"]
+    assert cluster["marked"] == {"method": "health", "attribute": "#health-scheduledevents"}
+    (found,) = problems(shown, now=10_000.0)
+    assert found.startswith("cluster_restore_failed: this node is still marked")
+    assert "pacemaker: not configured; marked by this daemon: health" in status(
+        shown, 10_000.0, [found]
+    )
