@@ -407,11 +407,15 @@ class Daemon:
                 self._drainer.stop_all()
             self._drainer = _drainer(new, self.runner, self.inbox.put)
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
-            # Held slots stay held (under a lease of HAND_OVER_TTL): the events holding them
-            # ask again through the new keeper when the daemon restarts, not before.
+            # The engine asks again through the new keeper for every slot asked for or held
+            # (AcquireSlot follows this effect): held ones are handed over for the moment it
+            # takes to take them back under the new keeper's own renewed lease. Slots in other
+            # keys (another group, cluster) are left to expire within their ttl.
+            keeper = _slot_keeper(new, self.inbox.put)
             if self._slots is not None:
-                self._slots.stop_all(hand_over=True)
-            self._slots = _slot_keeper(new, self.inbox.put)
+                same = keeper is not None and keeper.keys == self._slots.keys
+                self._slots.stop_all(hand_over=same)
+            self._slots = keeper
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:
