@@ -6,7 +6,9 @@ approved early, and the hooks still start at the deadline."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from scheduledeventsd.simulator import Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
+from tests.tcp_proxy import ProxySet
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 VMS = ("vm-a", "vm-b", "vm-c")
@@ -173,3 +176,75 @@ def test_a_daemon_stopped_while_holding_its_slot_keeps_it_for_the_reboot_and_tak
     again = tier.start("vm-a", cfg)
     # Taken back means put again under the new daemon's own lease (one transaction).
     again.wait_log("slot_acquired", event_id=event_id, taken_back=True)
+
+
+# ---- issue 26: a slot lost in a partition, two events of one VM, a reload -------------------
+
+
+def early_spans(tier: Tier, events: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Per VM approved early: from its drain's start to its approval (the simulator's record):
+    the span in which the slot must be its alone."""
+    starts = {vm: start for vm, (start, _) in tier.spans().items()}
+    path = tier.out / "drain.log"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        vm, at = line.split()
+        starts.setdefault(vm, float(at))
+    approved = {a.event_id: a.at for a in tier.sim.approvals}
+    return {
+        vm: (starts[vm], approved[event_id])
+        for vm, event_id in events.items()
+        if event_id in approved and vm in starts
+    }
+
+
+def long_drain(tier: Tier, hooks: Hooks, cfg: dict, seconds: float) -> dict:
+    """The drain hook of `cfg`, taking `seconds` (stamped at its start and end as usual)."""
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME $(date +%s.%N)" >> "$OUT/$SCHEDULED_EVENT_HOOK.log"\n'
+    script = hooks.make("drain-long", f'{stamp}sleep "$1"\n{stamp}')
+    cfg["hooks"]["drain"] = [{"command": [script, str(seconds)], "timeout": 120}]
+    return cfg
+
+
+def test_a_slot_lost_in_a_partition_from_etcd_is_not_approved_early(tier, sim, hooks):
+    """Issue 26 #3. vm-1 (ttl 5) takes the slot and drains for 12 s; its path to etcd is cut
+    (a TCP proxy between them); its lease expires and vm-2 takes the slot and is approved.
+    vm-1 counts its slot as lost ttl after the last keep-alive etcd acknowledged, its hooks go
+    on, and it is not approved early: at no instant are two VMs approved early."""
+    ttl = 5
+    with ProxySet(tier.cluster.endpoints, host="127.0.0.2") as path:
+        cfg = long_drain(tier, hooks, tier.config("vm-1", ttl=ttl), 12)
+        cfg["coordination"]["etcd"]["endpoints"] = path.endpoints
+        one = tier.start("vm-1", cfg)
+        two = tier.start("vm-2", tier.config("vm-2", ttl=ttl))
+        events = {"vm-1": sim.add_event("Reboot", ["vm-1"], not_before_in=3600)}
+        one.wait_log("slot_acquired", event_id=events["vm-1"], timeout=15)
+        assert path.accepted, "vm-1 speaks to etcd through the proxy"
+        events["vm-2"] = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+        two.wait_log("event_waiting", event_id=events["vm-2"], reason="slot")
+        time.sleep(1)  # a keep-alive or two acknowledged
+        path.cut()
+        cut_at = time.time()
+        two.wait_log("event_approved", event_id=events["vm-2"], timeout=ttl + 15)
+        drained = lambda: sum(1 for line in drain_lines(tier) if line[0] == "vm-1") == 2  # noqa: E731
+        wait_for(drained, 20, "vm-1's drain to end: its hooks go on")
+        one.polls_seen(sim)  # time for an approval, were one coming
+        spans = early_spans(tier, events)
+        assert overlapping(spans) == 1, f"two VMs approved early at once: {spans}"
+        assert set(spans) == {"vm-2"}, spans
+        lost = one.wait_log("slot_lost", event_id=events["vm-1"])
+        # ttl from the last acknowledged keep-alive, which came before the cut
+        assert iso_seconds(lost["timestamp"]) - cut_at < ttl + 1
+        assert one.logs("slot_unavailable", event_id=events["vm-1"])
+        refused = one.wait_log("event_not_approved", event_id=events["vm-1"])
+        assert refused["cause"] == "slot_unavailable"
+        path.restore()
+        tier.stop()
+
+
+def drain_lines(tier: Tier) -> list[list[str]]:
+    path = tier.out / "drain.log"
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def iso_seconds(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
