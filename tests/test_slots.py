@@ -248,3 +248,26 @@ def drain_lines(tier: Tier) -> list[list[str]]:
 
 def iso_seconds(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_vm_holds_its_slot_until_the_last_of_its_events_is_over(tier, sim, hooks):
+    """Issue 26 #6. vm-a's Reboot holds the slot and drains (10 s); a Redeploy of vm-a comes
+    (it shares the VM's slot) and Azure withdraws it: vm-b's drain still waits for vm-a's
+    Reboot to be over (its undrain), as max 1 says."""
+    cfg = long_drain(tier, hooks, tier.config("vm-a"), 10)
+    cfg["hooks"]["prep"] = [{"command": [hooks.make("prep", "sleep 30")], "timeout": 120}]
+    cfg["events"]["Redeploy"] = {"before": ["prep"]}
+    a = tier.start("vm-a", cfg)
+    b = tier.start("vm-b", tier.config("vm-b"))
+    reboot = sim.add_event("Reboot", ["vm-a"], not_before_in=3600)
+    a.wait_log("slot_acquired", event_id=reboot, timeout=15)
+    redeploy = sim.add_event("Redeploy", ["vm-a"], not_before_in=3600)
+    a.wait_log("hook_started", event_id=redeploy, timeout=10)
+    other = sim.add_event("Reboot", ["vm-b"], not_before_in=3600)
+    b.wait_log("event_waiting", event_id=other, reason="slot")
+    sim.remove_event(redeploy)  # withdrawn while its hooks run
+    a.wait_log("slot_released", event_id=redeploy, timeout=15)
+    wait_for(lambda: len(tier.spans()) == 2, 60, "both VMs drained and undrained")
+    spans = tier.spans()
+    assert overlapping(spans) == 1, f"vm-b drained while vm-a's Reboot held the slot: {spans}"
+    assert spans["vm-b"][0] >= spans["vm-a"][1], "vm-b's drain follows vm-a's undrain"
