@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import queue
 import signal
 import time
 import uuid
@@ -14,10 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from scheduledeventsd.config import Concurrency, Etcd
+from scheduledeventsd.engine import AcquireSlot, SlotGranted
 from scheduledeventsd.simulator import Simulator
+from scheduledeventsd.slots import SlotKeeper
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
 from tests.tcp_proxy import ProxySet
+from tests.test_engine import event
+from tests.test_fleet import keys
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 VMS = ("vm-a", "vm-b", "vm-c")
@@ -271,3 +277,38 @@ def test_a_vm_holds_its_slot_until_the_last_of_its_events_is_over(tier, sim, hoo
     spans = tier.spans()
     assert overlapping(spans) == 1, f"vm-b drained while vm-a's Reboot held the slot: {spans}"
     assert spans["vm-b"][0] >= spans["vm-a"][1], "vm-b's drain follows vm-a's undrain"
+
+
+def test_the_keeper_shares_one_key_among_the_events_of_a_vm_and_frees_it_after_the_last(
+    cluster,
+):
+    """The rule of issue 26 #6 where it lives, the slot keeper, against real etcd: a second
+    event of the VM is granted the slot the first one holds (no second key, no take-over onto
+    its own lease); releasing it keeps the key, releasing the last deletes it."""
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    keeper = SlotKeeper(settings, Concurrency("web", 2, 6), inbox.put)
+    slots = f"{settings.prefix}/slots/web/"
+
+    def granted(event_id: str) -> SlotGranted:
+        while True:
+            message = inbox.get(timeout=20)
+            if isinstance(message, SlotGranted) and message.event_id == event_id:
+                return message
+
+    try:
+        keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+        first = granted("R1")
+        assert first.confirmed is not None
+        assert first.confirmed <= time.monotonic()
+        keeper.acquire(AcquireSlot(event("R2", "Redeploy"), "vm-a"))
+        granted("R2")
+        (held,) = keys(cluster, slots).values()
+        assert held["event"] == "R1", "the key stays the first event's, under its lease"
+        keeper.release("R2")
+        time.sleep(1)
+        assert len(keys(cluster, slots)) == 1, "R1 still needs it"
+        keeper.release("R1")
+        wait_for(lambda: not keys(cluster, slots), 10, "the slot given back")
+    finally:
+        keeper.stop_all(hand_over=False)
