@@ -312,3 +312,47 @@ def test_the_keeper_shares_one_key_among_the_events_of_a_vm_and_frees_it_after_t
         wait_for(lambda: not keys(cluster, slots), 10, "the slot given back")
     finally:
         keeper.stop_all(hand_over=False)
+
+
+def slot_lease_left(cluster: Cluster, prefix: str, n: int = 0) -> int:
+    """Seconds left on the lease of slot key `n` of group web (-1: no such key)."""
+    with cluster.session() as session:
+        endpoint = cluster.endpoints[0]
+        key = base64.b64encode(f"{prefix}/slots/web/{n}".encode()).decode()
+        found = session.post(f"{endpoint}/v3/kv/range", json={"key": key}, timeout=5).json()
+        if not found.get("kvs"):
+            return -1
+        lease = found["kvs"][0]["lease"]
+        answer = session.post(f"{endpoint}/v3/lease/timetolive", json={"ID": lease}, timeout=5)
+        return int(answer.json()["TTL"])
+
+
+def test_a_reload_that_changes_concurrency_keeps_held_slots_renewed_and_queued_ones_asked(
+    tier, sim, hooks, cluster
+):
+    """Issue 26, suspected and confirmed: a SIGHUP that changed `concurrency` handed held slots
+    over under a fixed 15-minute lease nothing renewed, and dropped the queued events' asking;
+    vm-b then waited for that lease, not for vm-a's undrain. Now the new keeper takes the slot
+    back under its own lease of ttl, renewed, and asks again for the queued one."""
+    cfg_a = long_drain(tier, hooks, tier.config("vm-a", ttl=6), 6)
+    a = tier.start("vm-a", cfg_a)
+    b = tier.start("vm-b", tier.config("vm-b", ttl=6))
+    first = sim.add_event("Reboot", ["vm-a"], not_before_in=3600)
+    a.wait_log("slot_acquired", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-b"], not_before_in=3600)
+    b.wait_log("event_waiting", event_id=second, reason="slot")
+    for vm, daemon, cfg in (("vm-a", a, cfg_a), ("vm-b", b, tier.config("vm-b", ttl=6))):
+        cfg["concurrency"]["ttl"] = 7
+        tier.factories[vm].write_config(cfg)
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("config_reloaded")
+    time.sleep(1)
+    left = slot_lease_left(cluster, tier.prefix)
+    assert 0 < left <= 7, f"vm-a's slot under a lease of {left} s after the reload"
+    time.sleep(3)
+    assert 0 < slot_lease_left(cluster, tier.prefix) <= 7, "and renewed"
+    wait_for(lambda: len(tier.spans()) == 2, 40, "vm-b's turn after vm-a's undrain")
+    spans = tier.spans()
+    assert overlapping(spans) == 1, spans
+    assert spans["vm-b"][0] - spans["vm-a"][1] < 5, "vm-b went on once vm-a gave the slot back"
+    wait_for(lambda: sim.approved(second), 10, "vm-b approved early, holding the slot")
