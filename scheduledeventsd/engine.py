@@ -1894,6 +1894,15 @@ def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
             and event_id not in state.approvals.posting
         ):
             state = _slot_lost(state, t, lease, out)
+    for event_id, t in state.events.items():
+        # Lost by any path (the timer above, etcd saying the lease expired or the slot is
+        # another VM's) once the event had been decided: an approval not sent is never sent.
+        if (
+            t.slot is Slot.MISSING
+            and t.phase in (Phase.COORDINATING, Phase.APPROVING)
+            and event_id not in state.approvals.posting
+        ):
+            state = _not_approved_without_slot(state, t, out)
     return state
 
 
@@ -1921,21 +1930,23 @@ def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) ->
     out.append(ReleaseSlot(event_id))
     leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
     state = replace(state, slot_leases=leases)
-    t = replace(t, slot=Slot.MISSING)
-    if t.phase in (Phase.COORDINATING, Phase.APPROVING):
-        if t.phase is Phase.COORDINATING:
-            state, t = _stop_asking(state, t, out)
-        out.append(
-            _note(
-                Level.WARNING,
-                What.EVENT_NOT_APPROVED,
-                t.event,
-                cause=Cause.SLOT_UNAVAILABLE.value,
-                reason="its concurrency slot was lost: it proceeds at NotBefore",
-            )
+    return _with(state, event_id, replace(t, slot=Slot.MISSING))
+
+
+def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
+    """A shared event waiting for its peers, or an approval not sent yet, whose slot went."""
+    if t.phase is Phase.COORDINATING:
+        state, t = _stop_asking(state, t, out)
+    out.append(
+        _note(
+            Level.WARNING,
+            What.EVENT_NOT_APPROVED,
+            t.event,
+            cause=Cause.SLOT_UNAVAILABLE.value,
+            reason="its concurrency slot was lost: it proceeds at NotBefore",
         )
-        t = _move(t, On.SLOT_LOST, Phase.NOT_APPROVED)
-    return _with(state, event_id, t)
+    )
+    return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
 
 
 def _slot_pending(state: State, event_id: str) -> bool:

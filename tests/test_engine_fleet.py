@@ -32,6 +32,7 @@ from scheduledeventsd.engine import (
     PostApproval,
     ReleaseSlot,
     Reloaded,
+    SlotBusy,
     SlotFailed,
     SlotGranted,
     SlotKept,
@@ -421,3 +422,19 @@ def test_a_reload_that_changes_concurrency_asks_again_for_held_and_queued_slots(
     m.send(Reloaded(dataclasses.replace(cfg, concurrency=None)), at=MONO0 + 4)
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
     assert m.state.events["E1"].slot.value == ""
+
+
+def test_a_decided_event_whose_slot_etcd_says_went_elsewhere_is_never_approved():
+    """After a restart in `approving` (a kill -9 between the decision and the POST), etcd says
+    the slot is another VM's (or that its lease expired): the approval is not sent, ever."""
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalFailed("E1", "timeout", "IMDS"), at=MONO0 + 2.1)
+    loaded = {"E1": m.state.events["E1"]}
+    for holders in (("vm-b",), ("(lease expired)",)):
+        again = Machine(m.state.config, loaded=loaded, now=MONO0 + 30)
+        again.send(SlotBusy("E1", holders), at=MONO0 + 30.5)
+        assert logs(again.effects, "slot_unavailable")
+        assert again.phase() is Phase.NOT_APPROVED
+        assert logs(again.effects, "event_not_approved")[0].fields["cause"] == "slot_unavailable"
+        assert not of(again.tick(MONO0 + 90), PostApproval)
