@@ -1934,9 +1934,13 @@ def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) ->
 
 
 def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
-    """A shared event waiting for its peers, or an approval not sent yet, whose slot went."""
+    """A shared event waiting for its peers, or an approval not sent yet, whose slot went.
+    A shared event's `ready` in etcd is taken back (`failed`: nobody approves it early), or
+    another VM could approve, for this one too, once every VM said ready."""
     if t.phase is Phase.COORDINATING:
         state, t = _stop_asking(state, t, out)
+        if _etcd(state):
+            out.append(Coordinate(t.event, t.vm_name or state.vm_name, False, t.incarnation))
     out.append(
         _note(
             Level.WARNING,

@@ -438,3 +438,22 @@ def test_a_decided_event_whose_slot_etcd_says_went_elsewhere_is_never_approved()
         assert again.phase() is Phase.NOT_APPROVED
         assert logs(again.effects, "event_not_approved")[0].fields["cause"] == "slot_unavailable"
         assert not of(again.tick(MONO0 + 90), PostApproval)
+
+
+def test_a_shared_event_whose_slot_is_lost_while_coordinating_takes_its_ready_back():
+    """Its `ready` is in etcd: left there, the other VMs would approve the shared event (for
+    this VM too) once all are ready. `failed` is written instead: nobody approves early."""
+    m = Machine(fleet(concurrency=SLOTS), now=MONO0)
+    seen(m, dataclasses.replace(due_in(3 * 86400), resources=SHARED))
+    m.send(SlotGranted("E1", MONO0), at=MONO0)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 1)
+    assert m.phase() is Phase.COORDINATING
+    m.tick(MONO0 + TTL)
+    assert logs(m.effects, "slot_lost")
+    assert m.phase() is Phase.NOT_APPROVED
+    assert of(m.effects, StopCoordinating)
+    (retract,) = of(m.effects, Coordinate)
+    assert not retract.ready
+    m.send(PeersChanged("E1", dict.fromkeys(("vm-a", "vm-b", "vm-c"), "ready")), at=MONO0 + 6)
+    assert not of(m.effects, PostApproval)
