@@ -41,6 +41,7 @@ from scheduledeventsd.engine import (
     Tracked,
     status_text,
 )
+from scheduledeventsd.metrics import Metrics
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
 from tests.test_engine_when import MONO0, due_in, seen
 from tests.test_engine_when import machine as when_machine
@@ -457,3 +458,15 @@ def test_a_shared_event_whose_slot_is_lost_while_coordinating_takes_its_ready_ba
     assert not retract.ready
     m.send(PeersChanged("E1", dict.fromkeys(("vm-a", "vm-b", "vm-c"), "ready")), at=MONO0 + 6)
     assert not of(m.effects, PostApproval)
+
+
+def test_two_events_of_the_vm_holding_its_one_slot_show_as_one_slot_held():
+    """Issue 26 #6: a VM holds one slot, whatever the number of its events sharing it."""
+    m, _ = holding()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"), incarnation=3, at=MONO0 + 2)
+    before = m.state
+    m.send(SlotGranted("E2", MONO0 + 2), at=MONO0 + 2)
+    assert [t.slot.value for t in m.state.events.values()] == ["held", "held"]
+    metrics = Metrics(m.state.config)
+    metrics.observe(before, SlotGranted("E2", MONO0 + 2), m.state, MONO0 + 2)
+    assert metrics.registry.get_sample_value("scheduledeventsd_slot_held") == 1
