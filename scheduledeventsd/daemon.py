@@ -408,14 +408,13 @@ class Daemon:
             self._drainer = _drainer(new, self.runner, self.inbox.put)
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
             # The engine asks again through the new keeper for every slot asked for or held
-            # (AcquireSlot follows this effect): held ones are handed over for the moment it
-            # takes to take them back under the new keeper's own renewed lease. Slots in other
-            # keys (another group, cluster) are left to expire within their ttl.
-            keeper = _slot_keeper(new, self.inbox.put)
+            # (AcquireSlot follows this effect): a held one is taken back at once under the new
+            # keeper's own renewed lease, while the old lease (not revoked) still keeps it.
+            # Not handed over under HAND_OVER_TTL: nothing would renew that lease, and a slot
+            # in keys the new settings do not use would block them for 15 minutes.
             if self._slots is not None:
-                same = keeper is not None and keeper.keys == self._slots.keys
-                self._slots.stop_all(hand_over=same)
-            self._slots = keeper
+                self._slots.stop_all(hand_over=False)
+            self._slots = _slot_keeper(new, self.inbox.put)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:

@@ -59,11 +59,6 @@ class SlotKeeper:
         self._workers: dict[str, _Worker] = {}  # by VM name
         self._vm_of: dict[str, str] = {}  # EventId -> the VM name its worker holds for
 
-    @property
-    def keys(self) -> tuple[tuple[str, ...], str]:
-        """Where this keeper's slots are: the cluster and the group's prefix."""
-        return self.settings.endpoints, group_prefix(self.settings, self.concurrency.group)
-
     def acquire(self, effect: AcquireSlot) -> None:
         event_id, vm = effect.event.event_id, effect.vm_name
         with self._lock:

@@ -349,6 +349,7 @@ def test_a_reload_that_changes_concurrency_keeps_held_slots_renewed_and_queued_o
         tier.factories[vm].write_config(cfg)
         daemon.signal(signal.SIGHUP)
         daemon.wait_log("config_reloaded")
+    a.wait_log("slot_acquired", event_id=first, taken_back=True)
     time.sleep(1)
     left = slot_lease_left(cluster, tier.prefix)
     assert 0 < left <= 7, f"vm-a's slot under a lease of {left} s after the reload"
