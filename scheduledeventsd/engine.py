@@ -64,6 +64,10 @@ RATE_WINDOW = 1.02  # the margin covers up to 20 ms of jitter in the latency to 
 TAKE_BACK = 0.02  # a poll ordered for sooner than this may be under way: it is not taken back
 # A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
 CLUSTER_ASK = 2.0
+# An approval is sent only while its slot's lease is confirmed for this long more, so the POST
+# reaches IMDS before the lease can expire and the slot go to another VM. Renewed every third
+# of its ttl (5 s at least), a healthy lease always has more than 3 s left.
+SLOT_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -1747,7 +1751,7 @@ def _others_due(state: State, now: float) -> bool:
         t.phase is Phase.APPROVING
         and event_id not in posting
         and now >= failures.get(event_id, NO_FAILURES).retry_at
-        and not _slot_pending(state, event_id)
+        and not _slot_pending(state, event_id, now)
         for event_id, t in state.events.items()
     )
 
@@ -1953,10 +1957,11 @@ def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> S
     return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
 
 
-def _slot_pending(state: State, event_id: str) -> bool:
-    """A held slot being taken back: its event's approval waits for etcd's answer."""
+def _slot_pending(state: State, event_id: str, now: float) -> bool:
+    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
+    approval waits for etcd's next answer (or is lost at the lease's end)."""
     lease = state.slot_leases.get(event_id)
-    return lease is not None and not lease.confirmed
+    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
 
 
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
@@ -1991,7 +1996,7 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
         if t.phase is Phase.APPROVING
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at
-        and not _slot_pending(state, event_id)
+        and not _slot_pending(state, event_id, now)
     ]
     posting = set()
     for event in due:
@@ -2093,7 +2098,7 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
         if (
             phase is Phase.APPROVING
             and event_id not in state.approvals.posting
-            and not _slot_pending(state, event_id)
+            and not _slot_pending(state, event_id, now)
         ):
             times.append(max(state.approvals.failures.get(event_id, Failures()).retry_at, allowed))
         lease = state.slot_leases.get(event_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from scheduledeventsd import engine
 from scheduledeventsd.config import (
     ApprovePolicy,
     Concurrency,
@@ -470,3 +471,20 @@ def test_two_events_of_the_vm_holding_its_one_slot_show_as_one_slot_held():
     metrics = Metrics(m.state.config)
     metrics.observe(before, SlotGranted("E2", MONO0 + 2), m.state, MONO0 + 2)
     assert metrics.registry.get_sample_value("scheduledeventsd_slot_held") == 1
+
+
+def test_an_approval_is_sent_only_while_the_slot_is_confirmed_for_a_margin_more():
+    """The POST must reach IMDS before the lease can expire: with less than SLOT_MARGIN left
+    it waits for the next keep-alive (then goes), or for the loss (then never)."""
+    m, spawn = holding(at=MONO0 + 1)  # the slot is ours until MONO0 + 1 + TTL
+    late = MONO0 + 1 + TTL - engine.SLOT_MARGIN / 2
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=late)
+    assert m.phase() is Phase.APPROVING
+    assert not of(m.effects, PostApproval)
+    m.send(SlotKept("E1", late), at=late + 0.01)
+    assert of(m.effects, PostApproval), "confirmed again: sent"
+    other, spawn = holding(at=MONO0 + 1)
+    other.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=late)
+    other.tick(MONO0 + 1 + TTL)
+    assert other.phase() is Phase.NOT_APPROVED
+    assert not of(other.effects, PostApproval)
