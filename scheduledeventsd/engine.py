@@ -2430,7 +2430,12 @@ def _release_slots(before: State, after: State, out: list[Effect]) -> State:
             continue
         out.append(ReleaseSlot(event_id))
         if old.slot is Slot.HELD:
-            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event))
+            # The VM's events share its one slot (slots.SlotKeeper): it stays the VM's while
+            # another of them holds it.
+            kept = sorted(
+                k for k, t in after.events.items() if k != event_id and t.slot is Slot.HELD
+            )
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event, kept_for=kept))
         if now_ is not None:
             after = _with(after, event_id, replace(now_, slot=Slot.NONE))
     return after

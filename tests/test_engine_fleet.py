@@ -488,3 +488,15 @@ def test_an_approval_is_sent_only_while_the_slot_is_confirmed_for_a_margin_more(
     other.tick(MONO0 + 1 + TTL)
     assert other.phase() is Phase.NOT_APPROVED
     assert not of(other.effects, PostApproval)
+
+
+def test_an_event_that_ends_while_another_of_the_vm_holds_the_slot_says_it_is_kept():
+    """Issue 26 #6 in the record: the slot stays the VM's for the other event (kept_for)."""
+    m, _ = holding()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"), incarnation=3, at=MONO0 + 2)
+    (spawn,) = of(m.send(SlotGranted("E2", MONO0 + 2), at=MONO0 + 2), SpawnHooks)
+    seen(m, due_in(3 * 86400), incarnation=4, at=MONO0 + 3)  # E2 withdrawn: its hooks stop
+    m.send(HooksFinished(spawn.run, Outcome.CANCELLED), at=MONO0 + 4)
+    ended = [r for r in logs(m.effects, "slot_released") if r.fields["event_id"] == "E2"]
+    assert [r.fields["kept_for"] for r in ended] == [["E1"]]
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E2")]
