@@ -5,8 +5,11 @@ transaction that puts it only if it does not exist, under a lease of `concurrenc
 renews every third of that: a daemon that dies loses its slot within the TTL. No lock service,
 no leader: etcd's transactions decide, and every daemon reads the same keys. The engine decides
 when to ask and when to give back (AcquireSlot, ReleaseSlot); this module carries that out, one
-worker thread per event, and tells the engine SlotGranted, SlotBusy (who holds them, on change)
-or SlotFailed (etcd could not be asked; the worker asks again on its own, with backoff).
+worker thread per VM (its events share its one slot, given back after the last of them), and
+tells each of those events SlotGranted and SlotKept (with when etcd's acknowledged grant or
+keep-alive was sent: the engine counts the slot lost `ttl` after that), SlotBusy (who holds
+them, on change) or SlotFailed (etcd could not be asked; the worker asks again on its own, with
+backoff).
 """
 
 from __future__ import annotations
