@@ -438,10 +438,13 @@ class Daemon:
             self._drainer = _drainer(new, self.runner, self.inbox.put)
             self._restorer = None
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
-            # Held slots stay held (under a lease of HAND_OVER_TTL): the events holding them
-            # ask again through the new keeper when the daemon restarts, not before.
+            # The engine asks again through the new keeper for every slot asked for or held
+            # (AcquireSlot follows this effect): a held one is taken back at once under the new
+            # keeper's own renewed lease, while the old lease (not revoked) still keeps it.
+            # Not handed over under HAND_OVER_TTL: nothing would renew that lease, and a slot
+            # in keys the new settings do not use would block them for 15 minutes.
             if self._slots is not None:
-                self._slots.stop_all(hand_over=True)
+                self._slots.stop_all(hand_over=False)
             self._slots = _slot_keeper(new, self.inbox.put)
 
     def _spawn(self, effect: SpawnHooks) -> None:

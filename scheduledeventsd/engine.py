@@ -66,6 +66,10 @@ TAKE_BACK = 0.02  # a poll ordered for sooner than this may be under way: it is 
 CLUSTER_ASK = 2.0
 # Pacemaker: how often the cluster's readiness to drain this node is read again, for `status`.
 CLUSTER_CHECK = 60.0
+# An approval is sent only while its slot's lease is confirmed for this long more, so the POST
+# reaches IMDS before the lease can expire and the slot go to another VM. Renewed every third
+# of its ttl (5 s at least), a healthy lease always has more than 3 s left.
+SLOT_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,17 @@ class SlotGranted:
     """This VM holds one of its group's concurrency slots for the event."""
 
     event_id: str
+    # Monotonic: when the request that etcd last acknowledged for the slot's lease (its grant
+    # or a keep-alive) was sent; the lease lives at least `ttl` from then. None: now.
+    confirmed: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class SlotKept:
+    """etcd acknowledged a keep-alive of the slot's lease, sent at `confirmed` (monotonic)."""
+
+    event_id: str
+    confirmed: float
 
 
 @dataclass(frozen=True)
@@ -301,6 +316,7 @@ class Faulted:
 
 Message = Union[
     SlotGranted,
+    SlotKept,
     SlotBusy,
     SlotFailed,
     Boot,
@@ -537,6 +553,16 @@ class Peers:
 
 
 @dataclass(frozen=True)
+class SlotLease:
+    """Until when this daemon knows an event's slot is its own: etcd acknowledged its lease's
+    grant or keep-alive sent `ttl` before `until`. Unconfirmed: after a restart (or before the
+    first grant), the slot is being taken back, and `until` is how long that may take."""
+
+    until: float  # monotonic
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
 class Stopping:
     grace_until: float
     kill_until: Optional[float] = None  # set once hooks were cancelled
@@ -570,6 +596,7 @@ class State:
     strict: bool = False  # tests: a transition the table does not declare raises
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
     slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
+    slot_leases: Mapping[str, SlotLease] = field(default_factory=dict)  # HELD slots, by EventId
     sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)
     cluster_mark: Optional[ClusterMark] = None  # set by this daemon, until taken off: persisted
     cluster_problems: Optional[tuple[str, ...]] = None  # the last check (None: none yet)
@@ -701,6 +728,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
                 tracked = replace(tracked, slot=Slot.NONE)
             else:
                 out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
+                if tracked.slot is Slot.HELD:
+                    state = _slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set
             out.append(_drain_effect(state, tracked))
             tracked = replace(tracked, start_at=_drain_deadline(state, tracked.event, now))
@@ -1244,6 +1273,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
     state = _cluster_reloaded(state, old, out)
+    state = _slots_reloaded(state, old, out)
     for event_id, t in state.events.items():
         if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
             out.append(
@@ -1272,6 +1302,27 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
         )
     )
     out.append(Notify({"READY": "1"}))
+    return state
+
+
+def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+    """A reload that changes `concurrency` or etcd gives the daemon a new slot keeper (the old
+    one hands its held slots over): every slot asked for or held is asked for again through
+    it, held ones taken back under its own renewed lease. Without `concurrency` any more,
+    held slots are given back (the keeper is gone), and no slot is needed."""
+    new = state.config
+    if (new.coordination, new.concurrency) == (old.coordination, old.concurrency):
+        return state  # the daemon keeps its keeper (the same test as its _use_config)
+    etcd = new.coordination.etcd if new.coordination is not None else None
+    for event_id, t in state.events.items():
+        if t.slot not in (Slot.ASKED, Slot.HELD) or t.phase in _SLOT_ENDS:
+            continue
+        if new.concurrency is not None and etcd is not None:
+            out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
+        elif t.slot is Slot.HELD:
+            out.append(ReleaseSlot(event_id))
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
+            state = _with(state, event_id, replace(t, slot=Slot.NONE))
     return state
 
 
@@ -1712,6 +1763,8 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
     tracked = replace(tracked, slot=Slot.HELD)
+    confirmed = now if msg.confirmed is None else msg.confirmed
+    state = _slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)
     state, tracked = _prepare(state, tracked, On.SLOT, now, out)
@@ -1739,6 +1792,34 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         out.append(ReleaseSlot(msg.event_id))
         return _with(state, msg.event_id, replace(tracked, slot=Slot.MISSING))
     return state
+
+
+def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    lease = state.slot_leases.get(msg.event_id)
+    if tracked is None or tracked.slot is not Slot.HELD or lease is None or not lease.confirmed:
+        return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
+    return _slot_confirmed(state, msg.event_id, msg.confirmed)
+
+
+def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
+    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = state.slot_leases.get(event_id)
+    until = confirmed + ttl
+    if lease is not None and lease.confirmed and lease.until >= until:
+        return state
+    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
+
+
+def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
+    """A held slot asked for again (a restart, a reload): no early approval until etcd says
+    it is still ours, and lost if that takes longer than `ttl`."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = SlotLease(now + ttl, confirmed=False)
+    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
 
 
 def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
@@ -1778,6 +1859,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     GateAnswered: _gate_answered,
     Faulted: _faulted,
     SlotGranted: _slot_granted,
+    SlotKept: _slot_kept,
     SlotBusy: _slot_busy,
     SlotFailed: _slot_failed,
     ClusterChecked: _cluster_checked,
@@ -1797,6 +1879,7 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
     state = _watchdog(state, now, out)
     if state.stopping is not None:
         return _shutdown(state, now, out)
+    state = _slots_lost(state, now, out)
     state = _start_waiting(state, now, out)
     state = _drain_timeouts(state, now, out)
     state = _recheck_cluster(state, now, out)
@@ -1829,6 +1912,7 @@ def _others_due(state: State, now: float) -> bool:
         t.phase is Phase.APPROVING
         and event_id not in posting
         and now >= failures.get(event_id, NO_FAILURES).retry_at
+        and not _slot_pending(state, event_id, now)
         for event_id, t in state.events.items()
     )
 
@@ -1951,6 +2035,96 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
     return state
 
 
+# Phases in which an event may still be approved early: a slot lost then means it is not.
+_BEFORE_APPROVAL = frozenset(
+    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
+)
+
+
+def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
+    """A slot etcd has not confirmed for `ttl` may be another VM's by now (its lease expired
+    in a partition, or was not taken back after a restart): its event is not approved early.
+    Counted from the last acknowledged keep-alive on the monotonic clock, not from when a
+    failure is noticed (a keep-alive that hangs would notice it late). Hooks go on; an
+    approval already under way is judged when it ends. After the approval the slot is kept
+    asked for: it guards the undrain, and etcd says if it went (SlotBusy)."""
+    for event_id, lease in list(state.slot_leases.items()):
+        t = state.events.get(event_id)
+        if t is None or t.slot is not Slot.HELD:  # over, given back, or lost otherwise
+            leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
+            state = replace(state, slot_leases=leases)
+        elif (
+            lease.until <= now
+            and t.phase in _BEFORE_APPROVAL
+            and event_id not in state.approvals.posting
+        ):
+            state = _slot_lost(state, t, lease, out)
+    for event_id, t in state.events.items():
+        # Lost by any path (the timer above, etcd saying the lease expired or the slot is
+        # another VM's) once the event had been decided: an approval not sent is never sent.
+        if (
+            t.slot is Slot.MISSING
+            and t.phase in (Phase.COORDINATING, Phase.APPROVING)
+            and event_id not in state.approvals.posting
+        ):
+            state = _not_approved_without_slot(state, t, out)
+    return state
+
+
+def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) -> State:
+    event_id = t.event.event_id
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_LOST,
+            t.event,
+            reason="etcd did not confirm the slot within its ttl (its lease may have expired)"
+            if lease.confirmed
+            else "the slot was not taken back within its ttl after the restart",
+        )
+    )
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_UNAVAILABLE,
+            t.event,
+            reason="its slot was lost: its hooks go on, and it is not approved early (it "
+            "proceeds at NotBefore)",
+        )
+    )
+    out.append(ReleaseSlot(event_id))
+    leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
+    state = replace(state, slot_leases=leases)
+    return _with(state, event_id, replace(t, slot=Slot.MISSING))
+
+
+def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
+    """A shared event waiting for its peers, or an approval not sent yet, whose slot went.
+    A shared event's `ready` in etcd is taken back (`failed`: nobody approves it early), or
+    another VM could approve, for this one too, once every VM said ready."""
+    if t.phase is Phase.COORDINATING:
+        state, t = _stop_asking(state, t, out)
+        if _etcd(state):
+            out.append(Coordinate(t.event, t.vm_name or state.vm_name, False, t.incarnation))
+    out.append(
+        _note(
+            Level.WARNING,
+            What.EVENT_NOT_APPROVED,
+            t.event,
+            cause=Cause.SLOT_UNAVAILABLE.value,
+            reason="its concurrency slot was lost: it proceeds at NotBefore",
+        )
+    )
+    return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
+
+
+def _slot_pending(state: State, event_id: str, now: float) -> bool:
+    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
+    approval waits for etcd's next answer (or is lost at the lease's end)."""
+    lease = state.slot_leases.get(event_id)
+    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
+
+
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
     for event_id, t in state.events.items():
@@ -1983,6 +2157,7 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
         if t.phase is Phase.APPROVING
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at
+        and not _slot_pending(state, event_id, now)
     ]
     posting = set()
     for event in due:
@@ -2083,8 +2258,15 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
         phase = t.phase
         if phase is Phase.NOT_OURS:  # most of them under churn, and never a timer
             continue
-        if phase is Phase.APPROVING and event_id not in state.approvals.posting:
+        if (
+            phase is Phase.APPROVING
+            and event_id not in state.approvals.posting
+            and not _slot_pending(state, event_id, now)
+        ):
             times.append(max(state.approvals.failures.get(event_id, Failures()).retry_at, allowed))
+        lease = state.slot_leases.get(event_id)
+        if lease is not None and phase in _BEFORE_APPROVAL:
+            times.append(lease.until)
         if phase in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) and state.stopping is None:
             times.append(t.start_at)
         peers = state.peers.get(event_id)
@@ -2422,7 +2604,12 @@ def _release_slots(before: State, after: State, out: list[Effect]) -> State:
             continue
         out.append(ReleaseSlot(event_id))
         if old.slot is Slot.HELD:
-            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event))
+            # The VM's events share its one slot (slots.SlotKeeper): it stays the VM's while
+            # another of them holds it.
+            kept = sorted(
+                k for k, t in after.events.items() if k != event_id and t.slot is Slot.HELD
+            )
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event, kept_for=kept))
         if now_ is not None:
             after = _with(after, event_id, replace(now_, slot=Slot.NONE))
     return after

@@ -47,6 +47,7 @@ class On(str, enum.Enum):
     LEFT = "left the document"
     LEAD_TIME = "its start instant came"
     SLOT = "a concurrency slot is ours"
+    SLOT_LOST = "its concurrency slot was lost"
     DRAINED = "the cluster moved this node's resources away"
     DRAIN_HELD = "the cluster cannot spare this node"
     HOOKS_OK = "before-hooks succeeded"
@@ -236,6 +237,10 @@ _ROWS: list[Transition] = [
     _t(P.COORDINATING, On.GATE_NEVER, [P.NOT_APPROVED], "event_not_approved cause=gate_refused"),
     _t(P.COORDINATING, On.STARTED, [P.DONE], "the watch or gate is stopped"),
     _t(P.APPROVING, On.STARTED, [P.DONE], "no approval needed any more"),
+    *[
+        _t(p, On.SLOT_LOST, [P.NOT_APPROVED], "slot_lost: not approved early (slot_unavailable)")
+        for p in (P.COORDINATING, P.APPROVING)
+    ],
     _t(P.APPROVING, On.ACCEPTED, [P.APPROVED], "event_approved"),
     *[
         _t(p, On.LISTED, [p], "nothing")

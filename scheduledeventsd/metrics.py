@@ -139,7 +139,8 @@ class Metrics:
         self.next_window.set_function(self._next_window)
         self.slot_held = Gauge(
             "scheduledeventsd_slot_held",
-            "Concurrency slots this VM holds (one per event in early maintenance)",
+            "Concurrency slots this VM holds (1 while any of its events is in early "
+            "maintenance: its events share one)",
             registry=r,
         )
         self.cluster_drain = Gauge(
@@ -222,7 +223,7 @@ class Metrics:
             counts[_type(tracked.event.event_type)] += 1
         for event_type, count in counts.items():
             self.pending.labels(event_type).set(count)
-        self.slot_held.set(sum(1 for t in after.events.values() if t.slot.value == "held"))
+        self.slot_held.set(int(any(t.slot.value == "held" for t in after.events.values())))
         for drain in DRAIN_STATES:
             self.cluster_drain.labels(drain).set(
                 sum(1 for t in after.events.values() if t.drain.value == drain)

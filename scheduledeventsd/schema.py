@@ -343,7 +343,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "concurrency.ttl",
         Kind.WHOLE,
-        "Lease of a held slot, renewed every third of it: a daemon killed loses it within this.",
+        "Lease of a held slot, renewed every third of it: a daemon killed loses it within this; "
+        "unconfirmed by etcd for this long (a partition), it counts as lost: no early approval.",
         30,
         5,
         300,

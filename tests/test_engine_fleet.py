@@ -3,8 +3,12 @@ never when one failed or coordination is down, never rush a VM that runs no daem
 
 from __future__ import annotations
 
+import dataclasses
+
+from scheduledeventsd import engine
 from scheduledeventsd.config import (
     ApprovePolicy,
+    Concurrency,
     Coordination,
     Etcd,
     EventRule,
@@ -12,10 +16,14 @@ from scheduledeventsd.config import (
     HookCommand,
 )
 from scheduledeventsd.engine import (
+    AcquireSlot,
+    ApprovalFailed,
+    ApprovalSent,
     AskGate,
     CancelRuns,
     Coordinate,
     CoordinationFailed,
+    Fetch,
     GateAnswered,
     HooksFinished,
     Outcome,
@@ -23,13 +31,21 @@ from scheduledeventsd.engine import (
     Persist,
     Phase,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
+    SlotKept,
     SpawnHooks,
     StopCoordinating,
     Tracked,
     status_text,
 )
+from scheduledeventsd.metrics import Metrics
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
+from tests.test_engine_when import MONO0, due_in, seen
+from tests.test_engine_when import machine as when_machine
 
 ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
 GATE = Coordination(gate=Gate(HookCommand(("/usr/local/sbin/gate",), 60.0), interval=10.0))
@@ -298,3 +314,189 @@ def test_a_restart_keeps_a_shared_event_waiting_not_approved():
 
 def engine_status(m):
     return status_text(m.state)
+
+
+# ---- concurrency slots: a slot counts only while etcd confirms it ----------------------------
+
+TTL = 5
+SLOTS = Concurrency("web", 1, TTL)
+
+
+def holding(at=MONO0 + 1, confirmed=None, **overrides):
+    """A Reboot of ours with long notice, its slot granted at `at` (lease confirmed as sent
+    at `confirmed`): its before-hooks run. Returns the machine and the hooks' run."""
+    m = when_machine(concurrency=SLOTS, coordination=ETCD, **overrides)
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    m.send(SlotGranted("E1", at if confirmed is None else confirmed), at=at)
+    (spawn,) = of(m.effects, SpawnHooks)
+    return m, spawn
+
+
+def test_a_slot_etcd_has_not_confirmed_for_its_ttl_is_lost_and_not_approved_early():
+    """Issue 26 #3: counted from the last acknowledged keep-alive (when it was sent), not from
+    when its answer or a failure arrived: the hooks go on, no early approval."""
+    m, spawn = holding(at=MONO0 + 1.5, confirmed=MONO0 + 1)
+    m.send(SlotKept("E1", MONO0 + 2.5), at=MONO0 + 4)  # acknowledged late: sent at 2.5
+    m.send(SlotFailed("E1", "timeout", "keep-alive timed out"), at=MONO0 + 6)
+    assert m.wake() == MONO0 + 2.5 + TTL, "a timer is placed at the loss"
+    assert not logs(m.tick(MONO0 + 2.5 + TTL - 0.01), "slot_lost")
+    effects = m.tick(MONO0 + 2.5 + TTL)
+    assert logs(effects)[:2] == ["slot_lost", "slot_unavailable"]
+    assert of(effects, ReleaseSlot) == [ReleaseSlot("E1")]
+    assert not of(effects, CancelRuns), "its hooks go on"
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 9)
+    assert not of(m.effects, PostApproval)
+    assert m.phase() is Phase.NOT_APPROVED
+    (refused,) = logs(m.effects, "event_not_approved")
+    assert refused.fields["cause"] == "slot_unavailable"
+    m.send(SlotGranted("E1", MONO0 + 9.5), at=MONO0 + 10)  # the partition healed: too late
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+    assert not of(m.effects, PostApproval)
+
+
+def test_keep_alives_acknowledged_in_time_keep_the_slot_and_it_is_approved_early():
+    m, spawn = holding()
+    for k in range(1, 7):  # every third of the ttl, for 10 s: twice the ttl
+        m.send(SlotKept("E1", MONO0 + 1 + k * TTL / 3), at=MONO0 + 1.01 + k * TTL / 3)
+        assert not logs(m.effects, "slot_lost")
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 11.1)
+    assert of(m.effects, PostApproval)
+
+
+def test_a_slot_lost_while_its_approval_waits_for_a_retry_is_not_approved():
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval)
+    m.send(ApprovalFailed("E1", "http", "HTTP 500"), at=MONO0 + 2.1)
+    m.tick(MONO0 + 1 + TTL)
+    assert logs(m.effects, "slot_lost")
+    assert m.phase() is Phase.NOT_APPROVED
+    assert logs(m.effects, "event_not_approved")[0].fields["cause"] == "slot_unavailable"
+    assert not of(m.tick(MONO0 + 60), PostApproval), "never retried"
+
+
+def test_an_approval_under_way_when_the_slot_is_lost_is_judged_when_it_ends():
+    """The POST went out while the slot was ours: accepted, the event is approved and keeps
+    asking for its slot (it guards the undrain); refused, it is not retried."""
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval)
+    assert not logs(m.tick(MONO0 + 1 + TTL), "slot_lost"), "in flight: judged at its answer"
+    m.send(ApprovalSent("E1"), at=MONO0 + 6.5)
+    assert m.phase() is Phase.APPROVED
+    assert not logs(m.tick(MONO0 + 20), "slot_lost"), "approved: nothing left to refuse"
+    assert not of(m.effects, ReleaseSlot), "held until the event is over"
+
+
+def test_after_a_restart_a_held_slot_is_confirmed_before_an_approval_and_lost_after_its_ttl():
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalFailed("E1", "timeout", "IMDS"), at=MONO0 + 2.1)
+    assert m.phase() is Phase.APPROVING
+    loaded = {"E1": m.state.events["E1"]}
+    again = Machine(m.state.config, loaded=loaded, now=MONO0 + 30)
+    assert of(again.effects, AcquireSlot)
+    assert not of(again.effects, PostApproval), "not at start: the slot may be another VM's"
+    seen(again, due_in(3 * 86400), at=MONO0 + 30.2)
+    assert not of(again.effects, PostApproval), "not before etcd says the slot is still ours"
+    assert of(again.effects, Fetch), "polling goes on meanwhile"
+    again.send(SlotGranted("E1", MONO0 + 31), at=MONO0 + 31.1)
+    assert of(again.effects, PostApproval), "taken back: approved"
+    lost = Machine(m.state.config, loaded=loaded, now=MONO0 + 30)
+    lost.tick(MONO0 + 30 + TTL)
+    assert logs(lost.effects, "slot_lost")
+    assert lost.phase() is Phase.NOT_APPROVED
+    assert not of(lost.effects, PostApproval)
+
+
+def test_a_reload_that_changes_concurrency_asks_again_for_held_and_queued_slots():
+    """Issue 26, suspected: the new keeper is asked for every slot (held ones are taken
+    back under its renewed lease); without concurrency any more, held ones are given back."""
+    m, _ = holding()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"), incarnation=3, at=MONO0 + 2)
+    assert m.state.events["E2"].slot.value == "asked"
+    cfg = m.state.config
+    m.send(Reloaded(dataclasses.replace(cfg, concurrency=Concurrency("web", 2, TTL))), at=MONO0 + 3)
+    assert {a.event.event_id for a in of(m.effects, AcquireSlot)} == {"E1", "E2"}
+    m.send(Reloaded(dataclasses.replace(cfg, concurrency=Concurrency("web", 2, TTL))), at=MONO0 + 3)
+    assert not of(m.effects, AcquireSlot), "the same settings: the same keeper, nothing asked"
+    m.send(Reloaded(dataclasses.replace(cfg, concurrency=None)), at=MONO0 + 4)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+    assert m.state.events["E1"].slot.value == ""
+
+
+def test_a_decided_event_whose_slot_etcd_says_went_elsewhere_is_never_approved():
+    """After a restart in `approving` (a kill -9 between the decision and the POST), etcd says
+    the slot is another VM's (or that its lease expired): the approval is not sent, ever."""
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalFailed("E1", "timeout", "IMDS"), at=MONO0 + 2.1)
+    loaded = {"E1": m.state.events["E1"]}
+    for holders in (("vm-b",), ("(lease expired)",)):
+        again = Machine(m.state.config, loaded=loaded, now=MONO0 + 30)
+        again.send(SlotBusy("E1", holders), at=MONO0 + 30.5)
+        assert logs(again.effects, "slot_unavailable")
+        assert again.phase() is Phase.NOT_APPROVED
+        assert logs(again.effects, "event_not_approved")[0].fields["cause"] == "slot_unavailable"
+        assert not of(again.tick(MONO0 + 90), PostApproval)
+
+
+def test_a_shared_event_whose_slot_is_lost_while_coordinating_takes_its_ready_back():
+    """Its `ready` is in etcd: left there, the other VMs would approve the shared event (for
+    this VM too) once all are ready. `failed` is written instead: nobody approves early."""
+    m = Machine(fleet(concurrency=SLOTS), now=MONO0)
+    seen(m, dataclasses.replace(due_in(3 * 86400), resources=SHARED))
+    m.send(SlotGranted("E1", MONO0), at=MONO0)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 1)
+    assert m.phase() is Phase.COORDINATING
+    m.tick(MONO0 + TTL)
+    assert logs(m.effects, "slot_lost")
+    assert m.phase() is Phase.NOT_APPROVED
+    assert of(m.effects, StopCoordinating)
+    (retract,) = of(m.effects, Coordinate)
+    assert not retract.ready
+    m.send(PeersChanged("E1", dict.fromkeys(("vm-a", "vm-b", "vm-c"), "ready")), at=MONO0 + 6)
+    assert not of(m.effects, PostApproval)
+
+
+def test_two_events_of_the_vm_holding_its_one_slot_show_as_one_slot_held():
+    """Issue 26 #6: a VM holds one slot, whatever the number of its events sharing it."""
+    m, _ = holding()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"), incarnation=3, at=MONO0 + 2)
+    before = m.state
+    m.send(SlotGranted("E2", MONO0 + 2), at=MONO0 + 2)
+    assert [t.slot.value for t in m.state.events.values()] == ["held", "held"]
+    metrics = Metrics(m.state.config)
+    metrics.observe(before, SlotGranted("E2", MONO0 + 2), m.state, MONO0 + 2)
+    assert metrics.registry.get_sample_value("scheduledeventsd_slot_held") == 1
+
+
+def test_an_approval_is_sent_only_while_the_slot_is_confirmed_for_a_margin_more():
+    """The POST must reach IMDS before the lease can expire: with less than SLOT_MARGIN left
+    it waits for the next keep-alive (then goes), or for the loss (then never)."""
+    m, spawn = holding(at=MONO0 + 1)  # the slot is ours until MONO0 + 1 + TTL
+    late = MONO0 + 1 + TTL - engine.SLOT_MARGIN / 2
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=late)
+    assert m.phase() is Phase.APPROVING
+    assert not of(m.effects, PostApproval)
+    m.send(SlotKept("E1", late), at=late + 0.01)
+    assert of(m.effects, PostApproval), "confirmed again: sent"
+    other, spawn = holding(at=MONO0 + 1)
+    other.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=late)
+    other.tick(MONO0 + 1 + TTL)
+    assert other.phase() is Phase.NOT_APPROVED
+    assert not of(other.effects, PostApproval)
+
+
+def test_an_event_that_ends_while_another_of_the_vm_holds_the_slot_says_it_is_kept():
+    """Issue 26 #6 in the record: the slot stays the VM's for the other event (kept_for)."""
+    m, _ = holding()
+    seen(m, due_in(3 * 86400), due_in(3 * 86400, "E2"), incarnation=3, at=MONO0 + 2)
+    (spawn,) = of(m.send(SlotGranted("E2", MONO0 + 2), at=MONO0 + 2), SpawnHooks)
+    seen(m, due_in(3 * 86400), incarnation=4, at=MONO0 + 3)  # E2 withdrawn: its hooks stop
+    m.send(HooksFinished(spawn.run, Outcome.CANCELLED), at=MONO0 + 4)
+    ended = [r for r in logs(m.effects, "slot_released") if r.fields["event_id"] == "E2"]
+    assert [r.fields["kept_for"] for r in ended] == [["E1"]]
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E2")]
