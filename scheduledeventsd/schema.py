@@ -531,8 +531,24 @@ KEYS: tuple[Key, ...] = (
         f"What to tell: any of {', '.join(WEBHOOK_EVENTS)}.",
         list(WEBHOOK_EVENTS),
     ),
-    Key("webhooks[].timeout", Kind.SECONDS, "Per attempt.", 5, 0.1, 60),
-    Key("webhooks[].retries", Kind.WHOLE, "Attempts after the first, with backoff.", 5, 0, 20),
+    Key(
+        "webhooks[].timeout",
+        Kind.SECONDS,
+        "Per attempt, for all of it: connecting, sending and the reply (its status, headers and "
+        "at most 4 KiB of its body; a reply still coming is cut).",
+        5,
+        0.1,
+        60,
+    ),
+    Key(
+        "webhooks[].retries",
+        Kind.WHOLE,
+        "Attempts after the first, after a failed connection, a timeout or a 408, 425, 429 or "
+        "5xx, with backoff (0.5 s, 1 s, 2 s, ... or the reply's Retry-After, at most 60 s).",
+        5,
+        0,
+        20,
+    ),
     Key(
         "webhooks[].headers",
         Kind.NAMED,

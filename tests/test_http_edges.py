@@ -7,10 +7,12 @@ import socket
 import threading
 import time
 
+import pytest
 import requests
 
 from tests.conftest import VM, wait_for
 from tests.etcd_cluster import free_ports
+from tests.test_observability import Receiver
 
 
 def _probe(port: int) -> str:
@@ -86,3 +88,210 @@ def _rss_kib(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} for {pid}")
+
+
+class Hostile:
+    """A webhook receiver on loopback that answers by path: `/endless` 200 and a chunked body
+    that never ends, `/endless503` the same with 503, `/drip-head` its status line and then a
+    header byte a second, `/drip-body` 200 and then a body byte every half second. Each reply
+    stops at `cap` bytes, after `seconds`, or when the daemon hangs up (bounded, whatever the
+    daemon does). `sent[path]`: bytes sent; `requests[path]`: requests received."""
+
+    def __init__(self, cap: int = 256 << 20, seconds: float = 60.0) -> None:
+        self.cap = cap
+        self.seconds = seconds
+        self.sent: dict[str, int] = {}
+        self.requests: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                path = self._request(conn)
+                with self._lock:
+                    self.requests[path] = self.requests.get(path, 0) + 1
+                self._reply(conn, path)
+            except OSError:
+                pass  # the daemon hung up: what it should do
+
+    def _request(self, conn: socket.socket) -> str:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise OSError("closed")
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+             if line.lower().startswith(b"content-length:")),
+            0,
+        )  # fmt: skip
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head.split(b" ")[1].decode()
+
+    def _send(self, conn: socket.socket, path: str, data: bytes) -> None:
+        conn.sendall(data)
+        with self._lock:
+            self.sent[path] = self.sent.get(path, 0) + len(data)
+
+    def _reply(self, conn: socket.socket, path: str) -> None:
+        started = time.monotonic()
+        more = lambda: (  # noqa: E731
+            not self._stop.is_set()
+            and time.monotonic() - started < self.seconds
+            and self.sent.get(path, 0) < self.cap
+        )
+        if path in ("/endless", "/endless503"):
+            status = b"200 OK" if path == "/endless" else b"503 Service Unavailable"
+            self._send(
+                conn, path, b"HTTP/1.1 " + status + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            chunk = b"%x\r\n" % 65536 + b"x" * 65536 + b"\r\n"
+            while more():
+                self._send(conn, path, chunk)
+        elif path == "/drip-head":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            while more():
+                self._send(conn, path, b"x")
+                self._stop.wait(1)
+        elif path == "/drip-body":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while more():
+                self._send(conn, path, b"1\r\nx\r\n")
+                self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        for thread in self._threads:
+            thread.join(10)
+
+
+def _hostile_daemon(daemons, hooks, hostile, good, *paths):
+    """A daemon whose webhooks are `paths` of the hostile receiver (timeout 2 s, `detected`
+    only; /endless503 retried once) and the good receiver (every message)."""
+    cfg = daemons.config(
+        vm_name=VM,
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+        webhooks=[
+            *(
+                {
+                    "url": hostile.url(path),
+                    "retries": 1 if path == "/endless503" else 0,
+                    "on": ["detected"],
+                    "timeout": 2,
+                }
+                for path in paths
+            ),
+            {"url": good.url},
+        ],
+    )
+    return daemons.start(cfg)
+
+
+def _outcomes(daemon, hostile, count: int, timeout: float = 30) -> list[tuple[str, int]]:
+    """The hostile receiver's messages as (logged, status or 0), once `count` are logged."""
+    url = f"http://127.0.0.1:{hostile.port}/..."
+
+    def logged() -> list[tuple[str, int]]:
+        return sorted(
+            (r["event"], r.get("status", 0))
+            for r in list(daemon.records)
+            if r.get("url") == url and r.get("event") in ("webhook_delivered", "webhook_failed")
+        )
+
+    try:
+        return wait_for(lambda: len(logged()) >= count and logged(), timeout, f"{count} logged")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: only {logged()}") from None
+
+
+def _works_on(daemon, sim, good) -> None:
+    """The daemon works on: the good receiver has detected, approved and completed, polls go
+    on, a second event is approved."""
+    wait_for(lambda: len(good.bodies()) >= 3, 15, "detected, approved, completed")
+    daemon.polls_seen(sim)
+    second = sim.add_event("Reboot", [VM], not_before_in=600)
+    daemon.wait_log("event_approved", event_id=second, timeout=30)
+
+
+@pytest.fixture
+def hostile():
+    server = Hostile()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def good():
+    """A receiver that answers 200 at once."""
+    server = Receiver()
+    yield server
+    server.stop()
+
+
+def test_a_webhook_reply_that_never_ends_costs_a_few_kib_not_the_daemons_memory(
+    daemons, hooks, sim, hostile, good
+):
+    """A receiver answering 200 with a 1.5 GiB chunked body took the daemon from 36 MB to
+    1.58 GB: the reply was read whole (and urllib3 read a retried 503's whole body before
+    retrying). Of a reply only a few KiB are read: the daemon's peak memory (VmHWM) stays
+    within 64 MiB of its size before, though each endless reply could send 256 MiB; a 200 is
+    delivered, a 503 retried once and failed, and the daemon works on."""
+    daemon = _hostile_daemon(daemons, hooks, hostile, good, "/endless", "/endless503")
+    before = _rss_kib(daemon.proc.pid)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+    daemon.wait_log("event_approved", event_id=event_id, timeout=30)
+    outcome = _outcomes(daemon, hostile, 2)
+    peak = _rss_kib(daemon.proc.pid, "VmHWM")
+    assert peak < before + 64 * 1024, f"VmHWM {peak} KiB, VmRSS {before} KiB before"
+    assert outcome == [("webhook_delivered", 200), ("webhook_failed", 503)], outcome
+    assert hostile.requests["/endless503"] == 2, "retried once"
+    assert hostile.sent["/endless"] < 64 << 20, "the daemon hung up on the endless body"
+    _works_on(daemon, sim, good)
+
+
+def test_a_webhook_receiver_dripping_a_byte_a_second_holds_its_sender_only_to_the_timeout(
+    daemons, hooks, sim, hostile, good
+):
+    """Suspected in review, confirmed: requests' timeout is per read, so a receiver dripping
+    its headers or its body a byte at a time kept the exchange, and the webhook's only thread,
+    for ever (no message after it was ever sent). The whole exchange has one deadline (the
+    webhook's `timeout`, 2 s): headers not whole by then fail as a timeout; a 2xx whose body
+    drips is delivered at the deadline."""
+    daemon = _hostile_daemon(daemons, hooks, hostile, good, "/drip-head", "/drip-body")
+    sent = time.monotonic()
+    event_id = sim.add_event("Reboot", [VM], not_before_in=600)
+    outcome = _outcomes(daemon, hostile, 2)
+    took = time.monotonic() - sent
+    assert outcome == [("webhook_delivered", 200), ("webhook_failed", 0)], outcome
+    (timed_out,) = daemon.logs("webhook_failed", url=f"http://127.0.0.1:{hostile.port}/...")
+    assert "timeout" in timed_out["error"], timed_out
+    assert took < 10, f"{took:.1f}s with a timeout of 2 s for each"
+    daemon.wait_log("event_approved", event_id=event_id, timeout=30)
+    _works_on(daemon, sim, good)
