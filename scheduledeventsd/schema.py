@@ -373,7 +373,15 @@ KEYS: tuple[Key, ...] = (
         example="[https://10.0.0.4:2379, https://10.0.0.5:2379, https://10.0.0.6:2379]",
     ),
     Key("coordination.etcd.prefix", Kind.TEXT, "Where the keys go.", "/scheduledeventsd"),
-    Key("coordination.etcd.timeout", Kind.SECONDS, "Per request.", 5, 0.1, 60),
+    Key(
+        "coordination.etcd.timeout",
+        Kind.SECONDS,
+        "Per request and endpoint, for all of it: connecting, the headers, the answer (read up "
+        "to 4 MiB, as is each message of a watch).",
+        5,
+        0.1,
+        60,
+    ),
     Key(
         "coordination.etcd.ca_file",
         Kind.PATH,

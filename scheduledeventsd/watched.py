@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 from .deadline import Watch
@@ -49,7 +50,10 @@ class WatchedAdapter(HTTPAdapter):
 def read_at_most(response: requests.Response, limit: int) -> Optional[bytes]:
     """At most `limit` bytes of a streamed response's body, as sent (never decompressed: a
     small gzip can be a huge body); None, and the connection closed, when there is more."""
-    data = response.raw.read(limit + 1, decode_content=False)
+    try:
+        data = response.raw.read(limit + 1, decode_content=False)
+    except urllib3.exceptions.HTTPError as e:  # a broken body is a requests error, as elsewhere
+        raise requests.ConnectionError(str(e)) from None
     if len(data) > limit:
         response.close()
         return None

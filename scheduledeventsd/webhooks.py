@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
 import requests
-import urllib3
 
 from . import __version__
 from .config import Webhook, WebhookFormat
@@ -212,7 +211,7 @@ class _Sender:
                     raise requests.Timeout("cut at the deadline")
                 try:
                     read_at_most(response, MAX_REPLY)  # a short reply lets the link be reused
-                except (requests.RequestException, OSError, urllib3.exceptions.HTTPError):
+                except (requests.RequestException, OSError):
                     pass  # the status is what counts; the body is never used
                 finally:
                     response.close()

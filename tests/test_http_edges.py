@@ -1,5 +1,5 @@
 """The daemon's HTTP edges against hostile peers on loopback, end to end: a webhook receiver
-whose reply never ends or drips a byte a second, and idle connections that crowd out /health."""
+whose reply never ends or drips bytes for ever, and idle connections that crowd out /health."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import VM, wait_for
+from tests.conftest import VM, cli, wait_for
 from tests.etcd_cluster import free_ports
 from tests.test_observability import Receiver
 
@@ -93,11 +93,12 @@ def _rss_kib(pid: int, field: str = "VmRSS") -> int:
 class Hostile:
     """A webhook receiver on loopback that answers by path: `/endless` 200 and a chunked body
     that never ends, `/endless503` the same with 503, `/drip-head` its status line and then a
-    header byte a second, `/drip-body` 200 and then a body byte every half second. Each reply
-    stops at `cap` bytes, after `seconds`, or when the daemon hangs up (bounded, whatever the
-    daemon does). `sent[path]`: bytes sent; `requests[path]`: requests received."""
+    header byte every half second, `/drip-body` 200 and then a body byte every half second.
+    Each reply stops at `cap` bytes, after `seconds`, or when the daemon hangs up (bounded,
+    whatever the daemon does). `sent[path]`: bytes sent; `requests[path]`: requests received."""
 
-    def __init__(self, cap: int = 256 << 20, seconds: float = 60.0) -> None:
+    def __init__(self, cap: int = 256 << 20, seconds: float = 60.0, every: str = "") -> None:
+        self.every = every  # the reply to any path (an etcd client's), counted under it
         self.cap = cap
         self.seconds = seconds
         self.sent: dict[str, int] = {}
@@ -129,7 +130,9 @@ class Hostile:
         with conn:
             conn.settimeout(5)
             try:
-                path = self._request(conn)
+                path = self.every or self._request(conn)
+                if self.every:
+                    self._request(conn)
                 with self._lock:
                     self.requests[path] = self.requests.get(path, 0) + 1
                 self._reply(conn, path)
@@ -177,7 +180,7 @@ class Hostile:
             self._send(conn, path, b"HTTP/1.1 200 OK\r\nX-Drip: ")
             while more():
                 self._send(conn, path, b"x")
-                self._stop.wait(1)
+                self._stop.wait(0.5)
         elif path == "/drip-body":
             self._send(conn, path, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
             while more():
@@ -280,10 +283,10 @@ def test_a_webhook_receiver_dripping_a_byte_a_second_holds_its_sender_only_to_th
     daemons, hooks, sim, hostile, good
 ):
     """Suspected in review, confirmed: requests' timeout is per read, so a receiver dripping
-    its headers or its body a byte at a time kept the exchange, and the webhook's only thread,
-    for ever (no message after it was ever sent). The whole exchange has one deadline (the
-    webhook's `timeout`, 2 s): headers not whole by then fail as a timeout; a 2xx whose body
-    drips is delivered at the deadline."""
+    its headers or its body a byte every half second kept the exchange, and the webhook's
+    only thread, for ever (no message after it was ever sent). The whole exchange has one
+    deadline (the webhook's `timeout`, 2 s): headers not whole by then fail as a timeout; a
+    2xx whose body drips is delivered at the deadline."""
     daemon = _hostile_daemon(daemons, hooks, hostile, good, "/drip-head", "/drip-body")
     sent = time.monotonic()
     event_id = sim.add_event("Reboot", [VM], not_before_in=600)
@@ -295,3 +298,92 @@ def test_a_webhook_receiver_dripping_a_byte_a_second_holds_its_sender_only_to_th
     assert took < 10, f"{took:.1f}s with a timeout of 2 s for each"
     daemon.wait_log("event_approved", event_id=event_id, timeout=30)
     _works_on(daemon, sim, good)
+
+
+# ---- etcd's client: the same bounds, per call and per message of a watch --------------------
+
+
+def _etcd(hostile: Hostile, timeout: float = 2.0):
+    from scheduledeventsd.config import Etcd  # noqa: PLC0415
+    from scheduledeventsd.etcd import EtcdClient  # noqa: PLC0415
+
+    return EtcdClient(Etcd(endpoints=(f"http://127.0.0.1:{hostile.port}",), timeout=timeout))
+
+
+def test_an_etcd_answer_that_never_ends_is_refused_after_a_few_mib():
+    """A range answer was read whole (requests' `content`): an endpoint answering an endless
+    body had the daemon read it to its end. An answer is read up to MAX_MESSAGE (4 MiB)."""
+    from scheduledeventsd.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
+
+    hostile = Hostile(every="/endless", cap=128 << 20)
+    client = _etcd(hostile, timeout=10)
+    try:
+        with pytest.raises(EtcdError) as raised:
+            client.range("/scheduledeventsd/")
+        assert hostile.sent["/endless"] < MAX_MESSAGE + (8 << 20), "it hung up at the bound"
+        assert raised.value.kind == "bad_answer", raised.value
+    finally:
+        client.close()
+        hostile.stop()
+
+
+def test_an_etcd_endpoint_dripping_bytes_fails_the_call_at_its_timeout():
+    """requests' timeout is per read: an endpoint sending a byte every half second kept a
+    call (a lease keep-alive, a slot's take) for ever. The whole call has the timeout."""
+    from scheduledeventsd.etcd import EtcdError  # noqa: PLC0415
+
+    for path in ("/drip-head", "/drip-body"):
+        hostile = Hostile(every=path, seconds=30)
+        client = _etcd(hostile, timeout=1)
+        started = time.monotonic()
+        try:
+            with pytest.raises(EtcdError) as raised:
+                client.keep_alive("7587879012345")
+            took = time.monotonic() - started
+            assert raised.value.kind == "timeout", (path, raised.value)
+            assert took < 5, (path, took)
+        finally:
+            client.close()
+            hostile.stop()
+
+
+def test_an_etcd_watch_message_that_never_ends_is_refused_after_a_few_mib():
+    """A watch message was kept whole until its newline (requests' iter_lines): a stream that
+    never sends one grew without bound. Each message is read up to MAX_MESSAGE."""
+    from scheduledeventsd.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
+
+    hostile = Hostile(every="/endless", cap=128 << 20)
+    client = _etcd(hostile, timeout=10)
+    try:
+        with pytest.raises(EtcdError) as raised:
+            for _ in client.watch("/scheduledeventsd/", 1, idle=10):
+                pass
+        assert hostile.sent["/endless"] < MAX_MESSAGE + (8 << 20), "it hung up at the bound"
+        assert raised.value.kind == "bad_answer", raised.value
+    finally:
+        client.close()
+        hostile.stop()
+
+
+# ---- `status` over HTTP ----------------------------------------------------------------------
+
+
+def test_status_against_a_reply_that_never_ends_or_drips_answers_within_its_timeout(daemons):
+    """`scheduledeventsd status` read /status whole with a per-read timeout: whatever answered
+    on the port with an endless body was read to its end, one dripping bytes held it as long as
+    it dripped. It reads at most 16 MiB, within 3 s for all of it, then says there is no
+    status (no daemon ran here)."""
+    for path in ("/endless", "/drip-head", "/drip-body"):
+        hostile = Hostile(every=path, cap=128 << 20, seconds=30)
+        try:
+            cfg = daemons.config(vm_name=VM, http={"listen": f"127.0.0.1:{hostile.port}"})
+            config_path = daemons.write_config(cfg)
+            started = time.monotonic()
+            shown = cli("status", "--config", str(config_path))
+            took = time.monotonic() - started
+            assert shown.returncode == 1, (path, shown.stdout, shown.stderr)
+            assert "no status" in shown.stderr, (path, shown.stderr)
+            assert took < 15, (path, took, shown.stderr)  # 3 s, and Python's start
+            assert hostile.sent[path] < 32 << 20, (path, "it hung up at the bound")
+        finally:
+            hostile.stop()
