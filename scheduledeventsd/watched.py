@@ -49,7 +49,8 @@ class WatchedAdapter(HTTPAdapter):
 
 def read_at_most(response: requests.Response, limit: int) -> Optional[bytes]:
     """At most `limit` bytes of a streamed response's body, as sent (never decompressed: a
-    small gzip can be a huge body); None, and the connection closed, when there is more."""
+    small gzip can be a huge body); None, and the connection closed, when there is more. A body
+    read to its end gives its connection back to the pool (etcd's calls reuse it)."""
     try:
         data = response.raw.read(limit + 1, decode_content=False)
     except urllib3.exceptions.HTTPError as e:  # a broken body is a requests error, as elsewhere
@@ -57,4 +58,5 @@ def read_at_most(response: requests.Response, limit: int) -> Optional[bytes]:
     if len(data) > limit:
         response.close()
         return None
+    response.raw.release_conn()  # a short read is the body's end: the connection is clean
     return bytes(data)
