@@ -21,6 +21,7 @@ import requests
 from . import __version__
 from .config import Webhook, WebhookFormat
 from .deadline import Watch
+from .imds import _retry_after  # Retry-After read as IMDS' is
 from .records import Cause, Record, What
 from .watched import WatchedAdapter, read_at_most
 
@@ -215,12 +216,12 @@ class _Sender:
                     pass  # the status is what counts; the body is never used
                 finally:
                     response.close()
-            except requests.RequestException as e:
+            except requests.RequestException:
                 if watch.expired:
                     raise requests.Timeout(
                         f"no whole answer within the timeout of {self.hook.timeout:g}s"
                     ) from None
-                raise e from None
+                raise
             finally:
                 self._adapter.watch = None
         retry_after = _retry_after(response.headers.get("Retry-After", ""))
@@ -232,12 +233,3 @@ def _backoff(attempt: int, retry_after: Optional[float]) -> float:
     (Retry-After), never more than BACKOFF_MAX: a receiver cannot park the thread for a day."""
     wait = BACKOFF * 2**attempt if retry_after is None else retry_after
     return min(wait, BACKOFF_MAX)
-
-
-def _retry_after(value: str) -> Optional[float]:
-    """Retry-After in seconds (an HTTP date is not worth a clock)."""
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if 0 <= seconds < 86400 else None

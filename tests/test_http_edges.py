@@ -387,3 +387,14 @@ def test_status_against_a_reply_that_never_ends_or_drips_answers_within_its_time
             assert hostile.sent[path] < 32 << 20, (path, "it hung up at the bound")
         finally:
             hostile.stop()
+
+
+def test_a_webhook_receivers_retry_after_parks_its_sender_a_minute_at_most():
+    """urllib3 slept whatever Retry-After said (a day: the webhook's thread for a day); the
+    wait between attempts is BACKOFF doubled, or Retry-After, and never over BACKOFF_MAX."""
+    from scheduledeventsd.webhooks import BACKOFF_MAX, _backoff  # noqa: PLC0415
+
+    assert [_backoff(n, None) for n in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert _backoff(0, 3.0) == 3.0
+    assert _backoff(0, 86399.0) == BACKOFF_MAX == 60.0
+    assert _backoff(30, None) == BACKOFF_MAX
