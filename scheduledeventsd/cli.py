@@ -226,15 +226,11 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
         import requests  # noqa: PLC0415 - `status` only: the daemon's memory stays without it
 
         try:
-            with requests.Session() as session:
-                session.trust_env = False
-                answer = session.get(url, timeout=3, allow_redirects=False)
-                answer.raise_for_status()
-                doc = answer.json()
+            doc = _fetch_status(url)
             if isinstance(doc, dict) and "written_at_unix" in doc:
                 return doc, ""
             problems.append(f"{url}: not a status document")
-        except (requests.RequestException, ValueError) as e:
+        except (requests.RequestException, ValueError, OSError) as e:
             problems.append(f"{url}: {e}")
     try:
         doc = read_status(cfg.state_dir)
@@ -247,6 +243,44 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
             f"no daemon holds {cfg.state_dir / 'lock'}; {STATUS_FILE} is from a stopped one",
         )
     return doc, ""
+
+
+STATUS_TIMEOUT = 3.0  # seconds for all of one GET of /status
+MAX_STATUS = 16 << 20  # bytes of /status read at most: a real one is a few KiB
+
+
+def _fetch_status(url: str) -> object:
+    """The daemon's /status, within one deadline for all of it and at most MAX_STATUS bytes
+    (whatever answers on that port: a reply that never ends is cut, not read to the end)."""
+    import requests  # noqa: PLC0415
+
+    from .deadline import Watch  # noqa: PLC0415
+    from .watched import WatchedAdapter, read_at_most  # noqa: PLC0415
+
+    adapter = WatchedAdapter()
+    with requests.Session() as session, Watch(STATUS_TIMEOUT) as watch:
+        session.trust_env = False
+        session.mount("http://", adapter)
+        adapter.watch = watch
+        try:
+            answer = session.get(
+                url,
+                timeout=watch.left(),
+                allow_redirects=False,
+                stream=True,
+                headers={"Accept-Encoding": "identity"},
+            )
+            answer.raise_for_status()
+            body = read_at_most(answer, MAX_STATUS)
+        except (requests.RequestException, OSError, ValueError) as e:
+            if watch.expired:
+                raise requests.Timeout(f"no whole answer within {STATUS_TIMEOUT:g}s") from None
+            raise ValueError(str(e)) from None
+    if watch.expired:
+        raise requests.Timeout(f"no whole answer within {STATUS_TIMEOUT:g}s")
+    if body is None:
+        raise ValueError(f"an answer larger than {MAX_STATUS} bytes")
+    return json.loads(body)
 
 
 def cmd_test_hooks(args: argparse.Namespace) -> int:

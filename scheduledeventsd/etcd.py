@@ -19,13 +19,18 @@ from typing import Any, Optional
 import requests
 
 from .config import Etcd
-from .deadline import abort
+from .deadline import Watch, abort
+from .watched import WatchedAdapter, read_at_most
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
 _UNAUTHENTICATED = 16
 _PERMISSION_DENIED = 7
 _INVALID_AUTH_TOKEN = "invalid auth token"  # noqa: S105 - an error message etcd sends
 _KEY_NOT_FOUND = "key not found"  # a put with ignore_lease on a key that does not exist
+# The most read of one answer or one message of a watch stream. Ours are a key per VM of a
+# group, a few hundred bytes each (etcd itself refuses requests over 1.5 MiB by default); an
+# endless or broken answer must not take the daemon's memory.
+MAX_MESSAGE = 4 << 20
 
 
 class EtcdError(Exception):
@@ -75,6 +80,9 @@ class EtcdClient:
         self._session = requests.Session()
         self._session.trust_env = False  # no proxy, no .netrc from a root daemon's environment
         self._session.max_redirects = 0
+        self._adapter = WatchedAdapter()  # one deadline for each whole call
+        self._session.mount("http://", self._adapter)
+        self._session.mount("https://", self._adapter)
         if settings.ca_file is not None:
             self._session.verify = str(settings.ca_file)
         if settings.cert_file is not None and settings.key_file is not None:
@@ -170,8 +178,8 @@ class EtcdClient:
         }
         response = self._open_stream(body, idle)
         try:
-            for line in response.iter_lines():
-                if not line:
+            for line in _messages(response, MAX_MESSAGE):
+                if not line.strip():
                     continue
                 result = _decode(line).get("result")
                 if not isinstance(result, dict):
@@ -215,8 +223,10 @@ class EtcdClient:
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for attempt in (1, 2):
-            response = self._post(path, body, stream=False, read_timeout=self.settings.timeout)
-            answer = _decode(response.content)
+            response, content = self._post(
+                path, body, stream=False, read_timeout=self.settings.timeout
+            )
+            answer = _decode(content)
             if response.status_code == 200:
                 return answer
             if attempt == 1 and self._auth_expired(answer):
@@ -226,9 +236,9 @@ class EtcdClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _open_stream(self, body: dict[str, Any], idle: float) -> requests.Response:
-        response = self._post("/v3/watch", body, stream=True, read_timeout=idle)
+        response, _ = self._post("/v3/watch", body, stream=True, read_timeout=idle)
         if response.status_code != 200:
-            answer = _decode(response.content)
+            answer = _decode(_bounded(response) or b"")
             response.close()
             raise _error("/v3/watch", response.status_code, answer)
         with self._lock:
@@ -240,48 +250,68 @@ class EtcdClient:
 
     def _post(
         self, path: str, body: dict[str, Any], *, stream: bool, read_timeout: float
-    ) -> requests.Response:
-        """POST to the endpoint that answered last, else the next ones in turn."""
+    ) -> tuple[requests.Response, bytes]:
+        """POST to the endpoint that answered last, else the next ones in turn; the response
+        and its body (b"" for a `stream`, of which only the headers are read here). Each
+        endpoint has `timeout` for all of it: connecting, the headers, the body unless streamed
+        (requests' own timeout is per read: an endpoint dripping bytes kept a call for ever)."""
         endpoints = self.settings.endpoints
         problems: list[str] = []
         kinds: set[str] = set()
         for offset in range(len(endpoints)):
             index = (self._current + offset) % len(endpoints)
-            url = endpoints[index] + path
             try:
-                headers = self._headers(endpoints[index])
-                response = self._session.post(
-                    url,
-                    json=body,
-                    headers=headers,
-                    timeout=(self.settings.timeout, read_timeout),
-                    stream=stream,
-                    allow_redirects=False,
+                response, content = self._post_one(
+                    endpoints[index], path, body, stream, read_timeout
                 )
-            except requests.exceptions.SSLError as e:
-                kinds.add("tls")
-                problems.append(f"{endpoints[index]}: {_short(e)}")
-            except requests.exceptions.Timeout as e:
-                kinds.add("timeout")
-                problems.append(f"{endpoints[index]}: {_short(e)}")
-            except (requests.exceptions.ConnectionError, OSError) as e:
-                kinds.add("unreachable")
-                problems.append(f"{endpoints[index]}: {_short(e)}")
             except EtcdError as e:
                 if e.kind == "auth_failed":
                     raise
                 kinds.add(e.kind)
                 problems.append(f"{endpoints[index]}: {e.detail}")
-            else:
-                if 300 <= response.status_code < 400:
-                    response.close()
-                    kinds.add("rejected")
-                    problems.append(f"{endpoints[index]}: redirect refused")
-                    continue
-                self._current = index
-                return response
+                continue
+            if 300 <= response.status_code < 400:
+                response.close()
+                kinds.add("rejected")
+                problems.append(f"{endpoints[index]}: redirect refused")
+                continue
+            self._current = index
+            return response, content
         kind = "tls" if "tls" in kinds else "timeout" if "timeout" in kinds else min(kinds)
         raise EtcdError(kind, "; ".join(problems))
+
+    def _post_one(
+        self, endpoint: str, path: str, body: dict[str, Any], stream: bool, read_timeout: float
+    ) -> tuple[requests.Response, bytes]:
+        """One endpoint, within one deadline; every failure an EtcdError of its kind."""
+        with Watch(self.settings.timeout) as watch:
+            self._adapter.watch = watch
+            try:
+                headers = self._headers(endpoint)
+                response = self._session.post(
+                    endpoint + path,
+                    json=body,
+                    headers={**headers, "Accept-Encoding": "identity"},
+                    timeout=(watch.left(), read_timeout),
+                    stream=True,
+                    allow_redirects=False,
+                )
+                content = b"" if stream else _bounded(response)
+            except requests.exceptions.SSLError as e:
+                raise EtcdError("tls", _short(e)) from None
+            except (requests.RequestException, OSError) as e:
+                if watch.expired:  # its sockets were shut: the deadline, not the network
+                    raise EtcdError("timeout", "no whole answer within the timeout") from None
+                kind = "timeout" if isinstance(e, requests.exceptions.Timeout) else "unreachable"
+                raise EtcdError(kind, _short(e)) from None
+            finally:
+                self._adapter.watch = None
+        if watch.expired:  # http.client takes headers cut short as ended
+            response.close()
+            raise EtcdError("timeout", "no whole answer within the timeout")
+        if content is None:
+            raise EtcdError("bad_answer", f"an answer larger than {MAX_MESSAGE} bytes")
+        return response, content
 
     def _headers(self, endpoint: str) -> dict[str, str]:
         if self.settings.username is None:
@@ -300,10 +330,12 @@ class EtcdClient:
         response = self._session.post(
             f"{endpoint}/v3/auth/authenticate",
             json={"name": self.settings.username, "password": password},
+            headers={"Accept-Encoding": "identity"},
             timeout=self.settings.timeout,
             allow_redirects=False,
+            stream=True,
         )
-        answer = _decode(response.content)
+        answer = _decode(_bounded(response) or b"")
         token = answer.get("token")
         if response.status_code != 200 or not isinstance(token, str):
             raise EtcdError(
@@ -316,6 +348,28 @@ class EtcdClient:
         return self.settings.username is not None and (
             answer.get("code") == _UNAUTHENTICATED or _INVALID_AUTH_TOKEN in _message(answer)
         )
+
+
+def _bounded(response: requests.Response) -> Optional[bytes]:
+    """The body, None when it is larger than MAX_MESSAGE (then the connection is closed)."""
+    try:
+        return read_at_most(response, MAX_MESSAGE)
+    finally:
+        response.close()
+
+
+def _messages(response: requests.Response, limit: int) -> Iterator[bytes]:
+    """A stream's lines (etcd's gateway sends a JSON message a line) as they come; a line
+    growing past `limit` is an EtcdError, not the daemon's memory (requests' iter_lines keeps
+    an unfinished line whole)."""
+    pending = b""
+    for chunk in response.iter_content(chunk_size=512):  # what iter_lines reads: no later
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from lines
+        if len(pending) > limit:
+            raise EtcdError("bad_answer", f"a watch message larger than {limit} bytes")
+    if pending:
+        yield pending
 
 
 def _change(event: dict[str, Any]) -> KeyValue:

@@ -383,7 +383,15 @@ KEYS: tuple[Key, ...] = (
         example="[https://10.0.0.4:2379, https://10.0.0.5:2379, https://10.0.0.6:2379]",
     ),
     Key("coordination.etcd.prefix", Kind.TEXT, "Where the keys go.", "/scheduledeventsd"),
-    Key("coordination.etcd.timeout", Kind.SECONDS, "Per request.", 5, 0.1, 60),
+    Key(
+        "coordination.etcd.timeout",
+        Kind.SECONDS,
+        "Per request and endpoint, for all of it: connecting, the headers, the answer (read up "
+        "to 4 MiB, as is each message of a watch).",
+        5,
+        0.1,
+        60,
+    ),
     Key(
         "coordination.etcd.ca_file",
         Kind.PATH,
@@ -541,8 +549,24 @@ KEYS: tuple[Key, ...] = (
         f"What to tell: any of {', '.join(WEBHOOK_EVENTS)}.",
         list(WEBHOOK_EVENTS),
     ),
-    Key("webhooks[].timeout", Kind.SECONDS, "Per attempt.", 5, 0.1, 60),
-    Key("webhooks[].retries", Kind.WHOLE, "Attempts after the first, with backoff.", 5, 0, 20),
+    Key(
+        "webhooks[].timeout",
+        Kind.SECONDS,
+        "Per attempt, for all of it: connecting, sending and the reply (its status, headers and "
+        "at most 4 KiB of its body; a reply still coming is cut).",
+        5,
+        0.1,
+        60,
+    ),
+    Key(
+        "webhooks[].retries",
+        Kind.WHOLE,
+        "Attempts after the first, after a failed connection, a timeout or a 408, 425, 429 or "
+        "5xx, with backoff (0.5 s, 1 s, 2 s, ... or the reply's Retry-After, at most 60 s).",
+        5,
+        0,
+        20,
+    ),
     Key(
         "webhooks[].headers",
         Kind.NAMED,

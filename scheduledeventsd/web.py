@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
@@ -19,8 +21,11 @@ from .deadline import shut_down
 from .model import Event
 
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing is dropped, it cannot hold a thread
-# At most this many connections are handled at once; past it one is accepted and closed at
-# once, so no number of clients can take the descriptors hooks and the state file need.
+# At most this many connections are handled at once, so no number of clients can take the
+# descriptors hooks and the state file need. Past it the connection waiting longest for its
+# request (idle, or trickling one in) is dropped to make room: idle clients that reconnect at
+# once starved the load balancer's probe when the newcomer was the one turned away. Only when
+# every place is answering a request is the newcomer closed at once.
 MAX_CONNECTIONS = 16
 REQUEST_DEADLINE = 10.0  # seconds for a whole request: one byte every 4 s no longer keeps it
 
@@ -33,6 +38,26 @@ class Answers:
     status: Callable[[], dict[str, Any]]
 
 
+class _Place:
+    """One connection being handled: since when, and whether its request is in (answering)."""
+
+    __slots__ = ("answering", "since", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.since = time.monotonic()
+        self.answering = False
+
+    def pending(self) -> bool:
+        """Bytes of a request wait to be read: a probe just arrived, not an idle client."""
+        try:  # not recv(MSG_DONTWAIT): a socket with a timeout waits for it first
+            poll = select.poll()
+            poll.register(self.sock, select.POLLIN)
+            return bool(poll.poll(0))
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -41,19 +66,49 @@ class _Server(ThreadingHTTPServer):
         self, listen: Listen, handler: type[BaseHTTPRequestHandler], deadline: float
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._places: dict[int, _Place] = {}  # by id() of the request socket
         self._deadline = deadline
         super().__init__((listen.host, listen.port), handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: closed at once, never a thread of its own
-            return
+        with self._lock:
+            if len(self._places) >= MAX_CONNECTIONS and not self._evict():
+                self.shutdown_request(request)  # all answering: closed, never a thread of its own
+                return
+            self._places[id(request)] = _Place(request)
         try:
             super().process_request(request, client_address)
         except RuntimeError:  # no thread for it
-            self._slots.release()
+            self._release(request)
             self.shutdown_request(request)
+
+    def _evict(self) -> bool:
+        """Drop the connection waiting longest for its request (one with nothing to read
+        first), its place the newcomer's; False when every place is answering. Under _lock."""
+        waiting = sorted(
+            (p for p in self._places.values() if not p.answering),
+            key=lambda p: (p.pending(), p.since),
+        )
+        if not waiting:
+            return False
+        victim = waiting[0]
+        del self._places[id(victim.sock)]  # its place is taken now, not when its thread ends
+        shut_down(victim.sock)  # wakes its thread, which reads the end and goes
+        return True
+
+    def answering(self, request: object) -> None:
+        """The request is in: from now on its connection is not dropped for a newcomer."""
+        with self._lock:
+            place = self._places.get(id(request))
+            if place is not None:
+                place.answering = True
+
+    def _release(self, request: object) -> None:
+        with self._lock:
+            place = self._places.get(id(request))
+            if place is not None and place.sock is request:
+                del self._places[id(request)]
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
         timer = threading.Timer(self._deadline, shut_down, args=(request,))  # the deadline
@@ -63,7 +118,7 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             timer.cancel()
-            self._slots.release()
+            self._release(request)
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A client that hangs up mid-answer is not worth a traceback on stderr."""
@@ -115,6 +170,9 @@ def _handler(answers: Answers) -> type[BaseHTTPRequestHandler]:
             self._answer(head=False)
 
         def _answer(self, *, head: bool) -> None:
+            server = self.server
+            if isinstance(server, _Server):
+                server.answering(self.request)
             path = self.path.split("?", 1)[0]
             local = _local(self.client_address[0])
             if path == "/health":

@@ -1,4 +1,4 @@
-"""Tell a chat channel or an incident tool what happened, with requests and urllib3's Retry.
+"""Tell a chat channel or an incident tool what happened, with requests (and retries of our own).
 
 Each webhook has a thread and a bounded queue of its own: delivery (retries with backoff,
 a receiver that hangs until its timeout) never holds up polling, hooks, approvals or another
@@ -17,15 +17,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
 import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from . import __version__
 from .config import Webhook, WebhookFormat
+from .deadline import Watch
+from .imds import _retry_after  # Retry-After read as IMDS' is
 from .records import Cause, Record, What
+from .watched import WatchedAdapter, read_at_most
 
 QUEUE_SIZE = 200  # messages waiting per webhook; beyond it the oldest news is dropped
-BACKOFF = 0.5  # urllib3: 0.5 s, 1 s, 2 s, ... between attempts
+BACKOFF = 0.5  # 0.5 s, 1 s, 2 s, ... between attempts
+BACKOFF_MAX = 60.0  # the longest wait between attempts, whatever Retry-After says
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+MAX_REPLY = 4096  # bytes of a reply's body read at most: only its status is used
 _KINDS = {
     What.EVENT_DETECTED: "detected",
     What.EVENT_WAITING: "waiting",
@@ -127,21 +131,14 @@ class _Sender:
         self._queue: queue.Queue[Optional[tuple[dict[str, Any], str, Record]]] = queue.Queue(
             QUEUE_SIZE
         )
+        self._stopping = threading.Event()
         self._session = requests.Session()
         self._session.trust_env = False  # only the configured proxy, never the environment's
         if hook.proxy:
             self._session.proxies = {"http": hook.proxy, "https": hook.proxy}
-        retry = Retry(
-            total=hook.retries,
-            backoff_factor=BACKOFF,
-            status_forcelist=(408, 425, 429, 500, 502, 503, 504),
-            allowed_methods=frozenset({"POST"}),
-            raise_on_status=False,
-            respect_retry_after_header=True,
-        )
-        adapter = HTTPAdapter(max_retries=retry)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
+        self._adapter = WatchedAdapter()
+        self._session.mount("http://", self._adapter)
+        self._session.mount("https://", self._adapter)
         self._thread = threading.Thread(target=self._loop, name="webhook", daemon=True)
         self._thread.start()
 
@@ -155,6 +152,7 @@ class _Sender:
             )
 
     def stop(self) -> None:
+        self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
         self._session.close()
@@ -168,28 +166,70 @@ class _Sender:
             self._deliver(body, kind, effect)
 
     def _deliver(self, body: dict[str, Any], kind: str, effect: Record) -> None:
+        """Attempts with backoff until one is answered 2xx, one is answered a status not worth
+        retrying, or the retries are spent; logged once."""
         fields: dict[str, object] = {
             "url": where(self.hook.url),
             "what": kind,
             "event_id": effect.fields.get("event_id"),
         }
-        try:
-            response = self._session.post(
-                self.hook.url,
-                json=body,
-                headers=dict(self.hook.headers),
-                timeout=self.hook.timeout,
-                allow_redirects=False,
-            )
-        except requests.RequestException as e:
-            error = redact(str(e), self.hook.url, self.hook.headers.values())
-            self._report("webhook_failed", {**fields, "error": error[:300]})
-            return
-        response.close()
-        if 200 <= response.status_code < 300:
-            self._report("webhook_delivered", {**fields, "status": response.status_code})
-        else:
-            self._report(
-                "webhook_failed",
-                {**fields, "status": response.status_code, "error": response.reason or ""},
-            )
+        for attempt in range(self.hook.retries + 1):
+            last = attempt == self.hook.retries or self._stopping.is_set()
+            try:
+                status, reason, retry_after = self._attempt(body)
+            except requests.RequestException as e:
+                if last:
+                    error = redact(str(e), self.hook.url, self.hook.headers.values())
+                    self._report("webhook_failed", {**fields, "error": error[:300]})
+                    return
+                self._stopping.wait(_backoff(attempt, None))
+                continue
+            if 200 <= status < 300:
+                self._report("webhook_delivered", {**fields, "status": status})
+                return
+            if last or status not in RETRY_STATUSES:
+                self._report("webhook_failed", {**fields, "status": status, "error": reason})
+                return
+            self._stopping.wait(_backoff(attempt, retry_after))
+
+    def _attempt(self, body: dict[str, Any]) -> tuple[int, str, Optional[float]]:
+        """One POST within one deadline (`timeout`) for all of it, connecting to the last byte
+        read; of the reply only the status line, its headers and MAX_REPLY bytes of the body
+        are read (a receiver answering 200 with an endless body took the daemon to 1.5 GB)."""
+        with Watch(self.hook.timeout) as watch:
+            self._adapter.watch = watch
+            try:
+                response = self._session.post(
+                    self.hook.url,
+                    json=body,
+                    headers={"Accept-Encoding": "identity", **self.hook.headers},
+                    timeout=watch.left(),
+                    allow_redirects=False,
+                    stream=True,
+                )
+                if watch.expired:  # http.client takes headers cut short as ended
+                    response.close()
+                    raise requests.Timeout("cut at the deadline")
+                try:
+                    read_at_most(response, MAX_REPLY)  # a short reply lets the link be reused
+                except (requests.RequestException, OSError):
+                    pass  # the status is what counts; the body is never used
+                finally:
+                    response.close()
+            except requests.RequestException:
+                if watch.expired:
+                    raise requests.Timeout(
+                        f"no whole answer within the timeout of {self.hook.timeout:g}s"
+                    ) from None
+                raise
+            finally:
+                self._adapter.watch = None
+        retry_after = _retry_after(response.headers.get("Retry-After", ""))
+        return response.status_code, (response.reason or "")[:200], retry_after
+
+
+def _backoff(attempt: int, retry_after: Optional[float]) -> float:
+    """Seconds before the next attempt: BACKOFF doubled each time, or what the receiver asked
+    (Retry-After), never more than BACKOFF_MAX: a receiver cannot park the thread for a day."""
+    wait = BACKOFF * 2**attempt if retry_after is None else retry_after
+    return min(wait, BACKOFF_MAX)
