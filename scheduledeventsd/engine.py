@@ -2018,6 +2018,8 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             state, tracked = _first_sight(event, state, doc.incarnation, now, out)
         elif before.phase is Phase.NOT_OURS:
             tracked = before if before.event == event else replace(before, event=event)
+        elif not event.names(before.vm_name or state.vm_name):
+            tracked = before  # it dropped this VM: its stage runs with the event that named it
         else:
             state, tracked = _listed(state, before, event, doc.incarnation, now, out)
         if tracked.phase is not Phase.GONE:

@@ -13,7 +13,15 @@ effects are held against what the README promises, written here independently of
 (d) nothing comes after `Exit`;
 (e) `READY=1` never follows `STOPPING=1`;
 (f) before-hooks held back by `start_before` start by NotBefore - start_before on the wall clock;
-(g) no document IMDS can send, once parsed, makes a step raise.
+(g) no document IMDS can send, once parsed, makes a step raise;
+(h) the loop never stops polling: after every step a poll is ordered (or the next wake-up,
+    within the poll backoff's cap once the rate limit allows, orders it), and a step at the
+    instant it asked to wake at does not ask to wake at that same instant again (no busy loop).
+
+Issue 26 added what found its #1, #16 and #17 (`resources_change`, `unknown_status`, restarts
+on a new boot while the event is still Scheduled): a new boot owes after-hooks only for an
+event Started or gone, an event whose Resources drop this VM is over for it, one that names it
+later is judged anew.
 
 `test_the_model_catches_each_leak` re-runs it against one mutant per leak the issue named (the
 engine as it was) and requires a failure.
@@ -123,6 +131,7 @@ class Promises(RuleBasedStateMachine):
         self.decided: set[str] = set()  # approved by a rule or with no before-hooks at all
         self.staged: dict[str, int] = {}
         self.owed: set[str] = set()  # its end was seen while running: its stage is owed
+        self.dropped: set[str] = set()  # its Resources once stopped naming this VM
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
         self.stopping = False
@@ -166,8 +175,12 @@ class Promises(RuleBasedStateMachine):
         self.feed(DocumentFetched(document, self.now + self.offset))
         if not self.stopping:
             self.polled_at = self.now + self.offset  # the wall clock the engine last saw
-            # Seen gone while running: its stage is owed from now on.
-            self.owed |= {e for e in self.prepared() if e not in self.doc}
+            # Seen gone (or no longer naming this VM) while running: its stage is owed.
+            self.owed |= {e for e in self.prepared() if not self.names_us(e)}
+
+    def names_us(self, event_id: str) -> bool:
+        raw = self.doc.get(event_id)
+        return raw is not None and VM in raw["Resources"]
 
     def prepared(self) -> set[str]:
         """Events of ours whose before-hooks started and whose stage has not run, where their
@@ -194,6 +207,10 @@ class Promises(RuleBasedStateMachine):
                 f"(c) hooks got incarnation {effect.incarnation}, which never listed {event_id}"
             )
             self.live[effect.run] = (event_id, effect.stage)
+            if effect.stage is Stage.BEFORE and event_id in self.staged:
+                # Judged anew: it dropped this VM, then named it again.
+                assert event_id in self.dropped, "(b) before-hooks again after its stage ran"
+                del self.staged[event_id]
             if effect.stage is Stage.BEFORE:
                 self.before_started.add(event_id)
                 self.before_ok.discard(event_id)
@@ -236,6 +253,24 @@ class Promises(RuleBasedStateMachine):
         running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
         late = [e for e in self.owed if e not in running]
         assert not late, f"(b) {late}: over while the daemon ran, but no after/cancelled-hooks"
+
+    @invariant()
+    def the_loop_never_stops_polling(self) -> None:
+        state = self.state
+        if self.stopping or self.exited or not state.ready:
+            return
+        wake = engine.next_wakeup(state, self.now)
+        ordered = state.poll.in_flight_since is not None
+        # An approval or a name lookup due goes first, when the rate limit allows.
+        allowed = max(self.now, engine._allowed_at(state, self.now))
+        assert ordered or wake <= allowed + engine.POLL_BACKOFF_CAP + engine.RATE_WINDOW, (
+            f"(h) no poll ordered and the next wake-up is {wake - self.now:.1f} s away"
+        )
+        if wake <= self.now:  # the daemon wakes at once: that step must make progress
+            again, effects = engine.step(state, Tick(), self.now)
+            assert engine.next_wakeup(again, self.now) > self.now or any(
+                not isinstance(e, (engine.WakeAt, engine.Notify)) for e in effects
+            ), "(h) a busy loop: woken now, it asks to be woken now again, doing nothing"
 
     @invariant()
     def held_back_hooks_start_by_their_lead(self) -> None:
@@ -315,6 +350,29 @@ class Promises(RuleBasedStateMachine):
         del self.doc[self._pick(index)]
         self.changed()
 
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(
+        index=st.integers(0, 9),
+        resources=st.sampled_from([(VM,), ("vm-b",), (VM, "vm-b"), ("vm-b", "vm-c")]),
+    )
+    def resources_change(self, index, resources) -> None:
+        """Issue 26 #17: the same EventId names this VM only later, or no longer."""
+        event_id = self._pick(index)
+        if self.names_us(event_id) and VM not in resources:
+            self.dropped.add(event_id)
+        raw = self.doc[event_id] = dict(self.doc[event_id], Resources=list(resources))
+        if self.decided_without_hooks(raw) and raw["EventStatus"] == "Scheduled":
+            self.decided.add(event_id)  # judged anew under today's configuration
+        self.changed()
+
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(index=st.integers(0, 9), status=st.sampled_from(["Completed", "Canceled", ""]))
+    def unknown_status(self, index, status) -> None:
+        """Issue 26 #16: a status the engine has no rule for, with NotBefore cleared."""
+        event_id = self._pick(index)
+        self.doc[event_id] = dict(self.doc[event_id], EventStatus=status, NotBefore="")
+        self.changed()
+
     @precondition(lambda self: not self.exited and self.live)
     @rule(index=st.integers(0, 9), outcome=st.sampled_from(list(Outcome)))
     def finish(self, index, outcome) -> None:
@@ -359,10 +417,16 @@ class Promises(RuleBasedStateMachine):
 
     @rule(rebooted=st.booleans(), name_known=st.booleans())
     def restart(self, rebooted, name_known) -> None:
-        if rebooted:  # the maintenance happened: every prepared event's after-hooks are owed
+        if rebooted:  # a new boot: the after-hooks of a prepared event Started or gone are owed
             self.boots += 1
             self.boot = f"boot-{self.boots}"
-            self.owed |= {e for e in self.prepared() if e in self.saved}
+            over = {e for e in self.prepared() if e in self.saved and not self.names_us(e)}
+            over |= {
+                e
+                for e in self.prepared()
+                if e in self.saved and self.doc.get(e, {}).get("EventStatus") == "Started"
+            }
+            self.owed |= over
         self.start_life(name_known=name_known)
         self.fetched()
 

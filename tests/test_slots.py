@@ -173,3 +173,25 @@ def test_a_daemon_stopped_while_holding_its_slot_keeps_it_for_the_reboot_and_tak
     again = tier.start("vm-a", cfg)
     # Taken back means put again under the new daemon's own lease (one transaction).
     again.wait_log("slot_acquired", event_id=event_id, taken_back=True)
+
+
+def test_a_queued_event_whose_status_becomes_unknown_does_not_stop_the_polls(tier, sim, hooks):
+    """Issue 26 #16: vm-b's Reboot (`before: []`) waits for the slot vm-a holds; IMDS then lists
+    it `Completed` with NotBefore cleared. That document was refused whole and no poll was
+    ordered again: a Preempt posted next was never detected. Now the poll goes on and the
+    Preempt is seen at once."""
+    cfg_a = tier.config("vm-a", shutdown_grace=1)
+    cfg_a["hooks"]["drain"] = [{"command": [hooks.make("hold", "exec sleep 300")], "timeout": 600}]
+    a = tier.start("vm-a", cfg_a)
+    held = sim.add_event("Reboot", ["vm-a"], not_before_in=3600)
+    a.wait_log("slot_acquired", event_id=held)
+    cfg_b = tier.config("vm-b")
+    cfg_b["events"] = {"Reboot": {"before": [], "after": ["undrain"]}, "Preempt": []}
+    b = tier.start("vm-b", cfg_b)
+    queued = sim.add_event("Reboot", ["vm-b"], not_before_in=3600)
+    b.wait_log("event_waiting", event_id=queued, reason="slot")
+    sim.update_event(queued, EventStatus="Completed", NotBefore="")
+    b.polls_seen(sim, count=8)
+    preempt = sim.add_event("Preempt", ["vm-b"], not_before_in=30)
+    b.wait_log("event_detected", event_id=preempt, timeout=3)
+    assert not tier.factories["vm-b"].defects()
