@@ -16,12 +16,14 @@ effects are held against what the README promises, written here independently of
 (g) no document IMDS can send, once parsed, makes a step raise;
 (h) the loop never stops polling: after every step a poll is ordered (or the next wake-up,
     within the poll backoff's cap once the rate limit allows, orders it), and a step at the
-    instant it asked to wake at does not ask to wake at that same instant again (no busy loop).
+    instant it asked to wake at does not ask to wake at that same instant again (no busy loop);
+(i) after- and cancelled-hooks run only for an event that was over for this VM when the engine
+    last saw it: gone, no longer Scheduled, or no longer naming it (a new boot alone is no proof).
 
-Issue 26 added what found its #1, #16 and #17 (`resources_change`, `unknown_status`, restarts
-on a new boot while the event is still Scheduled): a new boot owes after-hooks only for an
-event Started or gone, an event whose Resources drop this VM is over for it, one that names it
-later is judged anew.
+Issue 26 added what found its #1, #16 and #17 (`resources_change`, `unknown_status`,
+`reload_with_slots`, restarts on a new boot while the event is still Scheduled): a new boot
+owes after-hooks only for an event Started or gone, an event whose Resources drop this VM is
+over for it, one that names it later is judged anew.
 
 `test_the_model_catches_each_leak` re-runs it against one mutant per leak the issue named (the
 engine as it was) and requires a failure.
@@ -51,6 +53,7 @@ from hypothesis.stateful import (
 from scheduledeventsd import engine, lifecycle, model
 from scheduledeventsd.config import (
     ApprovePolicy,
+    Concurrency,
     Config,
     EventRule,
     Metadata,
@@ -132,6 +135,7 @@ class Promises(RuleBasedStateMachine):
         self.staged: dict[str, int] = {}
         self.owed: set[str] = set()  # its end was seen while running: its stage is owed
         self.dropped: set[str] = set()  # its Resources once stopped naming this VM
+        self.ended: set[str] = set()  # a document showed it over for this VM
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
         self.stopping = False
@@ -172,6 +176,11 @@ class Promises(RuleBasedStateMachine):
         document = model.parse_document(body.encode())  # (g): the edge, then the engine
         for event in document.events:
             self.listed_in.setdefault(event.event_id, set()).add(self.incarnation)
+        self.ended |= {
+            e
+            for e in self.types
+            if not self.names_us(e) or self.doc[e]["EventStatus"] != "Scheduled"
+        }
         self.feed(DocumentFetched(document, self.now + self.offset))
         if not self.stopping:
             self.polled_at = self.now + self.offset  # the wall clock the engine last saw
@@ -215,6 +224,7 @@ class Promises(RuleBasedStateMachine):
                 self.before_started.add(event_id)
                 self.before_ok.discard(event_id)
             else:
+                assert event_id in self.ended, f"(i) {effect.stage.value}-hooks, but not over"
                 self.staged[event_id] = self.staged.get(event_id, 0) + 1
                 self.owed.discard(event_id)
                 assert self.staged[event_id] == 1, "(b) after- or cancelled-hooks twice"
@@ -440,6 +450,19 @@ class Promises(RuleBasedStateMachine):
         self.cfg = dataclasses.replace(self.cfg, approve=approve, events=events)
         self.feed(ReloadRequested())
         self.feed(Reloaded(dataclasses.replace(self.state.config, approve=approve, events=events)))
+
+    @precondition(lambda self: not self.exited and not self.stopping)
+    @rule(slots=st.booleans())
+    def reload_with_slots(self, slots) -> None:
+        """`concurrency` on (no slot is ever granted here) with a Redeploy of no before-hooks:
+        what issue 26 #16 needed to wedge the loop once its status became unknown."""
+        redeploy = EventRule((), ("undrain",), ("undrain",)) if slots else RULES["Redeploy"]
+        events = {**self.cfg.events, "Redeploy": redeploy}
+        concurrency = Concurrency("web", 1) if slots else None
+        self.cfg = dataclasses.replace(self.cfg, events=events, concurrency=concurrency)
+        new = dataclasses.replace(self.state.config, events=events, concurrency=concurrency)
+        self.feed(ReloadRequested())
+        self.feed(Reloaded(new))
 
     @precondition(lambda self: not self.exited)
     @rule()
