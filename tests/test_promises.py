@@ -556,6 +556,30 @@ def _accept_any_not_before(original: Callable[..., Any]) -> Callable[..., Any]:
     return parse
 
 
+def _a_new_boot_is_the_maintenance(original: Callable[..., Any]) -> Callable[..., Any]:
+    def judged_later(tracked):
+        return False
+
+    return judged_later
+
+
+def _resources_judged_once(original: Callable[..., Any]) -> Callable[..., Any]:
+    def resources_changed(state, before, event, out):
+        return state, before
+
+    return resources_changed
+
+
+def _queued_never_done(original: Callable[..., Any]) -> Callable[..., Any]:
+    def check(source, on, target):
+        if (source, on, target) == (QUEUED, lifecycle.On.LEAD_TIME, lifecycle.Phase.DONE):
+            raise lifecycle.IllegalTransitionError("queued --lead time--> done (the old table)")
+        original(source, on, target)
+
+    return check
+
+
+QUEUED = lifecycle.Phase.QUEUED
 # leak -> (module, function, mutant, the promise whose failure must be what catches it)
 MUTANTS = {
     "1 a NotBefore it cannot represent reaches the engine": (
@@ -600,6 +624,24 @@ MUTANTS = {
         _reload_while_stopping,
         "(e) READY=1 after STOPPING=1",
     ),
+    "8 (issue 26 #1) a new boot ends an event still Scheduled": (
+        engine,
+        "_judged_later",
+        _a_new_boot_is_the_maintenance,
+        "(i)",
+    ),
+    "9 (issue 26 #17) an event is judged once, whatever its Resources become": (
+        engine,
+        "_resources_changed",
+        _resources_judged_once,
+        "(b)",
+    ),
+    "10 (issue 26 #16) a queued event whose status becomes unknown is refused": (
+        engine,
+        "check",
+        _queued_never_done,
+        "the old table",
+    ),
 }
 
 
@@ -632,6 +674,7 @@ MUTANT_SETTINGS = settings(
 def test_the_model_catches_each_leak(leak):
     """Each leak the issue found, put back into the engine, fails the model-based test."""
     module, name, wrap, promise = MUTANTS[leak]
-    with mutated(module, name, wrap), pytest.raises((AssertionError, OverflowError)) as caught:
+    raised = (AssertionError, OverflowError, lifecycle.IllegalTransitionError)
+    with mutated(module, name, wrap), pytest.raises(raised) as caught:
         run_state_machine_as_test(Promises, settings=MUTANT_SETTINGS)
     assert promise in str(caught.value), f"caught for another reason: {caught.value}"
