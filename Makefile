@@ -20,9 +20,10 @@ lint: bootstrap
 # The deployed tests share one booted machine, so they stay together (xdist_group).
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries;
-# the Pacemaker tests start a real 3-node corosync/pacemaker cluster in namespaces.
+# the Pacemaker tests start a real 3-node corosync/pacemaker cluster in namespaces; the hostile
+# input tests log to a real systemd-journald (Debian's systemd) in a mount namespace.
 test: bootstrap
-	./scripts/apt-need etcd-server etcd-client openssl prometheus prometheus-node-exporter \
+	./scripts/apt-need etcd-server etcd-client openssl faketime prometheus prometheus-node-exporter systemd \
 		pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not campaign and not pacemaker"
 	$(PY) -m pytest -q -m "campaign or pacemaker"

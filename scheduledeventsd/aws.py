@@ -99,13 +99,34 @@ def document_of(
             if event is not None and event.event_id not in shown:
                 events.append(event)
     unique = {e.event_id: e for e in events}
-    canonical = json.dumps([e.to_json() for e in unique.values()], sort_keys=True)
+    # What was skipped counts too: a notice that cannot be read is news (event_skipped) even
+    # when nothing else changed.
+    canonical = json.dumps([[e.to_json() for e in unique.values()], skipped], sort_keys=True)
     return Document(zlib.crc32(canonical.encode()), tuple(unique.values()), tuple(skipped))
 
 
 def completed_in(document: Document) -> set[str]:
     """The completed events this document lists for the last time (see `document_of`)."""
     return {e.event_id for e in document.events if _state(e.notice) == "completed"}
+
+
+def completed_listed(scheduled: Optional[bytes]) -> set[str]:
+    """The ids this answer still lists as completed: a completed event the answer no longer
+    lists need not be remembered as shown (AWS drops them after a while; kept, they grew the
+    remembered set for the whole life of the daemon)."""
+    try:
+        items = json.loads(scheduled) if scheduled else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return set()
+    listed = set()
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("State") == "completed":
+            raw_id = item.get("EventId")
+            try:
+                listed.add(event_identifier(raw_id if isinstance(raw_id, str) else ""))
+            except ValueError:
+                continue
+    return listed
 
 
 def _state(notice: str) -> object:
@@ -228,6 +249,9 @@ class AwsClient:
         self._vm_name = vm_name or ""
         self._completed: set[str] = set()
 
+    def recall(self, events: Iterable[Event]) -> None:
+        """Nothing to recall: every AWS notice carries its own time."""
+
     def close(self) -> None:
         self._http.close()
 
@@ -244,7 +268,8 @@ class AwsClient:
             now=time.time(),
             completed_shown=self._completed,
         )
-        self._completed |= completed_in(document)
+        shown = self._completed | completed_in(document)
+        self._completed = shown & completed_listed(scheduled)
         return document
 
     def approve(self, event_ids: Iterable[str]) -> None:

@@ -33,6 +33,7 @@ DEFAULT_PATH = Path("/etc/scheduledeventsd/config.yaml")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV_PREFIX = "SCHEDULED_EVENT_"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApprovePolicy(str, enum.Enum):
@@ -287,6 +288,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> str:
+        """A `"\\ud800"` escape makes a lone surrogate: no argv, environment, journal field or
+        file can carry it (a hook given one fails to start); refused where it is written."""
+        value = super().construct_scalar(node)
+        if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "a surrogate escape (\\ud800 to \\udfff) is no character and cannot be "
+                "encoded: write the character itself (or \\U and its 8 hex digits)",
+                node.start_mark,
+            )
+        return value
+
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:  # noqa: ANN401
     seen: set[Any] = set()
@@ -339,11 +354,24 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
 _UniqueKeyLoader.add_implicit_resolver(
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+# Integers as YAML 1.2 reads them: `010` is ten, as it reads (YAML 1.1 made it octal 8, so a
+# `timeout: 010` was 8 s and `08` was a string); octal is written `0o10`.
 _UniqueKeyLoader.add_implicit_resolver(
     _INT,
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    re.compile(r"^(?:[-+]?0b[0-1_]+|0o[0-7]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"),
 )
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """Leading zeros are decimal; 0x, 0o, 0b say their base (see the resolver above)."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    digits = text.lstrip("+-")
+    sign = -1 if text.startswith("-") else 1
+    return sign * int(digits, 0 if digits[:2] in ("0x", "0o", "0b") else 10)
+
+
+_UniqueKeyLoader.add_constructor(_INT, _construct_int)
 
 
 class _Checker:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union, get_args
 
 from . import config as config_mod
 from . import engine, log
-from .config import Config, Hook
+from .config import Config, Hook, Pacemaker
 from .engine import (
     AcquireSlot,
     ApprovalFailed,
@@ -118,12 +118,14 @@ class Daemon:
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._poller = PollLane("imds-poll", self.inbox, client_for(config))
+        self._polling = client_for(config)  # told what was saved, before its first poll
+        self._poller = PollLane("imds-poll", self.inbox, self._polling)
         self._approver = Lane("imds-approve", self.inbox, client_for(config))
         self._namer = Lane("imds-name", self.inbox, client_for(config))
         self._coordinator = _coordinator(config, self.inbox.put)
         self._slots = _slot_keeper(config, self.inbox.put)
         self._drainer = _drainer(config, self.runner, self.inbox.put)
+        self._restorer: Optional[Drainer] = None  # a mark of ours with no pacemaker configured
         self._wake_at = 0.0
         self._exit: Optional[int] = None
         self._faults_seen: set[tuple[str, str, str]] = set()
@@ -155,7 +157,17 @@ class Daemon:
             except OSError as e:
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             loaded, load_problem = self.store.load()
-            self._feed(engine.Boot(loaded, problem or load_problem, boot_id()))
+            self._polling.recall(tracked.event for tracked in loaded.values())
+            store = self.store
+            self._feed(
+                engine.Boot(
+                    loaded,
+                    problem or load_problem,
+                    boot_id(),
+                    store.cluster_mark,
+                    mark_unrecorded=store.mark_unrecorded,
+                )
+            )
             while self._exit is None:
                 for message in self._receive():
                     self._feed(message)
@@ -168,8 +180,9 @@ class Daemon:
                 self._coordinator.stop_all()
             if self._slots is not None:
                 self._slots.stop_all(hand_over=True)
-            if self._drainer is not None:
-                self._drainer.stop_all()
+            for drainer in (self._drainer, self._restorer):
+                if drainer is not None:
+                    drainer.stop_all()
             self.telemetry.stop()
             self.store.unlock()
             self.notifier.close()
@@ -328,6 +341,10 @@ class Daemon:
             self._slots.acquire(effect)
 
     def _cluster(self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode]) -> None:
+        if isinstance(effect, RestoreNode):
+            if effect.mark is not None:
+                self._restorer_for(effect.mark).restore_later(effect.event_id, effect.mark)
+            return
         drainer = self._drainer
         if drainer is None:
             if isinstance(effect, DrainNode):
@@ -340,7 +357,16 @@ class Daemon:
         elif isinstance(effect, StopDraining):
             drainer.stop(effect.event_id)
         else:
-            drainer.restore_later(effect.event_id)
+            drainer.restore_later(effect.event_id, effect.mark)
+
+    def _restorer_for(self, mark: engine.ClusterMark) -> Drainer:
+        """The drainer, or (`coordination.pacemaker` reloaded away) one made for the mark."""
+        if self._drainer is not None:
+            return self._drainer
+        if self._restorer is None:
+            settings = Pacemaker(method=mark.method, attribute=mark.attribute)
+            self._restorer = _drainer_for(settings, self.runner, self.inbox.put)
+        return self._restorer
 
     def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
@@ -382,7 +408,7 @@ class Daemon:
 
     def _persist(self, effect: Persist) -> None:
         try:
-            self.store.save(effect.events)
+            self.store.save(effect.events, effect.mark)
         except OSError as e:
             self.inbox.put(Persisted(f"{self.store.path}: {e}"))
         else:
@@ -395,7 +421,10 @@ class Daemon:
         old, self.config = self.config, new
         self.telemetry.use(new)
         if (new.metadata, new.provider) != (old.metadata, old.provider):
-            for lane in (self._poller, self._approver, self._namer):
+            self._polling = client_for(new)
+            self._polling.recall(tracked.event for tracked in self.state.events.values())
+            self._poller.use(self._polling)
+            for lane in (self._approver, self._namer):
                 lane.use(client_for(new))
         if new.coordination != old.coordination:
             if self._coordinator is not None:
@@ -403,9 +432,11 @@ class Daemon:
             self._coordinator = _coordinator(new, self.inbox.put)
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
-            if self._drainer is not None:
-                self._drainer.stop_all()
+            for drainer in (self._drainer, self._restorer):
+                if drainer is not None:
+                    drainer.stop_all()
             self._drainer = _drainer(new, self.runner, self.inbox.put)
+            self._restorer = None
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
             # Held slots stay held (under a lease of HAND_OVER_TTL): the events holding them
             # ask again through the new keeper when the daemon restarts, not before.
@@ -427,7 +458,10 @@ class Daemon:
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
             return
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
-        drainer = self._drainer if effect.restore else None
+        mark = effect.restore
+        first = None
+        if mark is not None:
+            first = functools.partial(self._restorer_for(mark).restore, effect.event.event_id, mark)
         self._run_commands(
             effect.run,
             effect.event,
@@ -437,9 +471,7 @@ class Daemon:
             effect.vm_name,
             finish,
             rebooted=effect.rebooted,
-            first=None
-            if drainer is None
-            else functools.partial(drainer.restore, effect.event.event_id),
+            first=first,
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
@@ -628,6 +660,12 @@ def _drainer(
     settings = config.coordination.pacemaker if config.coordination else None
     if settings is None:
         return None
+    return _drainer_for(settings, runner, send)
+
+
+def _drainer_for(
+    settings: Pacemaker, runner: ProcessRunner, send: Callable[[Message], None]
+) -> Drainer:
     from .drainer import Drainer  # noqa: PLC0415 - only cluster nodes need it
 
     return Drainer(settings, runner, send)

@@ -3,8 +3,11 @@
 The engine decides when a node is drained and restored, and how long a drain may take
 (DrainNode, StopDraining, RestoreNode, CheckCluster); this module does it through `pacemaker.Cli`,
 one worker thread per drain, and tells the engine what the cluster says (ClusterDraining on
-change, ClusterDrained, ClusterHeld, ClusterRestored, ClusterChecked). A restore is retried with
-backoff until it works: a node is never left drained once its event is over.
+change, ClusterDrained, ClusterHeld, ClusterRestored, ClusterChecked). The mark it sets is
+reported (ClusterMarked) so the engine keeps it in the state file; a mark found already set by
+someone else is reported too, and never taken off. A restore takes off the mark the engine
+names, the way it was set, and is retried with backoff until it works (after a restart or a
+reload the engine asks again): a node is never left drained once its event is over.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from .engine import (
     ClusterDrained,
     ClusterDraining,
     ClusterHeld,
+    ClusterMark,
+    ClusterMarked,
     ClusterRestored,
     DrainNode,
     GateAnswered,
     Message,
+    mark_of,
 )
 from .hooks import GATE_LATER, ProcessRunner
 from .model import Event
@@ -43,6 +49,7 @@ class Drainer:
         self, settings: Pacemaker, runner: ProcessRunner, send: Callable[[Message], None]
     ) -> None:
         self.settings = settings
+        self._runner = runner
         self.cli = Cli(settings, runner)
         self._send = send
         self._lock = threading.Lock()
@@ -69,7 +76,7 @@ class Drainer:
             stop = self._watching[event_id] = threading.Event()
         self._thread(
             f"drain-{event_id[:8]}",
-            lambda: self._drain(event_id, effect.going, stop),
+            lambda: self._drain(event_id, effect.going, effect.ours, stop),
             lambda detail: ClusterHeld(event_id, "tool_failed", detail),
         )
 
@@ -86,16 +93,16 @@ class Drainer:
         for stop in stops:
             stop.set()
 
-    def restore(self, event_id: str) -> None:
+    def restore(self, event_id: str, mark: ClusterMark) -> None:
         """Now, on the caller's thread (an after-stage run, before its hooks); a failure is
         reported and retried in the background."""
         self.stop(event_id)
-        if self._restore_once(event_id):
-            self._restore_in_background(event_id, failures=1)
+        if self._restore_once(event_id, mark):
+            self._restore_in_background(event_id, mark, failures=1)
 
-    def restore_later(self, event_id: str) -> None:
+    def restore_later(self, event_id: str, mark: ClusterMark) -> None:
         self.stop(event_id)
-        self._restore_in_background(event_id)
+        self._restore_in_background(event_id, mark)
 
     def ask(self, effect: AskGate) -> None:
         """A shared event's gate, on a thread: GateAnswered(run) comes back, also when the
@@ -133,10 +140,17 @@ class Drainer:
             self._me = self.cli.me()
         return self._me
 
-    def _drain(self, event_id: str, going: tuple[str, ...], stop: threading.Event) -> None:
+    def _drain(
+        self, event_id: str, going: tuple[str, ...], ours: bool, stop: threading.Event
+    ) -> None:
+        """`ours`: the engine holds this daemon's mark (after a restart): found set, it is
+        watched on, never judged twice. Found set otherwise, someone else set it."""
         try:
             me = self.me()
-            if not self.cli.marked(me):  # after a restart it is already: never judged twice
+            if self.cli.marked(me):
+                if not ours:
+                    self._send(ClusterMarked(event_id, ours=False))
+            else:
                 reason = why_not_drain(self.cli.status(), me, going, self.settings.min_healthy)
                 if reason is not None:
                     self._send(ClusterHeld(event_id, reason))
@@ -144,6 +158,9 @@ class Drainer:
                 with self._restoring:  # a restore racing this mark comes after it, or stops it
                     if stop.is_set():
                         return
+                    # Reported first, so the state file has it (nearly always) before the
+                    # cluster does; a command that failed (timed out) may be applied all the same.
+                    self._send(ClusterMarked(event_id, ours=True))
                     self.cli.mark(me, away=True)
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))
@@ -164,26 +181,35 @@ class Drainer:
                 last = here
             stop.wait(WATCH_EVERY)
 
-    def _restore_once(self, event_id: str) -> str:
-        """ "" when the node is back (or was never marked); else the error, reported."""
+    def _cli_for(self, mark: ClusterMark) -> Cli:
+        """The mark is taken off the way it was set, whatever the configuration says now."""
+        if mark == mark_of(self.settings):
+            return self.cli
+        return Cli(Pacemaker(method=mark.method, attribute=mark.attribute), self._runner)
+
+    def _restore_once(self, event_id: str, mark: ClusterMark) -> str:
+        """ "" when the node is back (or no longer marked); else the error, reported."""
+        cli = self._cli_for(mark)
         with self._restoring:
             try:
                 me = self.me()
-                if event_id == "" and not self.cli.marked(me):
-                    return ""  # nothing left behind by an earlier run
-                self.cli.mark(me, away=False)
+                if event_id == "" and not cli.marked(me):
+                    self._send(ClusterRestored(event_id))  # someone took it off already
+                    return ""
+                cli.mark(me, away=False)
             except ClusterError as e:
                 self._send(ClusterRestored(event_id, str(e)))
                 return str(e)
         self._send(ClusterRestored(event_id))
         return ""
 
-    def _restore_in_background(self, event_id: str, failures: int = 0) -> None:
-        """Tried (again) after the backoff of `failures`, until it works or the daemon stops."""
+    def _restore_in_background(self, event_id: str, mark: ClusterMark, failures: int = 0) -> None:
+        """Tried (again) after the backoff of `failures`, until it works or the daemon stops
+        (or reloads: the engine then asks again)."""
 
         def retry(failures: int = failures) -> None:
             while not self._closed.wait(RESTORE_BACKOFF.delay(failures)):
-                if not self._restore_once(event_id):
+                if not self._restore_once(event_id, mark):
                     return
                 failures += 1
 

@@ -64,6 +64,8 @@ RATE_WINDOW = 1.02  # the margin covers up to 20 ms of jitter in the latency to 
 TAKE_BACK = 0.02  # a poll ordered for sooner than this may be under way: it is not taken back
 # A shared event under pacemaker: how often the cluster is read for the other nodes' drains.
 CLUSTER_ASK = 2.0
+# Pacemaker: how often the cluster's readiness to drain this node is read again, for `status`.
+CLUSTER_CHECK = 60.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,21 @@ class Tracked:
 
 Known = Mapping[str, Tracked]
 
+
+@dataclass(frozen=True)
+class ClusterMark:
+    """What this daemon set on its Pacemaker node, kept in the state file until a restore took
+    it off: only such a mark is ever taken off (an operator's standby, or an attribute someone
+    else set, stays), the way it was set, whatever the configuration says by then."""
+
+    method: DrainMethod
+    attribute: str  # method health: the node attribute set to -1000000
+
+
+def mark_of(settings: Pacemaker) -> ClusterMark:
+    return ClusterMark(settings.method, settings.attribute)
+
+
 # Re-exported: the engine's messages and effects speak in these.
 __all__ = ["Drain", "Level", "On", "Outcome", "Phase", "Record", "Rule", "Stage", "What"]
 
@@ -98,6 +115,10 @@ class Boot:
     loaded: Known
     state_problem: str = ""
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id: a different one means we rebooted
+    mark: Optional[ClusterMark] = None  # what the state file says this daemon set on its node
+    # A state file written before marks were recorded, with an event that had the node drained:
+    # that daemon marked it (it took off whatever it found at the end); it is taken as ours.
+    mark_unrecorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,6 +224,16 @@ class ClusterChecked:
 
 
 @dataclass(frozen=True)
+class ClusterMarked:
+    """This node is marked as going away by this daemon (`ours`: sent just before the command,
+    which may fail and still be applied), or was already, by someone else (an operator's
+    standby): that mark is left as it is when the event is over."""
+
+    event_id: str
+    ours: bool
+
+
+@dataclass(frozen=True)
 class ClusterDraining:
     """Resources still on this node (or still moving), on change."""
 
@@ -290,6 +321,7 @@ Message = Union[
     GateAnswered,
     Faulted,
     ClusterChecked,
+    ClusterMarked,
     ClusterDraining,
     ClusterDrained,
     ClusterHeld,
@@ -328,7 +360,8 @@ class SpawnHooks:
     vm_name: str
     stage: Stage = Stage.BEFORE
     rebooted: bool = False  # this VM booted since the before-hooks started
-    restore: bool = False  # pacemaker: the node is restored first, then the hooks run
+    # pacemaker: this mark (the daemon's own) is taken off the node first, then the hooks run
+    restore: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +379,7 @@ class PostApproval:
 @dataclass(frozen=True)
 class Persist:
     events: Known  # only what matters after a restart
+    mark: Optional[ClusterMark] = None  # what this daemon set on its cluster node
 
 
 @dataclass(frozen=True)
@@ -415,6 +449,7 @@ class DrainNode:
 
     event: Event
     going: tuple[str, ...]  # the other cluster nodes the event names
+    ours: bool = False  # the state file says this daemon marked the node: found so, it is ours
 
 
 @dataclass(frozen=True)
@@ -426,10 +461,11 @@ class StopDraining:
 
 @dataclass(frozen=True)
 class RestoreNode:
-    """Take the mark off this node (event_id "": whatever mark a previous daemon left);
-    ClusterRestored comes back."""
+    """Take this daemon's mark off this node (event_id "": one no event wants any more, left
+    by a previous run, a failed restore or a reload); ClusterRestored comes back."""
 
     event_id: str
+    mark: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
@@ -535,6 +571,10 @@ class State:
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
     slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
     sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)
+    cluster_mark: Optional[ClusterMark] = None  # set by this daemon, until taken off: persisted
+    cluster_problems: Optional[tuple[str, ...]] = None  # the last check (None: none yet)
+    cluster_check_at: float = math.inf  # when the cluster is checked again
+    restore_error: str = ""  # the last restore of cluster_mark failed (retried): why
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
@@ -606,11 +646,12 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     changed = new.events is not state.events and _durable_view(new.events) != _durable_view(
         state.events
     )
+    changed = changed or new.cluster_mark != state.cluster_mark
     if changed and not any(isinstance(e, Persist) for e in out):
         # Written ahead of any hook it starts, so a crash mid-hook is always known after the
         # restart (hooks_interrupted); written after an approval's POST, which need not wait.
         spawn = [i for i, e in enumerate(out) if isinstance(e, SpawnHooks)]
-        out.insert(spawn[0] if spawn else len(out), Persist(durable_events(new.events)))
+        out.insert(spawn[0] if spawn else len(out), _persist(new))
     new = _status(new, out)
     if not any(isinstance(e, Exit) for e in out):
         wake = next_wakeup(new, now)
@@ -662,7 +703,11 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         watchdog_at=now,
         listed=frozenset(msg.loaded),  # as last written; the first document says what left
         events={},
+        cluster_mark=msg.mark,
     )
+    settings = _pacemaker(state)
+    if msg.mark is None and msg.mark_unrecorded and settings is not None:
+        state = replace(state, cluster_mark=mark_of(settings))
     for event_id, loaded in msg.loaded.items():
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
@@ -676,14 +721,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             out.append(_drain_effect(state, tracked))
             tracked = replace(tracked, start_at=_drain_deadline(state, tracked.event, now))
         state = _with(state, event_id, tracked)
-    settings = _pacemaker(state)
-    if settings is not None:
+    if _pacemaker(state) is not None:
         out.append(CheckCluster())
-        holding = any(t.drain is not Drain.NONE for t in state.events.values())
-        # No event of ours wants this node drained: take off a health mark a killed daemon
-        # left (the attribute is ours alone; standby may be an operator's, never touched).
-        if not holding and settings.method is DrainMethod.HEALTH:
-            out.append(RestoreNode(""))
+    _restore_unwanted(state, out)
     if cfg.vm_name:
         return _name_known(state, NameResolved(cfg.vm_name, "config"), now, out)
     out.append(ResolveName())
@@ -706,8 +746,8 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
                 reason="cut off by a stop; after- and cancelled-hooks run at most once",
             )
         )
-        if tracked.drain is not Drain.NONE:
-            out.append(RestoreNode(tracked.event.event_id))
+        if tracked.drain is not Drain.NONE and state.cluster_mark is not None:
+            out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and _prepared(tracked) and _judged_later(tracked):
         # A crash or an operator's reboot is not the maintenance: only the next document tells
@@ -872,8 +912,9 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 },
             )
         )
+        moved = offset - state.wall_offset
         state = replace(state, wall_offset=offset)
-        return _replace_waiting(state, now, out)
+        return _replace_waiting(state, now, out, moved)
     out.append(
         Record(
             Level.INFO,
@@ -895,16 +936,44 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
         )
     state = replace(state, incarnation=doc.incarnation)
     if offset is not None:
+        jumped = None if state.wall_offset is None else offset - state.wall_offset
         state = replace(state, wall_offset=offset)
+        if jumped is not None and abs(jumped) > CLOCK_STEP:  # a step that came with news
+            state = _replace_waiting(state, now, out, jumped)
     return _on_document(state, doc, now, out)
 
 
-def _replace_waiting(state: State, now: float, out: list[Effect]) -> State:
-    """The clock moved within one document: WAITING events are placed again."""
+def _replace_waiting(
+    state: State, now: float, out: list[Effect], moved: Optional[float] = None
+) -> State:
+    """The clock moved within one document (by `moved` s), or a reload: every timer taken from
+    the wall clock is placed again: WAITING events' lead or window, QUEUED events' slot
+    deadline, and, after a step, a drain's cap at NotBefore."""
     for event_id, t in state.events.items():
         if t.phase is Phase.WAITING:
             state = _with(state, event_id, _still_waiting(t, state, now, out))
+        elif t.phase is Phase.QUEUED and math.isfinite(t.start_at):
+            rule = state.config.events.get(t.event.event_type, EventRule())
+            deadline = _slot_deadline(t.event, rule, state)
+            state = _with(
+                state, event_id, replace(t, start_at=now if deadline is None else deadline)
+            )
+        elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
+            state = _with(state, event_id, replace(t, start_at=_drain_moved(state, t, moved)))
     return state
+
+
+def _drain_moved(state: State, tracked: Tracked, moved: float) -> float:
+    """A drain's deadline after the wall clock moved by `moved` s: its cap at NotBefore moves
+    on the monotonic clock; drain_timeout counts from when it started and does not. Where the
+    cap was what held (within a second), the new cap holds; else the sooner of the two."""
+    not_before = tracked.event.not_before
+    offset = state.wall_offset
+    if not_before is None or offset is None:
+        return tracked.start_at
+    cap = not_before.timestamp() - offset
+    was_cap = not_before.timestamp() - (offset - moved)
+    return cap if abs(tracked.start_at - was_cap) <= 1.0 else min(tracked.start_at, cap)
 
 
 def _poll_failed(state: State, msg: PollFailed, now: float, out: list[Effect]) -> State:
@@ -991,7 +1060,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         return state
     event = tracked.event
     if tracked.phase is Phase.AFTER:
-        return _stage_finished(state, tracked, outcome, out)
+        return _stage_finished(state, tracked, outcome, out, msg.detail)
     on = _BEFORE_ENDED[outcome]
     if tracked.phase is Phase.ENDING:
         if state.stopping is not None:  # its stage runs after the restart, not in the grace
@@ -1008,6 +1077,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
                 event,
                 cause=Cause.HOOKS_FAILED.value,
                 reason="a hook failed; the event proceeds at NotBefore without this VM's approval",
+                **_why(msg.detail),
             )
         )
         if _approval(event, state)[0] is Phase.COORDINATING and _etcd(state):
@@ -1022,7 +1092,15 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
     return _with(state, event_id, _move(tracked, on, phase, run=None))
 
 
-def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[Effect]) -> State:
+def _why(detail: str) -> dict[str, str]:
+    """A run that ended without any hook's own result (no thread for it, a defect in starting
+    its commands) says why in the record, as `hook_failed` says it for a command."""
+    return {"error": detail} if detail else {}
+
+
+def _stage_finished(
+    state: State, tracked: Tracked, outcome: Outcome, out: list[Effect], detail: str = ""
+) -> State:
     """After- and cancelled-hooks run once: a failure is reported, never retried."""
     event = tracked.event
     stage = tracked.stage.value
@@ -1036,6 +1114,7 @@ def _stage_finished(state: State, tracked: Tracked, outcome: Outcome, out: list[
                 event,
                 stage=stage,
                 reason="not retried: after- and cancelled-hooks run at most once",
+                **_why(detail),
             )
         )
     else:
@@ -1062,13 +1141,18 @@ def _start_stage(
     """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
-    restore = tracked.drain is not Drain.NONE
-    if restore and _drained_for_another(state, tracked.event.event_id):
-        restore = False  # the node stays marked for the other event; restored at its end
+    # Only this daemon's own mark is taken off (none: the node was marked by someone else).
+    restore = state.cluster_mark if tracked.drain is not Drain.NONE else None
+    if tracked.drain is not Drain.NONE and (
+        restore is None or _drained_for_another(state, tracked.event.event_id)
+    ):
+        restore = None  # the node stays marked for the other event; restored at its end
+        if tracked.drain is Drain.ASKED:  # a mark set after this comes back: _cluster_marked
+            out.append(StopDraining(tracked.event.event_id))
         tracked = replace(tracked, drain=Drain.NONE)
     if not hooks:
-        if restore:
-            out.append(RestoreNode(tracked.event.event_id))
+        if restore is not None:
+            out.append(RestoreNode(tracked.event.event_id, restore))
         return _over(state, replace(tracked, stage=stage), on)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
     state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
@@ -1083,7 +1167,7 @@ def _spawn(
     out: list[Effect],
     *,
     rebooted: bool = False,
-    restore: bool = False,
+    restore: Optional[ClusterMark] = None,
 ) -> tuple[State, int]:
     """Start a hook run for an event, with the name and incarnation it was seen under."""
     state, run = _new_run(state, tracked.event.event_id)
@@ -1225,6 +1309,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state, t = _stop_asking(state, t, out)  # noqa: PLW2901
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
+    state = _cluster_reloaded(state, old, out)
     for event_id, t in state.events.items():
         if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
             out.append(
@@ -1476,6 +1561,14 @@ def _pacemaker(state: State) -> Optional[Pacemaker]:
 
 
 def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
+    """Kept for `status` (which exits 1 while there are problems) and read again every
+    CLUSTER_CHECK; logged when it changes."""
+    if _pacemaker(state) is None:  # answered after a reload took the section away
+        return state
+    changed = msg.problems != state.cluster_problems
+    state = replace(state, cluster_problems=msg.problems, cluster_check_at=now + CLUSTER_CHECK)
+    if not changed:
+        return state
     if msg.problems:
         out.append(
             Record(
@@ -1490,6 +1583,60 @@ def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Ef
         )
     else:
         out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
+    return state
+
+
+def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
+    if state.cluster_check_at <= now and _pacemaker(state) is not None:
+        out.append(CheckCluster())
+        state = replace(state, cluster_check_at=math.inf)  # until ClusterChecked comes back
+    return state
+
+
+def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+    """A reload may change or remove `coordination.pacemaker`: the cluster is checked again,
+    and a mark of ours that no event wants any more is taken off (the old configuration's
+    restore stopped with it), the way it was set."""
+    settings = _pacemaker(state)
+    old_settings = old.coordination.pacemaker if old.coordination is not None else None
+    if settings != old_settings:
+        state = replace(state, cluster_problems=None, cluster_check_at=math.inf)
+        if settings is not None:
+            out.append(CheckCluster())
+    _restore_unwanted(state, out)
+    return state
+
+
+def _restore_unwanted(state: State, out: list[Effect]) -> None:
+    """This daemon's mark is on the node and no event wants it drained (a restore failed, or
+    the daemon stopped before it): take it off, whether pacemaker is still configured or not."""
+    mark = state.cluster_mark
+    if mark is None or _drained_for_another(state, ""):
+        return
+    if not any(isinstance(e, RestoreNode) for e in out):
+        out.append(RestoreNode("", mark))
+
+
+def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effect]) -> State:
+    """The mark set (ours) is in the state file from now until it is taken off; one found set
+    by someone else is left as it is."""
+    settings = _pacemaker(state)
+    tracked = state.events.get(msg.event_id)
+    if msg.ours and settings is not None:
+        state = replace(state, cluster_mark=mark_of(settings))
+        _restore_unwanted(state, out)  # its event ended while the mark was being set
+        return state
+    if not msg.ours and tracked is not None and state.cluster_mark is None:
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                tracked.event,
+                marked_by="someone else",
+                reason="this node was already marked as going away (an operator's standby?): "
+                "it is left as it is when the event is over",
+            )
+        )
     return state
 
 
@@ -1552,12 +1699,24 @@ def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[
                 {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
             )
         )
-        return state
+        return replace(state, restore_error=msg.error) if state.cluster_mark else state
+    # The node is back: no event that is over holds a mark any more.
+    state = replace(
+        state,
+        cluster_mark=None,
+        restore_error="",
+        events={
+            k: replace(t, drain=Drain.NONE)
+            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
+            else t
+            for k, t in state.events.items()
+        },
+    )
     out.append(
         Record(
             Level.INFO,
             What.CLUSTER_RESTORED,
-            event_fields_ or {"reason": "a mark left by an earlier run of the daemon"},
+            event_fields_ or {"reason": "this daemon's mark, which no event wants any more"},
         )
     )
     if tracked is not None and tracked.drain is not Drain.NONE:
@@ -1589,7 +1748,7 @@ def _drain_effect(state: State, tracked: Tracked) -> DrainNode:
         for r in tracked.event.resources
         if r.casefold() != me
     )
-    return DrainNode(tracked.event, going)
+    return DrainNode(tracked.event, going, ours=state.cluster_mark is not None)
 
 
 def _drain_timeouts(state: State, now: float, out: list[Effect]) -> State:
@@ -1688,6 +1847,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     SlotBusy: _slot_busy,
     SlotFailed: _slot_failed,
     ClusterChecked: _cluster_checked,
+    ClusterMarked: _cluster_marked,
     ClusterDraining: _cluster_draining,
     ClusterDrained: _cluster_drained,
     ClusterHeld: _cluster_held,
@@ -1705,6 +1865,7 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
         return _shutdown(state, now, out)
     state = _start_waiting(state, now, out)
     state = _drain_timeouts(state, now, out)
+    state = _recheck_cluster(state, now, out)
     state = _coordinate(state, now, out)
     state = _make_room(state, now, out)
     state = _retry_approvals(state, now, out)
@@ -1957,7 +2118,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
 
 
 def _exit(state: State, out: list[Effect]) -> State:
-    out.append(Persist(durable_events(state.events)))
+    out.append(_persist(state))
     out.append(Record(Level.INFO, What.DAEMON_STOPPED, {}))
     out.append(Exit(0))
     return state
@@ -1982,6 +2143,8 @@ def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branc
             times.append(
                 state.poll.in_flight_since + md.first_call_timeout + md.timeout + STALL_MARGIN
             )
+    if state.stopping is None:
+        times.append(state.cluster_check_at)
     for event_id, t in state.events.items():
         phase = t.phase
         if phase is Phase.NOT_OURS:  # most of them under churn, and never a timer
@@ -2301,6 +2464,8 @@ def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[floa
 
 
 def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+    """`deadline` is inf after a restart until the next document places it: no instant then
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
     wall = deadline + (state.wall_offset or 0.0)
     concurrency = state.config.concurrency
     return _note(
@@ -2310,8 +2475,17 @@ def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state
         reason="slot",
         group=concurrency.group if concurrency else None,
         holders=list(holders),
-        hooks_start_at=iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        hooks_start_at=_iso_wall(wall),
     )
+
+
+def _iso_wall(wall: float) -> Optional[str]:
+    """A wall-clock instant as the records show it; None where it is none (inf: not placed yet)
+    or beyond what a datetime holds."""
+    try:
+        return iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc))
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _approval_of(tracked: Tracked, state: State) -> tuple[Phase, Optional[Record]]:
@@ -2374,7 +2548,7 @@ def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Option
 def _waiting(event: Event, rule: EventRule, held: Held, state: State) -> Record:
     wall = held.at + (state.wall_offset or 0.0)
     fields: dict[str, object] = {
-        "hooks_start_at": iso_utc(dt.datetime.fromtimestamp(wall, dt.timezone.utc)),
+        "hooks_start_at": _iso_wall(wall),
         "reason": held.reason,
     }
     if held.window is not None:
@@ -2526,6 +2700,10 @@ def _durable_view(events: Known) -> Known:
 def durable_events(events: Known) -> Known:
     """What the state file keeps: events for other VMs cost a write a second under churn."""
     return {k: replace(t, run=None, start_at=0.0) for k, t in events.items() if t.phase in DURABLE}
+
+
+def _persist(state: State) -> Persist:
+    return Persist(durable_events(state.events), state.cluster_mark)
 
 
 def status_text(state: State) -> str:

@@ -10,10 +10,12 @@ mapped here without I/O or clock (`document_of`, with the `Seen` record the clie
 - `preempted`: TRUE -> Preempt, NotBefore = first seen + 30 s;
 - `instance/upcoming-maintenance?alt=json` (asked beside each long-poll) {"maintenance_status":
   PENDING|ONGOING, "window_start_time", ...} -> Redeploy, NotBefore = window_start_time (long
-  notice: start_before and windows apply).
+  notice: start_before and windows apply). A window Google moves is the same event with a new
+  NotBefore; one whose time cannot be read is skipped with its reason.
 
-Events get ids from their kind (upcoming maintenance: and its window), so a restart keeps them;
-NotBefore counts from when this daemon first saw the notice.
+Events get ids from their kind alone, so a restart keeps them and a moved window stays one event.
+NotBefore counts from the first answer that showed the notice (kept across a restart: the
+daemon hands the client the events it saved, `recall`).
 Approval exists only through the Compute API: nothing is posted.
 """
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from .imds import ImdsClient, ImdsError
-from .model import SCHEDULED, STARTED, Document, Event, iso_utc, parse_not_before
+from .model import SCHEDULED, STARTED, Document, Event, parse_not_before, short
 
 FLAVOR = {"Metadata-Flavor": "Google"}
 LONG_POLL = 30  # seconds a long-poll may wait for a change (timeout_sec)
@@ -40,6 +42,11 @@ MAINTENANCE = {
     "TERMINATE_ON_HOST_MAINTENANCE": "Redeploy",
 }
 MAX_NOTICE = 4096
+# Each notice of the instance directory: (event type, seconds of notice before it starts).
+_KINDS = {
+    **{value: (event_type, MAINTENANCE_NOTICE) for value, event_type in MAINTENANCE.items()},
+    "PREEMPTED": ("Preempt", PREEMPT_NOTICE),
+}
 
 
 @dataclass
@@ -49,7 +56,32 @@ class Seen:
 
     first: dict[str, float] = field(default_factory=dict)
     ending: dict[str, Event] = field(default_factory=dict)  # over: listed Started once more
-    ended: set[str] = field(default_factory=set)
+    ended: set[str] = field(default_factory=set)  # listed Started once: not again until seen anew
+
+
+UPCOMING_ID = "gcp-upcoming-maintenance"  # one window at a time; moved, it is the same event
+
+
+def sighted(instance: Optional[bytes], now: float, seen: Seen) -> None:
+    """Notices this instance answer shows are first seen `now` unless seen before: NotBefore
+    counts from the first answer that showed them, even if the rest of that poll failed."""
+    fields = _object(instance, "instance", [])
+    for value, _event_type, _notice in _notices(fields, []):
+        seen.first.setdefault(value, now)
+
+
+def _notices(fields: Mapping[str, Any], skipped: list[str]) -> list[tuple[str, str, float]]:
+    """(value, event type, notice in seconds) of each notice the instance directory shows."""
+    found = []
+    value = _text(fields, "maintenanceEvent", "maintenance-event")
+    if value and value != "NONE":
+        if value in MAINTENANCE:
+            found.append((value, *_KINDS[value]))
+        else:
+            skipped.append(f"maintenanceEvent: unknown value {value[:40]!r}")
+    if _text(fields, "preempted").upper() == "TRUE":
+        found.append(("PREEMPTED", *_KINDS["PREEMPTED"]))
+    return found
 
 
 def document_of(
@@ -59,34 +91,27 @@ def document_of(
     events: list[Event] = []
     skipped: list[str] = []
     fields = _object(instance, "instance", skipped)
-    value = _text(fields, "maintenanceEvent", "maintenance-event")
-    if value and value != "NONE":
-        if value in MAINTENANCE:
-            events.append(_notice_event(value, MAINTENANCE[value], MAINTENANCE_NOTICE, fields,
-                                        vm_name, now, seen))  # fmt: skip
-        else:
-            skipped.append(f"maintenanceEvent: unknown value {value[:40]!r}")
-    if _text(fields, "preempted").upper() == "TRUE":
-        events.append(
-            _notice_event("PREEMPTED", "Preempt", PREEMPT_NOTICE, fields, vm_name, now, seen)
-        )
+    for value, event_type, notice in _notices(fields, skipped):
+        events.append(_notice_event(value, event_type, notice, fields, vm_name, now, seen))
     coming = _object(upcoming, "upcoming-maintenance", skipped)
     if coming:
-        event = _upcoming(coming, vm_name, now)
-        if event is None:
-            skipped.append("upcoming-maintenance: no window_start_time")
-        else:
-            events.append(event)
+        try:
+            events.append(_upcoming(coming, vm_name, now))
+        except ValueError as e:  # this notice cannot be read; the rest of the answer is used
+            skipped.append(f"upcoming-maintenance: {e}")
     active = {e.description for e in events}
     for value in [v for v in seen.first if v not in active]:
         del seen.first[value]  # over: a later notice of the same kind is seen anew
     current = {e.event_id: e for e in events}
+    seen.ended -= current.keys()  # listed again: when it ends, it is listed Started once more
     for event_id in [k for k in seen.ending if k in seen.ended]:
         del seen.ending[event_id]  # listed Started once already: now it leaves
     for event_id, event in seen.ending.items():
         current.setdefault(event_id, event)
         seen.ended.add(event_id)
-    canonical = json.dumps([e.to_json() for e in current.values()], sort_keys=True)
+    # What was skipped counts too: a notice that cannot be read is news (event_skipped) even
+    # when nothing else changed.
+    canonical = json.dumps([[e.to_json() for e in current.values()], skipped], sort_keys=True)
     return Document(zlib.crc32(canonical.encode()), tuple(current.values()), tuple(skipped))
 
 
@@ -125,16 +150,20 @@ def _notice_event(  # noqa: PLR0917 - the notice, its type and notice time, and 
     )
 
 
-def _upcoming(raw: Mapping[str, Any], vm_name: str, now: float) -> Optional[Event]:
+def _upcoming(raw: Mapping[str, Any], vm_name: str, now: float) -> Event:
+    """The upcoming window as an event, or ValueError saying why it cannot be read."""
     start = raw.get("window_start_time") or raw.get("windowStartTime")
-    when = parse_not_before(start) if isinstance(start, str) else None
+    try:
+        when = parse_not_before(start) if isinstance(start, str) else None
+    except ValueError:
+        when = None
     if when is None:
-        return None
+        raise ValueError(f"window_start_time is not a time: {short(start)}")
     status = raw.get("maintenance_status") or raw.get("maintenanceStatus")
     started = status == "ONGOING" or now >= when.timestamp()
     kind = raw.get("type") if isinstance(raw.get("type"), str) else "SCHEDULED"
     return Event(
-        event_id=f"gcp-upcoming-{iso_utc(when)}",
+        event_id=UPCOMING_ID,
         event_type="Redeploy",
         status=STARTED if started else SCHEDULED,
         resource_type="VirtualMachine",
@@ -187,15 +216,21 @@ class GcpClient:
         self._http.close()
 
     def fetch_document(self) -> Document:
+        etag, self._etag = self._etag, ""  # kept only if this whole poll succeeds
         vm_name = self._vm_name or self.fetch_vm_name()
         query = {"recursive": "true", "alt": "json"}
-        if self._etag and not self._quick:  # at once the first time; then on a change
-            query |= {"wait_for_change": "true", "last_etag": self._etag,
+        waits = bool(etag) and not self._quick  # at once the first time and after a failure
+        if waits:  # then on a change: the answer may take LONG_POLL seconds
+            query |= {"wait_for_change": "true", "last_etag": etag,
                       "timeout_sec": str(LONG_POLL)}  # fmt: skip
         instance = self._http.send(
-            "GET", f"/instance/?{urllib.parse.urlencode(query)}", FLAVOR, timeout=LONG_POLL + 5
+            "GET",
+            f"/instance/?{urllib.parse.urlencode(query)}",
+            FLAVOR,
+            timeout=LONG_POLL + 5 if waits else None,
         )
-        self._etag = self._http.etag
+        answered, now = self._http.etag, time.time()
+        sighted(instance, now, self._seen)  # even if the next GET fails
         try:
             upcoming: Optional[bytes] = self._http.send(
                 "GET", "/instance/upcoming-maintenance?alt=json", FLAVOR
@@ -204,14 +239,27 @@ class GcpClient:
             if e.status != 404:  # not offered for this machine type
                 raise
             upcoming = None
-        now = time.time()
         document = document_of(instance, upcoming, vm_name=vm_name, now=now, seen=self._seen)
         notice_over(self._last, document, self._seen)
         self._quick = bool(self._seen.ending)
         if self._quick:  # what just ended is listed Started in this answer, gone in the next
             document = document_of(instance, upcoming, vm_name=vm_name, now=now, seen=self._seen)
         self._last = document
+        self._etag = answered
         return document
+
+    def recall(self, events: Iterable[Event]) -> None:
+        """The events the daemon saved before a restart: a notice still shown keeps the
+        NotBefore it had, counted from its first sighting then, not from now; one that ended
+        while the daemon was down is over (listed Started once), as if it had been watched."""
+        notices = {f"gcp-{v.lower()}": (v, n) for v, (_t, n) in _KINDS.items()}
+        saved = tuple(e for e in events if e.provider == "gcp")
+        for event in saved:
+            known = notices.get(event.event_id)
+            if known is not None and event.not_before is not None:
+                value, notice = known
+                self._seen.first.setdefault(value, event.not_before.timestamp() - notice)
+        self._last = Document(0, saved)
 
     def approve(self, event_ids: Iterable[str]) -> None:
         raise ImdsError("request", "Google Cloud takes no approval through its metadata server")

@@ -5,7 +5,7 @@ answers the instance directory with an ETag; with `wait_for_change=true&last_eta
 the request until the directory changes or `timeout_sec` passes, as the real server does.
 `instance/upcoming-maintenance?alt=json` answers `{}` or the upcoming window; `instance/name`
 the instance. Tests and `scheduledeventsd simulate --provider gcp` drive it in-process
-(`maintenance`, `preempt`, `upcoming`, `fail_next`).
+(`maintenance`, `preempt`, `upcoming`, `attribute`, `fail_next`).
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ class GcpSimulator(Serving):
             "id": 1234567890123456789,
             "maintenanceEvent": "NONE",
             "preempted": "FALSE",
+            "attributes": {},
         }
         self._upcoming: dict[str, Any] = {}
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str]] = []  # (status, the path it fails)
         self.requests: deque[Request] = deque(maxlen=10_000)
 
     # ---- what the tests set -----------------------------------------------------------------
@@ -59,6 +60,13 @@ class GcpSimulator(Serving):
     def preempt(self, preempted: bool = True) -> None:
         """FALSE again: a stopped instance started anew (tests and the bench reuse it)."""
         self._set("preempted", "TRUE" if preempted else "FALSE")
+
+    def attribute(self, key: str, value: str) -> None:
+        """A custom metadata value set (as `gcloud compute instances add-metadata` does): the
+        directory changes, so a long-poll answers, with no notice in it."""
+        with self._cond:
+            self._instance["attributes"] = {**self._instance["attributes"], key: value}
+            self._cond.notify_all()
 
     def upcoming(self, window_start: Optional[str], status: str = "PENDING") -> None:
         """An upcoming maintenance window (None: none)."""
@@ -74,9 +82,12 @@ class GcpSimulator(Serving):
                 }
             )
 
-    def fail_next(self, *statuses: int) -> None:
+    def fail_next(self, *statuses: int, path: str = "") -> None:
+        """The next requests answer these statuses, one each; with `path` (e.g.
+        "/instance/upcoming-maintenance") only requests whose path ends so, the others are
+        answered as usual."""
         with self._cond:
-            self._failures.extend(statuses)
+            self._failures.extend((status, path) for status in statuses)
 
     def gets(self, path: str = "") -> int:
         return sum(1 for r in list(self.requests) if path in r.path)
@@ -100,8 +111,10 @@ class GcpSimulator(Serving):
         if flavor != "Google":
             return 403, "Missing Metadata-Flavor:Google header.", ""
         with self._cond:
-            if self._failures:
-                return self._failures.pop(0), "Service Unavailable", ""
+            for index, (status, failing) in enumerate(self._failures):
+                if path.endswith(failing):
+                    del self._failures[index]
+                    return status, "Service Unavailable", ""
             if path == f"{PREFIX}/instance/name":
                 return 200, self.name, ""
             if path == f"{PREFIX}/instance/upcoming-maintenance":

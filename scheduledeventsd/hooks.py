@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Optional
 
 from .config import Hook
-from .model import Event, iso_utc
+from .model import Event, encodable, iso_utc
 
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -339,9 +339,11 @@ class _Line:
             self.partial.clear()
             return
         *lines, rest = chunk.split(b"\n")
-        for piece in lines:
+        for piece in lines:  # each ended in this chunk: any of them may be longer than MAX_LINE
             if self.cut:
                 self.cut = False
+            elif len(self.partial) + len(piece) > MAX_LINE:
+                self._emit(bytes(self.partial + piece[: MAX_LINE - len(self.partial)]), cut=True)
             else:
                 self._emit(bytes(self.partial + piece), newline=True)
             self.partial.clear()
@@ -416,8 +418,10 @@ def seconds_left(event: Event, now: float) -> str:
 
 
 def bounded(value: str, limit: int = MAX_ENV_VALUE) -> str:
-    """`value`, or its first bytes and a marker saying it was cut (on a UTF-8 boundary)."""
-    data = value.encode("utf-8", "surrogateescape")
+    """`value`, or its first bytes and a marker saying it was cut (on a UTF-8 boundary); what
+    cannot be encoded (a lone surrogate) replaced, so the command can be started at all."""
+    value = encodable(value)
+    data = value.encode()
     if len(data) <= limit:
         return value
     marker = f" [truncated: {len(data)} bytes in all; the whole event is on stdin]"
@@ -430,13 +434,19 @@ def hook_stdin(event: Event, incarnation: int, vm_name: str) -> bytes:
     if event.provider != "azure":  # beside the event as Azure spells it, the cloud's own words
         document["Provider"] = event.provider
         document["ProviderNotice"] = _notice(event.notice)
+    # A lone surrogate in the cloud's own notice (valid JSON, and ProviderNotice gives it back
+    # as it came) is replaced like every other event text; stdin stays ASCII, \u-escaped.
+    text = json.dumps(document, sort_keys=True, ensure_ascii=False)
+    clean = encodable(text)
+    if clean != text:
+        document = json.loads(clean)
     return (json.dumps(document, sort_keys=True) + "\n").encode()
 
 
 def _notice(text: str) -> object:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 

@@ -7,11 +7,13 @@ failure raised as one ImdsError whose `kind` is stable enough to log only on cha
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import select
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -20,7 +22,7 @@ from typing import Literal, Optional, Protocol
 import httptools
 
 from . import __version__
-from .model import Document, DocumentError, EventCache, parse_document
+from .model import Document, DocumentError, Event, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
 # A real document is a few KiB; this leaves room for 10 000 events or a 1 MB Description (a
@@ -73,6 +75,10 @@ class MetadataClient(Protocol):
 
     def fetch_vm_name(self) -> str: ...
 
+    def recall(self, events: Iterable[Event]) -> None:
+        """The events the daemon saved before a restart (Google Cloud's NotBefore counts from
+        a first sighting the metadata server does not tell)."""
+
     def close(self) -> None: ...
 
 
@@ -101,6 +107,7 @@ class ImdsClient:
         self._port = parts.port or (443 if self._https else 80)
         self._path = parts.path or "/"
         self._link: Optional[_Link] = None  # the kept-alive socket and its parser
+        self._lookup: Optional[_Lookup] = None  # of a host name (Google Cloud's), under way
         host = f"[{self._host}]" if ":" in self._host else self._host
         default = self._port == (443 if self._https else 80)
         self._headers = {
@@ -114,6 +121,9 @@ class ImdsClient:
         self._events = EventCache()
         self.etag = ""  # of the last answer (Google Cloud's long-poll asks with it)
         self._last: tuple[bytes, Document] = (b"", Document(0, ()))
+
+    def recall(self, events: Iterable[Event]) -> None:
+        """Nothing to recall: Azure's document carries every time it means."""
 
     def close(self) -> None:
         if self._link is not None:
@@ -180,17 +190,43 @@ class ImdsClient:
         lines = [f"{method} {target} HTTP/1.1", *(f"{k}: {v}" for k, v in fields.items())]
         return "\r\n".join(lines).encode("ascii") + b"\r\n\r\n" + (body or b"")
 
-    def _connect(self) -> _Link:
+    def _connect(self, deadline: float) -> _Link:
         link = self._link
         if link is not None and select.select([link.sock], [], [], 0)[0]:
             self.close()  # IMDS closed the idle connection (readable at EOF): a fresh one
         if self._link is None:
-            sock = socket.create_connection((self._host, self._port), timeout=self.timeout)
+            sock = self._open(deadline)
             if self._https:
                 context = ssl.create_default_context()
                 sock = context.wrap_socket(sock, server_hostname=self._host)
             self._link = _Link(sock)
         return self._link
+
+    def _open(self, deadline: float) -> socket.socket:
+        """A connection to the first address that takes one, name lookup included, within the
+        request's deadline: the C library's resolver keeps its own timeouts (5 s per try and
+        server by default), which no socket timeout bounds."""
+        addresses = [(self._host, self._port)]
+        if not _literal(self._host):
+            if self._lookup is None:
+                self._lookup = _Lookup(self._host, self._port)
+            lookup = self._lookup
+            if not lookup.done.wait(max(0.0, deadline - time.monotonic())):
+                raise ImdsError("timeout", f"the lookup of {self._host} outlived the timeout")
+            self._lookup = None  # the next connection looks it up again
+            if lookup.error is not None:
+                raise lookup.error
+            addresses = lookup.addresses
+        error: OSError = OSError(f"no address for {self._host}")
+        for address in addresses:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ImdsError("timeout", f"connecting to {self._host} outlived the timeout")
+            try:
+                return socket.create_connection(address, timeout=min(self.timeout, left))
+            except OSError as e:
+                error = e
+        raise error
 
     def _send(self, wire: bytes, timeout: Optional[float] = None) -> bytes:
         """One exchange. A kept-alive connection IMDS closed meanwhile is opened again once;
@@ -202,7 +238,7 @@ class ImdsClient:
         for attempt in (1, 2):
             reused = self._link is not None
             try:
-                return self._exchange(self._connect(), wire, deadline)
+                return self._exchange(self._connect(deadline), wire, deadline)
             except _StaleConnectionError:
                 self.close()
                 if attempt == 2 or not reused:
@@ -385,6 +421,41 @@ def _checked(answer: _Answer) -> bytes:
     snippet = body[:300].decode("utf-8", "replace").strip()
     retry_after = _retry_after(answer.header(b"retry-after"))
     raise ImdsError("http", f"HTTP {status}: {snippet}", status, retry_after)
+
+
+class _Lookup:
+    """getaddrinfo on a thread of its own, so a request waits for it only until its deadline.
+    A lookup that outlives one request is not started again: the next request waits on it (and
+    the thread ends when the resolver gives up), so a resolver that never answers costs one
+    thread, not one per poll."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.done = threading.Event()
+        self.addresses: list[tuple[str, int]] = []
+        self.error: Optional[OSError] = None
+        worker = threading.Thread(target=self._run, args=(host, port), daemon=True)
+        worker.name = "imds-lookup"
+        worker.start()
+
+    def _run(self, host: str, port: int) -> None:
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            self.addresses = list(dict.fromkeys((str(a[4][0]), port) for a in found))
+        except OSError as e:  # socket.gaierror among them
+            self.error = e
+        except (UnicodeError, ValueError) as e:  # a name IDNA cannot encode
+            self.error = OSError(f"{host!r}: {e}")
+        finally:
+            self.done.set()
+
+
+def _literal(host: str) -> bool:
+    """An IP address needs no lookup (Azure's and AWS's 169.254.169.254)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _StaleConnectionError(Exception):

@@ -22,6 +22,9 @@ IDENTIFIER = "scheduledeventsd"
 LEVELS = ("debug", "info", "warning", "error")
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 _FIELD_SAFE = re.compile(r"[^A-Z0-9_]")
+# A lone surrogate (an OS name decoded with surrogateescape, a "\ud800" escape) cannot be sent:
+# systemd.journal.send raises, and the record is lost.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # Shown first in the human-readable MESSAGE, in this order, when present.
 _MESSAGE_KEYS = (
     "event_id",
@@ -62,18 +65,23 @@ class JournalRenderer:
         name = str(fields.pop("event", ""))
         level = str(fields.pop("level", "info"))
         exception = fields.pop("exception", None)
-        journal = {journal_field(k): str(v) for k, v in fields.items() if v is not None}
+        journal = {journal_field(k): _sendable(str(v)) for k, v in fields.items() if v is not None}
         text = message(name, fields)
         if exception:
             text = f"{text}\n{exception}"
         self._send(
-            text,
+            _sendable(text),
             PRIORITY=str(_PRIORITY.get(level, 6)),
             SYSLOG_IDENTIFIER=IDENTIFIER,
             LOG_EVENT=name,
             **journal,
         )
         raise structlog.DropEvent
+
+
+def _sendable(text: str) -> str:
+    """`text` as journald can take it: each lone surrogate replaced by U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _journal_sender() -> Optional[Sender]:

@@ -25,6 +25,17 @@ class DocumentError(ValueError):
     """The response is not a Scheduled Events document at all."""
 
 
+_TEXT_FIELDS = (
+    "event_id",
+    "event_type",
+    "status",
+    "resource_type",
+    "description",
+    "source",
+    "notice",
+)
+
+
 @dataclass(frozen=True)
 class Event:
     """One scheduled event, with every optional field normalised."""
@@ -40,6 +51,15 @@ class Event:
     duration_seconds: Optional[int] = None
     provider: str = "azure"  # whose notice it came from (aws, gcp: mapped at the edge)
     notice: str = ""  # that provider's own notice, as JSON (hooks get it on stdin)
+
+    def __post_init__(self) -> None:
+        """Whoever built it (Azure's, AWS's or Google's parser, a state file), its text is
+        text every consumer can carry: see `encodable`."""
+        for name in _TEXT_FIELDS:
+            _set_encodable(self, name, getattr(self, name))
+        resources = tuple(encodable(r) for r in self.resources)
+        if resources != self.resources:
+            object.__setattr__(self, "resources", resources)
 
     def names(self, vm_name: str) -> bool:
         """Azure's resource names are case-insensitive; an event may name many VMs."""
@@ -99,9 +119,24 @@ def parse_not_before(text: str) -> Optional[dt.datetime]:
     return parsed
 
 
-def _clean(value: str) -> str:
-    """NUL cannot travel in environment variables or journal fields; it is never meaningful."""
-    return value.replace("\x00", "\ufffd")
+# NUL, and every surrogate code point: in a str they are lone (JSON's "\ud800" is valid JSON).
+_UNENCODABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def encodable(value: str) -> str:
+    """`value` with what no consumer can carry replaced by U+FFFD. NUL cannot travel in
+    environment variables or journal fields; a lone surrogate cannot be encoded as UTF-8 at
+    all, so not into a hook's environment or stdin, a journal field, a file or a request
+    (`Description: "Host update \\ud800"` stopped every hook). Neither is ever meaningful."""
+    if value.isascii() and "\x00" not in value:
+        return value
+    return _UNENCODABLE.sub("\ufffd", value)
+
+
+def _set_encodable(event: Event, name: str, value: str) -> None:
+    clean = encodable(value)
+    if clean != value:
+        object.__setattr__(event, name, clean)
 
 
 def _lower_keys(raw: dict[Any, Any]) -> dict[str, Any]:
@@ -118,7 +153,7 @@ def _text(fields: dict[str, Any], key: str, *, required: bool) -> str:
         raise ValueError(f"{key} is not a string: {short(value)}")
     if required and not value.strip():
         raise ValueError(f"{key} is empty")
-    return _clean(value)
+    return encodable(value)
 
 
 def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
@@ -138,7 +173,7 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
         event_type=_text(fields, "EventType", required=True).strip(),
         status=_text(fields, "EventStatus", required=True).strip(),
         resource_type=_text(fields, "ResourceType", required=False),
-        resources=tuple(_clean(r).strip() for r in resources_raw if r.strip()),
+        resources=tuple(encodable(r).strip() for r in resources_raw if r.strip()),
         not_before=parse_not_before(_text(fields, "NotBefore", required=False)),
         description=_text(fields, "Description", required=False),
         source=_text(fields, "EventSource", required=False),
@@ -149,15 +184,21 @@ def parse_event(raw: Any) -> Event:  # noqa: ANN401 - this is the untyped edge
 def event_identifier(text: str) -> str:
     """An EventId as every cloud's events carry it, or ValueError. A GUID in every Azure
     document: anything else would travel into keys, logs and environments as an identifier,
-    so it is refused, never escaped on the way."""
+    so it is refused, never escaped on the way: nor replaced (U+FFFD stands for a NUL or a lone
+    surrogate the parser replaced, and an id IMDS never sent could not be approved)."""
     event_id = text.strip()
     if (
         not event_id
         or len(event_id) > MAX_EVENT_ID
-        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in event_id)
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F or _replaced(ch) for ch in event_id)
     ):
         raise ValueError(f"EventId is not an identifier: {short(event_id)}")
     return event_id
+
+
+def _replaced(ch: str) -> bool:
+    """A lone surrogate, or the U+FFFD `encodable` put in place of one (or of a NUL)."""
+    return 0xD800 <= ord(ch) <= 0xDFFF or ch == "\ufffd"
 
 
 def short(value: Any) -> str:  # noqa: ANN401 - for error messages about untyped input

@@ -166,8 +166,12 @@ class Observer:
 
 def _pacemaker(state: State) -> Optional[dict[str, Any]]:
     settings = state.config.coordination.pacemaker if state.config.coordination else None
+    mark = state.cluster_mark
+    marked = None if mark is None else {"method": mark.method.value, "attribute": mark.attribute}
     if settings is None:
-        return None
+        # Reloaded away while a mark of ours is still on the node: still shown until it is off.
+        return None if mark is None else {"marked": marked, "restore_error": state.restore_error}
+    checked = state.cluster_problems
     by_drain: dict[str, list[str]] = {}
     for event_id, t in sorted(state.events.items()):
         if t.drain.value:
@@ -178,6 +182,11 @@ def _pacemaker(state: State) -> Optional[dict[str, Any]]:
         "draining_for": by_drain.get("draining", []),
         "drained_for": by_drain.get("drained", []),
         "held_for": by_drain.get("hold", []),
+        # Whether the cluster can drain this node (None: not read yet), and what is wrong.
+        "ready": None if checked is None else not checked,
+        "problems": list(checked or ()),
+        "marked": marked,  # what this daemon set on the node and has not taken off yet
+        "restore_error": state.restore_error,  # its restore failed: asked again
     }
 
 
@@ -253,6 +262,7 @@ def problems(doc: Mapping[str, Any], now: float) -> list[str]:
     if isinstance(reference, (int, float)) and now - reference > BLIND_AFTER:
         what = "the last successful poll" if last_ok is not None else "the start, and no poll yet"
         found.append(f"IMDS unreachable: {now - reference:.0f} s since {what}")
+    found += _cluster_problems(doc.get("pacemaker"))
     for event in doc.get("events", []):
         if not isinstance(event, dict):
             continue
@@ -261,4 +271,17 @@ def problems(doc: Mapping[str, Any], now: float) -> list[str]:
                 f"a hook failed for {event.get('event_type')} {event.get('event_id')}, "
                 "which is still pending"
             )
+    return found
+
+
+def _cluster_problems(cluster: Any) -> list[str]:  # noqa: ANN401 - a document's field
+    """The cluster cannot drain this node, or a mark of ours fails to come off."""
+    if not isinstance(cluster, dict):
+        return []
+    found = [f"cluster_unready: {p}" for p in cluster.get("problems") or []]
+    if cluster.get("restore_error"):
+        found.append(
+            f"cluster_restore_failed: this node is still marked by this daemon "
+            f"({cluster.get('marked')}): {cluster['restore_error']}; tried again"
+        )
     return found

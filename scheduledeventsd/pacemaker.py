@@ -248,7 +248,8 @@ class Cli:
 
 
 def problems(cli: Cli) -> list[str]:
-    """What an operator must fix before this node can be drained (checked at start)."""
+    """What an operator must fix before this node can be drained (checked at start and every
+    minute; `status` exits 1 while there is any)."""
     found: list[str] = []
     try:
         me = cli.me()
@@ -259,6 +260,11 @@ def problems(cli: Cli) -> list[str]:
         found.append("the cluster has no quorum (or no DC) seen from this node")
     if view.node(me) is None:
         found.append(f"this node ({me}) is not a member of the cluster")
+    elif why_not_drain(view, me, (), cli.settings.min_healthy) == "too_few_healthy":
+        found.append(
+            f"fewer than min_healthy ({cli.settings.min_healthy}) other nodes are online, not "
+            "in standby and healthy: this node cannot be drained"
+        )
     if cli.settings.method is DrainMethod.HEALTH:
         strategy = cli.health_strategy()
         if strategy in ("", "none"):

@@ -115,12 +115,20 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         )
     cluster = doc.get("pacemaker")
     if isinstance(cluster, dict):
-        lines.append(
-            f"pacemaker: method {cluster.get('method')}; draining for "
-            f"{', '.join(cluster.get('draining_for') or []) or 'none'}; drained for "
-            f"{', '.join(cluster.get('drained_for') or []) or 'none'}; held for "
-            f"{', '.join(cluster.get('held_for') or []) or 'none'}"
-        )
+        mark = cluster.get("marked")
+        marked = "no" if not isinstance(mark, dict) else f"{mark.get('method')}"
+        if "method" not in cluster:  # reloaded away, a mark of ours still to take off
+            lines.append(f"pacemaker: not configured; marked by this daemon: {marked}")
+        else:
+            ready = cluster.get("ready")
+            readiness = "not read yet" if ready is None else "ready" if ready else "cluster_unready"
+            lines.append(
+                f"pacemaker: {readiness}; method {cluster.get('method')}; draining for "
+                f"{', '.join(cluster.get('draining_for') or []) or 'none'}; drained for "
+                f"{', '.join(cluster.get('drained_for') or []) or 'none'}; held for "
+                f"{', '.join(cluster.get('held_for') or []) or 'none'}; marked by this daemon: "
+                f"{marked}"
+            )
     events = doc.get("events") or []
     lines.append("events of this VM:" if events else "no events of this VM")
     for e in events:

@@ -136,7 +136,14 @@ KEYS: tuple[Key, ...] = (
         0.25,
         60,
     ),
-    Key("metadata.timeout", Kind.SECONDS, "Whole deadline of one request.", 5, 0.1, 60),
+    Key(
+        "metadata.timeout",
+        Kind.SECONDS,
+        "Whole deadline of one request, name lookup included.",
+        5,
+        0.1,
+        60,
+    ),
     Key(
         "metadata.first_call_timeout",
         Kind.SECONDS,
@@ -250,7 +257,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "events.TYPE.start_before",
         Kind.SECONDS,
-        "Start before-hooks only when NotBefore is this near (a Reboot may come 7 days ahead).",
+        "Start before-hooks only when NotBefore is this near (a Reboot may come 7 days ahead);"
+        " windows pick the first instant inside one within it.",
         low=0,
         high=7 * 86400,
         example="900",
@@ -294,7 +302,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "windows[].start",
         Kind.CLOCK,
-        "When it opens, local to timezone.",
+        "When it opens, local to timezone; a day whose window the spring change skips wholly"
+        " has none.",
         required=True,
         example='"02:00"',
     ),

@@ -23,7 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .engine import Known, Tracked
+from .config import DrainMethod
+from .engine import ClusterMark, Known, Tracked
 from .lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
 from .model import parse_event
 
@@ -43,7 +44,9 @@ class StateStore:
         self.path = directory / STATE_FILE
         self.read_only = read_only
         self._lock_fd: int | None = None
-        self._saved: Known | None = None
+        self._saved: tuple[Known, Optional[ClusterMark]] | None = None
+        self.cluster_mark: Optional[ClusterMark] = None  # as `load` found it
+        self.mark_unrecorded = False  # an older file, with a node drained for an event
 
     def lock(self) -> None:
         """Two daemons on one state directory would both run every hook: refuse the second.
@@ -93,10 +96,15 @@ class StateStore:
             # Unreadable is not absent: the first save must not overwrite what it may hold.
             return {}, self._move_aside(f"cannot read: {e.strerror or e}")
         try:
-            self._saved = _decode(json.loads(text))
+            raw = json.loads(text)
+            known, mark = _decode(raw), _decode_mark(raw)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             return {}, self._move_aside(str(e) or type(e).__name__)
-        return self._saved, ""
+        self._saved, self.cluster_mark = (known, mark), mark
+        self.mark_unrecorded = "cluster_mark" not in raw and any(
+            t.drain in (Drain.ASKED, Drain.DONE) for t in known.values()
+        )
+        return known, ""
 
     def _move_aside(self, problem: str) -> str:
         if self.read_only:
@@ -109,13 +117,17 @@ class StateStore:
             return f"{self.path}: {problem}; could not move it aside: {e}"
         return f"{self.path}: {problem}; moved to {aside}, starting with no state"
 
-    def save(self, known: Known) -> None:
-        """Write `known` (the engine chose what is durable) unless it is what was last written;
-        raise OSError if it cannot."""
-        durable = dict(known)
+    def save(self, known: Known, mark: Optional[ClusterMark] = None) -> None:
+        """Write `known` (the engine chose what is durable) and the cluster mark this daemon
+        set, unless it is what was last written; raise OSError if it cannot."""
+        durable = (dict(known), mark)
         if self._saved is not None and durable == self._saved:
             return
-        data = json.dumps(_encode(durable), indent=1, sort_keys=True).encode()
+        encoded = _encode(durable[0])
+        encoded["cluster_mark"] = (  # null: none (absent: a file from before marks were kept)
+            None if mark is None else {"method": mark.method.value, "attribute": mark.attribute}
+        )
+        data = json.dumps(encoded, indent=1, sort_keys=True).encode()
         write_atomically(self.path, data, durable=True)
         self._saved = durable
 
@@ -200,6 +212,17 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
             for t in known.values()
         ],
     }
+
+
+def _decode_mark(raw: dict[str, Any]) -> Optional[ClusterMark]:
+    """The Pacemaker mark this daemon set and has not taken off yet (absent: none)."""
+    entry = raw.get("cluster_mark")
+    if entry is None:
+        return None
+    attribute = entry["attribute"]
+    if not isinstance(attribute, str):
+        raise TypeError("cluster_mark.attribute must be a string")
+    return ClusterMark(DrainMethod(entry["method"]), attribute)
 
 
 def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents

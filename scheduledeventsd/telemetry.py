@@ -184,7 +184,8 @@ class Telemetry:
                 for k, t in state.events.items()
                 if t.phase is not Phase.NOT_OURS
             )
-        key = (self._ours, state.poll.last, state.coordination.count, state.state_problem)
+        cluster = (state.cluster_problems, state.cluster_mark, state.restore_error)
+        key = (self._ours, state.poll.last, state.coordination.count, state.state_problem, cluster)
         if key == self._status_key and wall - self._status_at < STATUS_EVERY:
             return
         self._status_key, self._status_at = key, wall

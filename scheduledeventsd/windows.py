@@ -7,6 +7,7 @@ through zoneinfo, so daylight saving is the zone's, not ours.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Optional
@@ -28,14 +29,17 @@ class Window:
     zone: ZoneInfo
 
     def spans(self, since: float) -> Iterator[tuple[float, float]]:
-        """Every (opening, closing) whose closing is after `since`, in order, for a year."""
+        """Every (opening, closing) whose closing is after `since`, in order, for a year. A day
+        whose window lies wholly in the hour skipped in spring has none: it has no length, so it
+        is skipped to the next real opening (one that opened and closed at once could neither
+        hold an event nor be told from the next)."""
         day = dt.datetime.fromtimestamp(since, self.zone).date() - _DAY
         for _ in range(_HORIZON_DAYS):
             if day.weekday() in self.days:
                 opening = _instant(day, self.start, self.zone)
                 closing_day = day if self.end > self.start else day + _DAY
                 closing = _instant(closing_day, self.end, self.zone)
-                if closing > since:
+                if closing > since and closing > opening:
                     yield opening, closing
             day += _DAY
 
@@ -45,22 +49,48 @@ class Window:
 
 
 def _instant(day: dt.date, at: dt.time, zone: ZoneInfo) -> float:
-    """A local time as an instant. One that does not exist (02:30 as the clocks go forward)
-    is read with the offset before the change, i.e. as the first instant after the gap."""
-    return dt.datetime.combine(day, at, tzinfo=zone).timestamp()
+    """A local time as an instant, never decreasing as the local time grows, so a window never
+    has a negative length. A time the clocks show twice (the hour repeated in autumn) is its
+    first occurrence: a window opens once. One they never show (the hour skipped in spring) is
+    the first instant after the gap. Python reads such a time with the offset before the change
+    (02:30 as 03:30 summer time, later than 03:00 itself), so the gap's end is searched for."""
+    local = dt.datetime.combine(day, at, tzinfo=zone)
+    instant = local.timestamp()
+    if dt.datetime.fromtimestamp(instant, zone).replace(tzinfo=None) == local.replace(tzinfo=None):
+        return instant
+    # In a gap: at `instant` the clocks already read later than `at`; two days before, earlier
+    # (no zone skips more than a day). The change itself is the first second reading later.
+    shown = local.replace(tzinfo=None)
+    before, after = math.floor(instant) - 2 * 86400, math.ceil(instant)
+    while after - before > 1:
+        middle = (before + after) // 2
+        if dt.datetime.fromtimestamp(middle, zone).replace(tzinfo=None) > shown:
+            after = middle
+        else:
+            before = middle
+    return float(after)
+
+
+def first_opening(
+    windows: tuple[Window, ...], wall: float, until: float
+) -> Optional[tuple[float, Window]]:
+    """The first instant in [wall, until) inside a window, and that window: `wall` itself
+    while one is open; None when none opens before `until`."""
+    best: Optional[tuple[float, Window]] = None
+    for window in windows:
+        for start, _ in window.spans(wall):
+            first = max(start, wall)
+            if first < until and (best is None or first < best[0]):
+                best = (first, window)
+            break
+    return best
 
 
 def opening(windows: tuple[Window, ...], wall: float, until: float) -> Optional[float]:
     """The first instant in [wall, until) inside a window: `wall` itself while one is open;
     None when none opens before `until` (NotBefore)."""
-    best: Optional[float] = None
-    for window in windows:
-        for start, _ in window.spans(wall):
-            first = max(start, wall)
-            if first < until and (best is None or first < best):
-                best = first
-            break
-    return best
+    found = first_opening(windows, wall, until)
+    return None if found is None else found[0]
 
 
 def current_or_next(windows: tuple[Window, ...], wall: float) -> Optional[tuple[float, float]]:

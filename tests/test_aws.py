@@ -227,6 +227,42 @@ def test_started_canceled_completed_and_unreadable_notices():
     assert again.incarnation != doc.incarnation
 
 
+def test_completed_events_are_remembered_only_while_aws_still_lists_them(ec2):
+    """Suspected in issue 26, confirmed: the client remembered every completed event it had
+    listed Started once, for the life of the daemon (200 events here: 200 kept). It remembers
+    those the answer still lists, and each is still listed Started once only."""
+    client = aws.AwsClient(ec2.url, 2, 5)
+    try:
+        for n in range(200):
+            event_id = ec2.schedule(in_seconds=600)
+            assert [e.status for e in client.fetch_document().events] == [SCHEDULED]
+            ec2.set_state(event_id, "completed")
+            assert [e.status for e in client.fetch_document().events] == [STARTED], n
+            assert client.fetch_document().events == (), "listed Started once, then gone"
+            ec2.remove(event_id)  # AWS drops old completed events from the list
+            client.fetch_document()
+        assert len(client._completed) == 0
+        kept = ec2.schedule(in_seconds=600)
+        client.fetch_document()
+        ec2.set_state(kept, "completed")
+        client.fetch_document()
+        assert client._completed == {kept}, "still listed: still remembered"
+        assert client.fetch_document().events == ()
+    finally:
+        client.close()
+
+
+def test_an_unreadable_notice_alone_is_a_new_document_so_its_skip_is_logged():
+    """Found with issue 26 #5: the incarnation counted events only, so a notice that cannot be
+    read, with nothing else changed, was never news: the engine logs event_skipped only for a
+    new incarnation."""
+    empty = aws.document_of(None, None, vm_name="i-1", now=NOW)
+    unreadable = aws.document_of(b'{"action": "stop"}', None, vm_name="i-1", now=NOW)
+    assert unreadable.events == ()
+    assert unreadable.skipped
+    assert unreadable.incarnation != empty.incarnation
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.none() | st.binary(max_size=300), st.none() | st.binary(max_size=300))
 def test_any_bytes_are_a_document_never_an_exception(spot, scheduled):

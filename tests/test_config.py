@@ -604,3 +604,37 @@ def test_a_config_nested_thousands_deep_is_an_error_not_a_crash(tmp_path):
     assert result.returncode == 2
     assert "nested too deeply to be a configuration" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_number_with_a_leading_zero_is_decimal_as_yaml_1_2_reads_it_not_octal(tmp_path):
+    """PyYAML reads YAML 1.1, where `010` is octal 8: `timeout: 010` was 8 s without a word
+    (and `08` a string). The config reads YAML 1.2: `010` is ten; octal says so, `0o10`."""
+    cfg = load(tmp_path, "hooks: {}\nevents: {}\nmetadata:\n  timeout: 010\n")
+    assert cfg.metadata.timeout == 10
+    cfg = load(
+        tmp_path,
+        "hooks: {}\nevents: {}\nmetadata:\n  poll_interval: 08\n  first_call_timeout: 0o20\n"
+        "environment:\n  ZONE: 010\n",
+    )
+    assert cfg.metadata.poll_interval == 8
+    assert cfg.metadata.first_call_timeout == 16
+    assert cfg.environment["ZONE"] == "10"
+    path = tmp_path / "bad.yaml"
+    path.write_text("metadata:\n  timeout: 0o9\n")  # no octal: text, named by its key path
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert f"{path}: metadata.timeout: must be a number of seconds, got a string" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_surrogate_escape_is_refused_where_it_is_written_not_at_the_hooks_start(tmp_path):
+    """`"\\ud800"` is a valid YAML escape that makes a lone surrogate: in `environment:` every
+    hook failed to start ("surrogates not allowed"), in `vm_name` the journald records naming it."""
+    path = tmp_path / "config.yaml"
+    path.write_text('hooks: {}\nevents: {}\nenvironment:\n  SITE: "berlin \\ud800"\n')
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert f"{path}: line 4, column 9: a surrogate escape" in result.stderr
+    assert "Traceback" not in result.stderr
+    cfg = load(tmp_path, 'hooks: {}\nevents: {}\nvm_name: "vm-\\u00e9\\U0001F600"\n')
+    assert cfg.vm_name == "vm-\u00e9\U0001f600", "other escapes are characters"

@@ -281,6 +281,22 @@ def test_success_approves_a_sole_event_once_and_failure_does_not():
     assert not of(f.effects, PostApproval)
 
 
+def test_hooks_that_could_not_run_at_all_say_why_in_the_records():
+    """A run that ends without any command's result (no thread for it, a defect while starting
+    its commands: a lone surrogate in the event's text was one) logged only `hooks_failed`."""
+    why = "cannot start a thread: can't start new thread"
+    m = Machine(config(events={"Reboot": EventRule(("drain",), ("undrain",), ("undrain",))}))
+    m.fetched(doc(event()))
+    m.send(HooksFinished(1, Outcome.FAILED, why))
+    (refused,) = logs(m.effects, "event_not_approved")
+    assert refused.fields["error"] == why
+    m.fetched(doc(incarnation=3), at=101)  # withdrawn: its cancelled-hooks run, and cannot
+    (after,) = [e.run for e in of(m.effects, SpawnHooks)]
+    m.send(HooksFinished(after, Outcome.FAILED, why))
+    (failed,) = logs(m.effects, "after_hooks_failed")
+    assert failed.fields["error"] == why
+
+
 @pytest.mark.parametrize(
     ("policy", "approved"),
     [(ApprovePolicy.SOLE, False), (ApprovePolicy.ALWAYS, True), (ApprovePolicy.NEVER, False)],

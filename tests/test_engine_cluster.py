@@ -7,14 +7,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from scheduledeventsd import engine
 from scheduledeventsd.config import ApprovePolicy, Coordination, DrainMethod, EventRule, Pacemaker
 from scheduledeventsd.engine import (
+    CLUSTER_CHECK,
     ApprovalSent,
+    Boot,
     CheckCluster,
     ClusterChecked,
     ClusterDrained,
     ClusterDraining,
     ClusterHeld,
+    ClusterMark,
+    ClusterMarked,
     ClusterRestored,
     DocumentFetched,
     Drain,
@@ -22,12 +27,15 @@ from scheduledeventsd.engine import (
     GateAnswered,
     HooksFinished,
     Outcome,
+    Persist,
     Phase,
     PostApproval,
+    Reloaded,
     RestoreNode,
     SpawnHooks,
     StopDraining,
     Tracked,
+    initial,
 )
 from scheduledeventsd.hooks import GATE_LATER
 from scheduledeventsd.records import Level, Record, What
@@ -45,10 +53,26 @@ EVENTS = {
 }
 
 
-def machine(loaded=None, boot="boot-1", approve=ApprovePolicy.ALWAYS, **pacemaker):
+MARK = ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents")
+STANDBY = ClusterMark(DrainMethod.STANDBY, "#health-scheduledevents")
+
+
+def machine(
+    loaded=None,
+    boot="boot-1",
+    approve=ApprovePolicy.ALWAYS,
+    mark=None,
+    mark_unrecorded=False,
+    **pacemaker,
+):
+    """`mark`: what the state file says this daemon set on its node."""
     settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
     cfg = config(events=EVENTS, approve=approve, coordination=Coordination(pacemaker=settings))
-    return Machine(cfg, now=MONO0, loaded=loaded, boot=boot)
+    m = Machine.__new__(Machine)
+    m.now = MONO0
+    m.state = initial(cfg, None, strict=True)
+    m.effects = m.send(Boot(loaded or {}, "", boot, mark, mark_unrecorded=mark_unrecorded))
+    return m
 
 
 def due_in(seconds, event_id="E1", event_type="Reboot", resources=(VM,), status="Scheduled"):
@@ -61,6 +85,12 @@ def seen(m, *events, incarnation=2, at=None):
     return m.send(DocumentFetched(doc(*events, incarnation=incarnation), WALL0 + at - MONO0), at=at)
 
 
+def drained(m, event_id):
+    """The drainer marked the node (ClusterMarked, ours), then the resources left."""
+    m.send(ClusterMarked(event_id, ours=True))
+    return m.send(ClusterDrained(event_id))
+
+
 def test_a_reboot_drains_first_then_its_hooks_run_then_it_is_approved():
     m = machine()
     seen(m, due_in(600))
@@ -71,7 +101,7 @@ def test_a_reboot_drains_first_then_its_hooks_run_then_it_is_approved():
     assert m.state.events["E1"].drain is Drain.ASKED
     m.send(ClusterDraining("E1", ("d1", "d2")))
     assert logs(m.effects, "cluster_draining")[0].fields["resources"] == ["d1", "d2"]
-    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
     assert logs(m.effects, "cluster_drained")
     assert m.state.events["E1"].drain is Drain.DONE
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
@@ -110,6 +140,31 @@ def test_a_drain_never_outlasts_not_before():
     assert m.phase() is Phase.NOT_APPROVED, "no before-hooks: decided at once, not approved"
 
 
+def test_a_wall_clock_step_moves_a_drains_cap_at_not_before():
+    """Issue 26 #15: a drain waits at most drain_timeout and never past NotBefore; that cap is
+    wall-clock time, so a step of the wall clock moves it (the drain's own timeout does not).
+    The clock 1 h behind at first sight, then corrected: the cap was an hour late."""
+    m = machine(drain_timeout=86400)
+    behind = 3600.0
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    assert m.phase() is Phase.DRAINING
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 + behind
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)  # corrected
+    assert logs(m.effects, "clock_moved")
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600, "NotBefore as the clock now says"
+    short = machine(drain_timeout=60)
+    short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    short.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)
+    assert short.state.events["E1"].start_at == MONO0 + 60, "its own timeout does not move"
+    news = machine(drain_timeout=86400)  # the step comes with a new document
+    news.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    other = due_in(3 * 86400, "E2", event_type="Freeze")
+    news.send(
+        DocumentFetched(doc(due_in(2 * 3600), other, incarnation=3), WALL0 + 10), at=MONO0 + 10
+    )
+    assert news.state.events["E1"].start_at == MONO0 + 2 * 3600
+
+
 def test_types_not_listed_do_not_drain():
     m = machine()
     seen(m, due_in(600, event_type="Freeze"))
@@ -126,7 +181,7 @@ def test_the_other_named_vms_are_passed_as_cluster_nodes():
 def test_a_shared_event_asks_the_cluster_and_is_approved_when_it_says_so():
     m = machine(approve=ApprovePolicy.ALL)
     seen(m, due_in(600, resources=(VM, "vm-b")))
-    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     assert logs(m.effects, "event_coordinating")[0].fields["via"] == "pacemaker"
     (gate,) = [e for e in m.effects if type(e).__name__ == "AskGate"]
@@ -141,7 +196,7 @@ def test_a_shared_event_asks_the_cluster_and_is_approved_when_it_says_so():
 def test_the_node_is_restored_before_the_after_hooks():
     m = machine()
     seen(m, due_in(600))
-    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3)  # over
@@ -156,23 +211,36 @@ def test_the_node_is_restored_before_the_after_hooks():
 def test_an_event_cancelled_while_draining_restores_then_runs_its_cancelled_hooks():
     m = machine()
     seen(m, due_in(600))
+    m.send(ClusterMarked("E1", ours=True))
     seen(m, incarnation=3)
     (cancelled,) = of(m.effects, SpawnHooks)
-    assert (cancelled.stage.value, cancelled.restore) == ("cancelled", True)
+    assert (cancelled.stage.value, cancelled.restore) == ("cancelled", MARK)
+
+
+def test_an_event_cancelled_before_its_mark_is_reported_is_restored_once_it_is():
+    m = machine()
+    seen(m, due_in(600))
+    seen(m, incarnation=3)
+    (cancelled,) = of(m.effects, SpawnHooks)
+    assert cancelled.restore is None, "nothing of ours is on the node yet"
+    assert of(m.effects, StopDraining) == [StopDraining("E1")]
+    m.send(ClusterMarked("E1", ours=True))  # the drainer had marked it meanwhile
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
 
 
 def test_without_hooks_for_the_stage_the_node_is_still_restored():
     m = machine()
     seen(m, due_in(30, event_type="Preempt"))
-    m.send(ClusterDrained("E1"))
+    drained(m, "E1")
     seen(m, incarnation=3)
-    assert of(m.effects, RestoreNode) == [RestoreNode("E1")]
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
     assert not of(m.effects, SpawnHooks)
 
 
 def test_an_event_started_while_draining_stops_watching_and_restores_once_over():
     m = machine()
     seen(m, due_in(600))
+    m.send(ClusterMarked("E1", ours=True))
     seen(m, due_in(600, status="Started"), incarnation=3)
     assert of(m.effects, StopDraining) == [StopDraining("E1")]
     assert m.phase() is Phase.DONE
@@ -190,19 +258,19 @@ def test_a_restart_mid_drain_watches_the_drain_again_with_a_new_deadline():
 
 def test_a_reboot_mid_drain_restores_and_runs_the_after_hooks_once_it_started():
     loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-0", drain=Drain.ASKED)}
-    m = machine(loaded=loaded)
+    m = machine(loaded=loaded, mark=MARK)
     assert not of(m.effects, SpawnHooks), "judged by the next document"
     assert not of(m.effects, RestoreNode), "its event still wants the node drained"
     seen(m, due_in(600, status="Started"))
     (after,) = of(m.effects, SpawnHooks)
-    assert (after.stage.value, after.restore, after.rebooted) == ("after", True, True)
+    assert (after.stage.value, after.restore, after.rebooted) == ("after", MARK, True)
 
 
 def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again():
     """Issue 26 #1: still Scheduled after the boot, the node is drained again (the mark is found
     set) before its before-hooks run again; nothing is restored meanwhile."""
     loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-0", drain=Drain.ASKED)}
-    m = machine(loaded=loaded, drain_timeout=60)
+    m = machine(loaded=loaded, drain_timeout=60, mark=MARK)
     seen(m, due_in(600))
     assert of(m.effects, DrainNode)
     assert not of(m.effects, SpawnHooks)
@@ -213,27 +281,36 @@ def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again
     assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
 
 
-def test_at_start_with_no_drain_wanted_any_mark_left_is_taken_off_and_the_cluster_checked():
-    m = machine()
+def test_at_start_with_no_drain_wanted_our_recorded_mark_is_taken_off_and_the_cluster_checked():
+    m = machine(mark=MARK)
     assert of(m.effects, CheckCluster)
-    assert of(m.effects, RestoreNode) == [RestoreNode("")]
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
     m.send(ClusterChecked(("the cluster has no quorum",)))
     assert logs(m.effects, "cluster_unready")[0].fields["problems"] == ["the cluster has no quorum"]
     m.send(ClusterRestored(""))
     assert logs(m.effects, "cluster_restored")
+    assert m.state.cluster_mark is None
+    assert of(m.effects, Persist) == [Persist({}, None)], "the state file no longer holds it"
+
+
+def test_at_start_without_a_recorded_mark_nothing_is_taken_off():
+    """A health attribute (or standby) on the node that this daemon never set is not ours."""
+    m = machine()
+    assert of(m.effects, CheckCluster)
+    assert not of(m.effects, RestoreNode)
 
 
 def test_after_hooks_cut_off_by_a_restart_still_restore_the_node():
     loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1", drain=Drain.DONE)}
-    m = machine(loaded=loaded)
+    m = machine(loaded=loaded, mark=MARK)
     assert m.phase() is Phase.OVER
-    assert RestoreNode("E1") in of(m.effects, RestoreNode)
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
 
 
 def test_a_restore_that_fails_is_reported_and_the_drain_kept_on_record():
     m = machine()
     seen(m, due_in(30, event_type="Preempt"))
-    m.send(ClusterDrained("E1"))
+    drained(m, "E1")
     seen(m, due_in(30, event_type="Preempt"), incarnation=3)
     m.send(ClusterRestored("E1", "crm_attribute: timed out"))
     assert logs(m.effects, "cluster_restore_failed")[0].fields["error"] == (
@@ -263,11 +340,108 @@ def test_two_events_draining_the_node_restore_it_only_when_the_last_is_over():
     m = machine()
     seen(m, due_in(600, "E1"), due_in(900, "E2"))
     for event_id in ("E1", "E2"):
-        (spawn,) = of(m.send(ClusterDrained(event_id)), SpawnHooks)
+        (spawn,) = of(drained(m, event_id), SpawnHooks)
         m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     seen(m, due_in(900, "E2"), incarnation=3)  # E1 cancelled, E2 still on
     (cancelled,) = of(m.effects, SpawnHooks)
-    assert (cancelled.event.event_id, cancelled.restore) == ("E1", False)
+    assert (cancelled.event.event_id, cancelled.restore) == ("E1", None)
     seen(m, incarnation=4)
     (last,) = of(m.effects, SpawnHooks)
-    assert (last.event.event_id, last.restore) == ("E2", True)
+    assert (last.event.event_id, last.restore) == ("E2", MARK)
+
+
+def over_after_drain(m, event_type="Preempt"):
+    """An event drained with this daemon's mark, then gone from the document."""
+    seen(m, due_in(30, event_type=event_type))
+    drained(m, "E1")
+    seen(m, incarnation=3)
+
+
+def test_a_mark_found_set_by_someone_else_is_never_taken_off():
+    """Issue 26 #7: an operator's standby (or attribute) on the node before the event stays."""
+    m = machine(method=DrainMethod.STANDBY)
+    seen(m, due_in(600))
+    (drain,) = of(m.effects, DrainNode)
+    assert not drain.ours
+    m.send(ClusterMarked("E1", ours=False))
+    assert logs(m.effects, "cluster_draining")[0].fields["marked_by"] == "someone else"
+    assert m.state.cluster_mark is None
+    (spawn,) = of(m.send(ClusterDrained("E1")), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore is None, "not ours: left on"
+    assert not of(m.effects, RestoreNode)
+    assert m.state.events["E1"].drain is Drain.NONE
+
+
+def test_the_mark_set_is_persisted_until_a_restore_takes_it_off():
+    m = machine()
+    seen(m, due_in(600))
+    m.send(ClusterMarked("E1", ours=True))
+    (persist,) = of(m.effects, Persist)
+    assert persist.mark == MARK
+    m.send(ClusterDrained("E1"))
+    assert of(m.effects, Persist)[0].mark == MARK, "every write keeps it"
+
+
+def test_a_failed_restore_keeps_the_mark_and_a_restart_takes_it_off():
+    """Issue 26 #8a: the failure was held only in memory; after a restart nothing retried."""
+    m = machine(method=DrainMethod.STANDBY)
+    over_after_drain(m)
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", STANDBY)]
+    m.send(ClusterRestored("E1", "crm_attribute: exit 102"))
+    assert m.state.cluster_mark == STANDBY
+    assert m.state.restore_error == "crm_attribute: exit 102"
+    kept = m.state.events
+    again = machine(loaded=engine.durable_events(kept), mark=STANDBY, method=DrainMethod.STANDBY)
+    assert of(again.effects, RestoreNode) == [RestoreNode("", STANDBY)]
+    again.send(ClusterRestored(""))
+    assert again.state.cluster_mark is None
+    assert of(again.effects, Persist)[0].mark is None
+
+
+def test_a_reload_removing_pacemaker_still_takes_our_mark_off_at_the_event_end():
+    """Issue 26 #8b: with `coordination.pacemaker` reloaded away, the mark is taken off the way
+    it was set (the effect carries it), not forgotten."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(Reloaded(config(events=EVENTS)))
+    assert not of(m.effects, RestoreNode), "its event still wants the node drained"
+    seen(m, incarnation=3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore == MARK
+
+
+def test_a_reload_takes_off_a_mark_whose_restore_failed():
+    m = machine()
+    over_after_drain(m)
+    m.send(ClusterRestored("E1", "crm_attribute: timed out"))
+    m.send(Reloaded(config(events=EVENTS)))  # the old drainer's retries stop with it
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
+
+
+def test_the_cluster_is_checked_again_every_minute_and_logged_on_change():
+    m = machine()
+    m.send(ClusterChecked(("no quorum",)))
+    assert m.state.cluster_problems == ("no quorum",)
+    assert not of(m.tick(MONO0 + CLUSTER_CHECK - 0.1), CheckCluster)
+    assert of(m.tick(MONO0 + CLUSTER_CHECK), CheckCluster)
+    assert not of(m.tick(MONO0 + CLUSTER_CHECK + 1), CheckCluster), "one at a time"
+    m.send(ClusterChecked(("no quorum",)))
+    assert not logs(m.effects, "cluster_unready"), "unchanged: not logged again"
+    m.send(ClusterChecked(()))
+    assert logs(m.effects, "cluster_ready")
+    assert m.state.cluster_problems == ()
+
+
+def test_a_drained_event_from_a_state_file_older_than_marks_is_taken_as_our_mark():
+    """Upgraded mid-drain: the old daemon set the mark, so the event's end takes it off."""
+    loaded = {"E1": Tracked(due_in(600), Phase.APPROVED, boot_id="boot-1", drain=Drain.DONE)}
+    m = machine(loaded=loaded, mark_unrecorded=True)
+    assert m.state.cluster_mark == MARK
+    seen(m, incarnation=3)  # over
+    assert of(m.effects, SpawnHooks)[0].restore == MARK

@@ -9,7 +9,7 @@ import datetime as dt
 from zoneinfo import ZoneInfo
 
 from scheduledeventsd import engine, lifecycle
-from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, Metadata
+from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, HealthFrom, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalSent,
@@ -26,6 +26,7 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
 )
+from scheduledeventsd.observer import Observer
 from scheduledeventsd.when import WINDOW_LEAD
 from scheduledeventsd.windows import Window
 
@@ -108,10 +109,40 @@ def test_a_window_opening_late_never_makes_preparation_later_than_the_lead():
     assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 - WINDOW_LEAD
 
 
-def test_start_before_comes_first_when_it_is_earlier_than_the_window():
+def test_a_window_chooses_within_start_before_not_before_it():
+    """start_before 4 h, NotBefore 17:00, a window 15:00-16:00: the hooks start at 15:00, in the
+    window and within start_before (the lead, 13:00, used to win over the window)."""
     events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=4 * 3600)}
     m = machine([window("15:00", "16:00")], events=events)
     seen(m, due_in(5 * 3600))  # NotBefore 17:00; lead at 13:00, window at 15:00
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "window"
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T15:00:00Z"
+    assert not of(m.tick(mono("2026-11-26T14:59:59")), SpawnHooks)
+    assert of(m.tick(mono("2026-11-26T15:00")), SpawnHooks)
+
+
+def test_a_window_open_now_does_not_start_hooks_before_start_before_allows():
+    """The docs' promise, broken: a window open all day, start_before 60, NotBefore 25 min
+    away: the hooks ran at once (SECONDS_LEFT 1346). They start 60 s before NotBefore."""
+    events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=60)}
+    m = machine([window("00:00", "23:59")], events=events)
+    seen(m, due_in(25 * 60))
+    assert not of(m.effects, SpawnHooks)
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["hooks_start_at"] == "2026-11-26T12:24:00Z"
+    assert m.state.events["E1"].start_at == MONO0 + 25 * 60 - 60
+    assert not of(m.tick(MONO0 + 25 * 60 - 61), SpawnHooks)
+    (spawn,) = of(m.tick(MONO0 + 25 * 60 - 60), SpawnHooks)
+    assert spawn.event.event_id == "E1"
+
+
+def test_with_no_window_within_start_before_the_hooks_start_at_the_lead():
+    """start_before 1 h, NotBefore 14:00, the window opens 13:55 (inside start_before but later
+    than the 10-minute window lead): preparation is never late because of a window: 13:00."""
+    events = {**EVENTS, "Reboot": EventRule(("drain",), start_before=3600)}
+    m = machine([window("13:55", "15:00")], events=events)
+    seen(m, due_in(2 * 3600))
     (waiting,) = logs(m.effects, "event_waiting")
     assert waiting.fields["reason"] == "start_before"
     assert waiting.fields["hooks_start_at"] == "2026-11-26T13:00:00Z"
@@ -288,6 +319,43 @@ def test_a_restart_asks_again_for_a_held_slot_and_a_lost_one_means_no_early_appr
     again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
     assert logs(again.effects, "slot_unavailable")
     assert again.state.events["E1"].slot.value == "missing"
+
+
+def test_slot_busy_for_a_queued_event_after_a_restart_is_recorded_not_an_internal_error():
+    """Issue 26 #14: after a restart a QUEUED event waits for the next document to place its
+    deadline (start_at=inf); a SlotBusy then raised OverflowError (internal_error) and the
+    status never showed the holders."""
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    again = Machine(m.state.config, loaded={"E1": m.state.events["E1"]}, now=MONO0 + 10)
+    assert again.state.events["E1"].start_at == float("inf")
+    again.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 11)
+    (waiting,) = logs(again.effects, "event_waiting")
+    assert waiting.fields["holders"] == ["vm-b"]
+    assert waiting.fields["hooks_start_at"] is None, "placed by the next document"
+    status = Observer(WALL0).document(again.state, WALL0 + 11, HealthFrom.DETECTED)
+    assert status["concurrency"]["last_seen_holders"] == ["vm-b"]
+    seen(again, due_in(3 * 86400), at=MONO0 + 12)  # the next document places the deadline
+    assert again.state.events["E1"].start_at == MONO0 + 3 * 86400 - WINDOW_LEAD
+
+
+def test_a_wall_clock_step_places_the_slot_deadline_again():
+    """Issue 26 #15: the wall clock 1 h behind at first sight, then corrected: the slot deadline
+    stayed an hour late (only windowed waits were placed again), so the hooks did not start
+    even at NotBefore. Every timer taken from the wall clock follows the step."""
+    m = slotted()
+    behind = 3600.0
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 - behind), at=MONO0)
+    assert m.phase() is Phase.QUEUED
+    assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 + behind - WINDOW_LEAD
+    m.send(DocumentFetched(doc(due_in(2 * 3600)), WALL0 + 10), at=MONO0 + 10)  # corrected
+    assert logs(m.effects, "clock_moved")
+    deadline = MONO0 + 2 * 3600 - WINDOW_LEAD
+    assert m.state.events["E1"].start_at == deadline
+    assert not of(m.tick(deadline - 0.01), SpawnHooks)
+    assert of(m.tick(deadline), SpawnHooks), "no slot by the deadline: hooks start anyway"
+    assert logs(m.effects, "slot_unavailable")
 
 
 # ---- faster than 1 Hz ----------------------------------------------------------------------

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,9 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import gcp
 from scheduledeventsd.gcp_simulator import INSTANCE_NAME, GcpSimulator
+from scheduledeventsd.imds import ImdsError
 from scheduledeventsd.model import SCHEDULED, STARTED
-from tests.conftest import DaemonFactory, Hooks, processes_mentioning
+from tests.conftest import DaemonFactory, Hooks, processes_mentioning, wait_for
 
 
 @pytest.fixture
@@ -123,6 +128,192 @@ def test_a_restart_mid_hook_keeps_the_event_and_runs_its_hooks_again(daemons, gc
     assert not again.logs("event_detected"), "the same event, not a new one"
 
 
+def not_before_of(notice: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(notice["NotBefore"].replace("Z", "+00:00")).timestamp()
+
+
+def env_of(hooks: Hooks, name: str) -> dict[str, str]:
+    lines = (hooks.out / f"{name}.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_a_failed_get_after_a_change_does_not_hide_the_notice_behind_the_next_long_poll(
+    daemons, gce, hooks
+):
+    """Issue 26 #4: the preemption's answer came, the upcoming-maintenance GET beside it failed
+    (503); the next poll asks at once (no ETag), and NotBefore counts from that first answer."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    wait_for(lambda: any("wait_for_change=true" in r.query for r in list(gce.requests)),
+             what="a long-poll at rest")  # fmt: skip
+    gce.fail_next(503, path="/instance/upcoming-maintenance")
+    posted = time.time()
+    gce.preempt()
+    daemon.wait_log("poll_failed", timeout=10)
+    daemon.wait_log("hook_finished", hook="spot", timeout=10)  # not 30 s later
+    assert time.time() - posted < 8
+    left = not_before_of(stdin_of(hooks, "spot")) - posted
+    assert 29 <= left <= 31, f"NotBefore {left:.1f} s after the preemption was posted"
+
+
+def test_an_unreadable_window_start_time_is_skipped_and_a_later_preemption_is_seen(
+    daemons, gce, hooks
+):
+    """Issue 26 #5: one notice that cannot be read is skipped with its reason; every poll does
+    not fail, and a Preempt posted later runs its hooks."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    gce.upcoming("2026-12-05 02:00 UTC")
+    gce.attribute("nudge", "1")  # the directory changes: the long-poll answers now
+    skipped = daemon.wait_log("event_skipped", timeout=10)
+    assert "window_start_time" in skipped["reason"]
+    assert "2026-12-05 02:00 UTC" in skipped["reason"]
+    gce.preempt()
+    daemon.wait_log("hook_finished", hook="spot", timeout=10)
+    assert not daemon.logs("poll_failed")
+    assert not daemons.defects()
+
+
+def test_every_live_migration_that_ends_runs_its_after_hooks_not_only_the_first(
+    daemons, gce, hooks
+):
+    """Issue 26 #12: the second migration of the same kind (same id) that ends is over, not
+    cancelled: its after-hooks run with SCHEDULED_EVENT_STAGE=after."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    for migration in (1, 2):
+        gce.maintenance("MIGRATE_ON_HOST_MAINTENANCE")
+        wait_for(lambda n=migration: len(daemon.logs("hook_finished", hook="freeze")) == n)
+        gce.maintenance("NONE")
+        wait_for(lambda n=migration: len(daemon.logs("after_hooks_finished")) == n)
+        assert hooks.order()[-1] == "after", f"migration {migration}: {hooks.order()}"
+        assert env_of(hooks, "after")["SCHEDULED_EVENT_STAGE"] == "after"
+    assert hooks.order() == ["freeze", "after", "freeze", "after"]
+    assert not daemon.logs("event_cancelled")
+
+
+def test_a_moved_maintenance_window_is_the_same_event_with_a_new_not_before(daemons, gce, hooks):
+    """Issue 26 #13: Google moves the upcoming window: the event waits for the new one; it is
+    not listed Started (missed, or after-hooks for maintenance that never happened)."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    first = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(hours=3)
+    gce.upcoming(first.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "1")
+    waiting = daemon.wait_log("event_waiting", timeout=10)
+    moved = first + dt.timedelta(hours=1)
+    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "2")
+    wait_for(lambda: len(daemon.logs("event_waiting")) == 2, what="the wait placed again")
+    again = daemon.logs("event_waiting")[1]
+    assert again["event_id"] == waiting["event_id"]
+    assert again["not_before"] == moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+    asked = gce.gets("/upcoming-maintenance")
+    gce.attribute("nudge", "3")  # one more whole answer, so a quick second one came too
+    wait_for(lambda: gce.gets("/upcoming-maintenance") > asked, what="one more answer")
+    assert len(daemon.logs("event_detected")) == 1
+    assert not daemon.logs("event_missed")
+    assert not daemon.logs("event_status_changed")
+    assert hooks.order() == []
+
+
+def test_a_restart_keeps_the_not_before_counted_from_the_first_sighting(daemons, gce, hooks):
+    """Suspected in issue 26, confirmed: a restart saw the notice anew, moving NotBefore later
+    (the hooks run again believing they have more time). The saved event keeps it."""
+    slow = hooks.make("slow", 'cat > "$OUT/slow.stdin"; sleep 30')
+    cfg = gcp_config(daemons, gce, hooks)
+    cfg["hooks"]["freeze"] = [{"command": [slow]}]
+    daemon = daemons.start(cfg)
+    gce.maintenance()
+    daemon.wait_log("hook_started", hook="freeze", timeout=10)
+    wait_for(
+        lambda: (
+            (hooks.out / "slow.stdin").stat().st_size if (hooks.out / "slow.stdin").exists() else 0
+        )
+    )
+    first = not_before_of(json.loads((hooks.out / "slow.stdin").read_text()))
+    time.sleep(3)
+    daemon.signal(signal.SIGKILL)
+    daemon.stop()
+    for pid, _ in processes_mentioning(slow):  # systemd would end them with the unit's cgroup
+        os.kill(pid, signal.SIGKILL)
+    cfg["hooks"]["freeze"] = [{"command": [hooks.recorder("freeze")]}]
+    again = daemons.start(cfg)
+    again.wait_log("hook_finished", hook="freeze", timeout=10)
+    assert not_before_of(stdin_of(hooks, "freeze")) == first
+
+
+@pytest.fixture
+def silent_resolver(tmp_path: Path) -> Any:
+    """A mount namespace prefix whose resolver is a DNS server that never answers (options
+    timeout:15 attempts:1: a lookup takes 15 s), and whose hosts file names only localhost."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    address = "127.{}.{}.{}".format(*(secrets.randbelow(240) + 2 for _ in range(3)))
+    sock.bind((address, 53))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def swallow() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                sock.recvfrom(4096)
+
+    thread = threading.Thread(target=swallow, daemon=True)
+    thread.start()
+    resolv, hosts = tmp_path / "resolv.conf", tmp_path / "hosts"
+    resolv.write_text(f"nameserver {address}\noptions timeout:15 attempts:1\n")
+    hosts.write_text("127.0.0.1 localhost\n")
+    script = (
+        f'mount --bind {resolv} /etc/resolv.conf && mount --bind {hosts} /etc/hosts && exec "$@"'
+    )
+    yield ("unshare", "-m", "sh", "-c", script, "sh")
+    stop.set()
+    thread.join(5)
+    sock.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+def test_the_lookup_of_the_metadata_servers_name_is_within_the_request_deadline(
+    daemons, gce, hooks, silent_resolver
+):
+    """Suspected in issue 26, confirmed: `metadata.google.internal` was looked up before the
+    request's deadline began, by the C library's resolver with its own timeouts (here 15 s
+    against a 3 s deadline). The lookup is within the deadline: the poll fails as a timeout
+    after 3 s."""
+    url = gce.url.replace("127.0.0.1", "metadata.google.internal")
+    cfg = gcp_config(daemons, gce, hooks, vm_name=INSTANCE_NAME)
+    cfg["metadata"] |= {"url": url, "timeout": 2, "first_call_timeout": 3}
+    started = time.monotonic()
+    daemon = daemons.start(cfg, ready=False, prefix=silent_resolver)
+    failed = daemon.wait_log("poll_failed", timeout=30)
+    took = time.monotonic() - started
+    assert took < 8, f"the first poll failed {took:.1f} s after the start (deadline 3 s)"
+    assert failed["kind"] == "timeout", failed
+    assert "metadata.google.internal" in failed["error"]
+
+
+def test_a_named_metadata_server_is_looked_up_and_answers(gce):
+    """The lookup path (Google Cloud's URL names a host; Azure's and AWS's are addresses)."""
+    client = gcp.GcpClient(gce.url.replace("127.0.0.1", "localhost"), 2, 5)
+    try:
+        assert client.fetch_vm_name() == INSTANCE_NAME
+        gce.preempt()
+        assert [e.event_type for e in client.fetch_document().events] == ["Preempt"]
+    finally:
+        client.close()
+
+
+def test_a_migration_that_ends_while_the_daemon_is_down_is_over_not_cancelled(daemons, gce, hooks):
+    """Found beside the restart's NotBefore: the saved notice gone at the restart was taken as
+    withdrawn (undrain ran with SCHEDULED_EVENT_STAGE=cancelled). It ended: after-hooks."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    gce.maintenance()
+    daemon.wait_log("hook_finished", hook="freeze", timeout=10)
+    daemon.wait_log("approval_skipped", timeout=10)
+    assert daemon.stop() == 0
+    gce.maintenance("NONE")
+    again = daemons.start(gcp_config(daemons, gce, hooks))
+    again.wait_log("after_hooks_finished", timeout=10)
+    assert hooks.order() == ["freeze", "after"]
+    assert env_of(hooks, "after")["SCHEDULED_EVENT_STAGE"] == "after"
+
+
 NOW = 1_800_000_000.0
 
 
@@ -154,6 +345,103 @@ def test_an_ended_notice_is_listed_started_once_then_gone():
     again = gcp.document_of(b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}', None,
                             vm_name="vm", now=NOW + 500, seen=seen)  # fmt: skip
     assert again.events[0].not_before.timestamp() == NOW + 560, "a new notice is seen anew"
+
+
+def test_not_before_counts_from_the_first_answer_even_when_the_poll_failed_after_it(gce):
+    """Issue 26 #4, at the client: the instance answer showed the preemption, the GET beside it
+    failed; the next poll (2 s later) asks without an ETag and NotBefore is the first answer's
+    instant + 30 s, not the later sighting's."""
+    client = gcp.GcpClient(gce.url, 2, 5)
+    try:
+        client.fetch_document()
+        gce.fail_next(503, path="/instance/upcoming-maintenance")
+        gce.preempt()
+        answered = time.time()
+        with pytest.raises(ImdsError):
+            client.fetch_document()
+        time.sleep(2)
+        started = time.monotonic()
+        (event,) = client.fetch_document().events
+        assert time.monotonic() - started < 1, "asked at once, not by a long-poll"
+        assert "last_etag" not in gce.requests[-2].query
+        assert event.not_before is not None
+        assert abs(event.not_before.timestamp() - (answered + 30)) < 0.5
+    finally:
+        client.close()
+
+
+def test_an_unreadable_upcoming_window_is_skipped_and_the_rest_of_the_answer_used():
+    """Issue 26 #5: the reason is kept, the preemption beside it is an event, and the answer
+    differs from one without the bad notice (so event_skipped is logged)."""
+    instance = b'{"preempted": "TRUE"}'
+    for start in ("2026-12-05 02:00 UTC", "", 17, None, "9999-99-99T00:00:00Z"):
+        upcoming = json.dumps({"window_start_time": start, "maintenance_status": "PENDING"})
+        doc = gcp.document_of(instance, upcoming.encode(), vm_name="vm", now=NOW, seen=gcp.Seen())
+        assert [e.event_type for e in doc.events] == ["Preempt"]
+        (reason,) = doc.skipped
+        assert reason.startswith("upcoming-maintenance: window_start_time is not a time")
+        clean = gcp.document_of(instance, None, vm_name="vm", now=NOW, seen=gcp.Seen())
+        assert clean.incarnation != doc.incarnation
+
+
+def test_each_migration_of_the_same_kind_that_ends_is_listed_started_once():
+    """Issue 26 #12, in the mapping: the second migration (same id) ends Started too."""
+    seen = gcp.Seen()
+    on, off = (
+        b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}',
+        b'{"maintenanceEvent": "NONE"}',
+    )
+    for n in range(3):
+        last = gcp.document_of(on, None, vm_name="vm", now=NOW + n, seen=seen)
+        assert [e.status for e in last.events] == [SCHEDULED]
+        ended = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        gcp.notice_over(last, ended, seen)
+        once = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        assert [e.status for e in once.events] == [STARTED], f"migration {n + 1}"
+        gone = gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen)
+        gcp.notice_over(once, gone, seen)
+        assert gone.events == ()
+        assert gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen).events == ()
+
+
+def test_a_moved_window_keeps_its_id_and_moves_its_not_before():
+    """Issue 26 #13, in the mapping."""
+    seen = gcp.Seen()
+    docs = [
+        gcp.document_of(
+            None,
+            json.dumps({"window_start_time": start}).encode(),
+            vm_name="vm",
+            now=NOW,
+            seen=seen,
+        )
+        for start in ("2027-02-01T02:00:00Z", "2027-02-08T02:00:00Z")
+    ]
+    gcp.notice_over(docs[0], docs[1], seen)
+    assert not seen.ending, "nothing ended"
+    (first,), (moved,) = (d.events for d in docs)
+    assert first.event_id == moved.event_id == gcp.UPCOMING_ID
+    assert (first.status, moved.status) == (SCHEDULED, SCHEDULED)
+    assert moved.not_before == dt.datetime(2027, 2, 8, 2, tzinfo=dt.timezone.utc)
+
+
+def test_recall_gives_back_the_first_sighting_of_a_notice_still_shown():
+    """The restart half of the suspected defect, in the client: a saved event's NotBefore."""
+    saved = gcp.document_of(b'{"preempted": "TRUE"}', None, vm_name="vm", now=NOW, seen=gcp.Seen())
+    client = gcp.GcpClient("http://127.0.0.1:9/computeMetadata/v1", 2, 5)
+    client.recall(saved.events)
+    assert client._seen.first == {"PREEMPTED": NOW}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.none() | st.text(max_size=40) | st.integers() | st.floats(),
+    st.sampled_from(["PENDING", "ONGOING", None, 3]),
+)
+def test_any_upcoming_window_is_an_event_or_a_reason_never_an_exception(start, status):
+    body = json.dumps({"window_start_time": start, "maintenance_status": status}).encode()
+    doc = gcp.document_of(b"{}", body, vm_name="vm", now=NOW, seen=gcp.Seen())
+    assert len(doc.events) + len(doc.skipped) == 1
 
 
 @settings(max_examples=300, deadline=None)

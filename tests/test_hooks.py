@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import signal
 import threading
 import time
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduledeventsd import aws
 from scheduledeventsd.config import Hook, HookCommand
 from scheduledeventsd.hooks import (
     BASE_ENV,
@@ -22,9 +27,9 @@ from scheduledeventsd.hooks import (
     hook_stdin,
     run_hooks,
 )
-from scheduledeventsd.model import Event
+from scheduledeventsd.model import Event, parse_document
 
-from .conftest import wait_for
+from .conftest import VM, wait_for
 
 EVENT = Event(
     "E1",
@@ -292,3 +297,44 @@ def _alive(pid: int) -> bool:
 def _rss_mb() -> float:
     status = Path("/proc/self/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+# Every code point, lone surrogates included (Hypothesis' text leaves them out by default).
+any_text = st.text(st.characters(blacklist_categories=()), max_size=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_text, any_text)
+def test_any_text_a_cloud_sends_gives_an_environment_and_stdin_a_command_starts_with(text, name):
+    """`"Description": "Host update \\ud800"` is valid JSON; the lone surrogate could not be
+    encoded into the environment, and every hook failed to start. Azure's and AWS's text alike
+    reach the hook as UTF-8 (U+FFFD for what cannot be encoded), on stdin as JSON."""
+    azure = {"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled"}
+    azure.update(Resources=["vm", name], Description=text, EventSource=text, ResourceType=text)
+    body = json.dumps({"DocumentIncarnation": 1, "Events": [azure]}).encode()
+    notice = {"Code": "system-reboot", "EventId": "instance-event-1", "State": "active"}
+    notice.update(Description=text, NotBefore="21 Jan 2019 09:00:43 GMT", Other=[name])
+    for event in (
+        *parse_document(body).events,
+        *aws.document_of(None, json.dumps([notice]).encode(), vm_name="i-1", now=1e9).events,
+    ):
+        env = hook_environment(event, "h", 1, "vm", {})
+        for key, value in env.items():
+            assert "\x00" not in value
+            (key + value).encode()  # as the kernel gets it: no surrogateescape
+        document = json.loads(hook_stdin(event, 1, "vm").decode())
+        assert json.dumps(document, ensure_ascii=False).encode()
+
+
+def test_a_command_that_cannot_be_started_is_logged_with_its_reason(daemons, sim, hooks):
+    """The drain hook was checked at load, then removed: hook_failed says why (a guard beside
+    the engine's test for runs that end without any command's result)."""
+    drain = hooks.recorder("drain")
+    cfg = daemons.config(hooks={"drain": [{"command": [drain]}]}, events={"Reboot": ["drain"]})
+    daemon = daemons.start(cfg)
+    os.remove(drain)
+    event_id = sim.add_event("Reboot", [VM])
+    failed = daemon.wait_log("hook_failed", event_id=event_id)
+    assert "No such file or directory" in failed["error"]
+    assert failed["exit_status"] is None
+    assert daemon.wait_log("event_not_approved", event_id=event_id)["cause"] == "hooks_failed"

@@ -17,17 +17,18 @@ from tests.test_engine import config, event
 UNHEALTHY = {
     HealthFrom.DETECTED: {
         Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.QUEUED, Phase.DRAINING,
-        Phase.RUNNING, Phase.INTERRUPTED,
+        Phase.RUNNING, Phase.INTERRUPTED, Phase.REBOOTED,
         Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
     HealthFrom.HOOKS_STARTED: {  # a Pacemaker node's drain is the start of its preparation
-        Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.ENDING, Phase.COORDINATING,
+        Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.REBOOTED, Phase.ENDING,
+        Phase.COORDINATING,
         Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE,
         Phase.AFTER,
     },
-    HealthFrom.HOOKS_DONE: {
-        Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
+    HealthFrom.HOOKS_DONE: {  # rebooted: prepared before a boot, not yet judged; out as it was
+        Phase.REBOOTED, Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
 }  # fmt: skip
@@ -122,3 +123,21 @@ def test_a_failed_hook_on_a_pending_event_is_a_problem_but_not_once_it_is_over()
         "a hook failed for Reboot E1, which is still pending"
     ]
     assert problems(doc(events=[dict(failed, phase="over")]), now=10_000.0) == []
+
+
+def test_a_mark_of_ours_that_fails_to_come_off_is_shown_and_a_problem_even_unconfigured():
+    """Issue 26 #8b: `coordination.pacemaker` reloaded away, the restore failing: `status`
+    still shows the mark and exits 1."""
+    from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
+    from scheduledeventsd.report import status  # noqa: PLC0415
+
+    mark = engine.ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents")
+    state = dataclasses.replace(state_with(), cluster_mark=mark, restore_error="exit 102")
+    shown = Observer(10_000.0).document(state, 10_000.0, HealthFrom.DETECTED)
+    cluster = shown["pacemaker"]
+    assert cluster["marked"] == {"method": "health", "attribute": "#health-scheduledevents"}
+    (found,) = problems(shown, now=10_000.0)
+    assert found.startswith("cluster_restore_failed: this node is still marked")
+    assert "pacemaker: not configured; marked by this daemon: health" in status(
+        shown, 10_000.0, [found]
+    )

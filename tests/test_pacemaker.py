@@ -9,7 +9,9 @@ at the instant the approval POST arrives.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 from scheduledeventsd.simulator import Scenario, Simulator
 from scheduledeventsd.state import read_status
-from tests.conftest import Daemon, DaemonFactory, Hooks, stop_checked, wait_for
+from tests.conftest import Daemon, DaemonFactory, Hooks, cli, stop_checked, wait_for
 from tests.pacemaker_cluster import HUB_ADDRESS, RED, Cluster, Node, in_netns
 
 pytestmark = [pytest.mark.pacemaker, pytest.mark.xdist_group("pacemaker")]
@@ -211,6 +213,15 @@ def test_a_reboot_drains_the_node_before_approval_and_restores_it_after(nodes, s
     seen = watch_approvals(sim, cluster, ("node1",))
     daemon = nodes.start(node1)
     daemon.wait_log("cluster_ready", timeout=20)
+    ready = wait_for(
+        lambda: (
+            "pacemaker: ready" in (r := cli("status", "--config", str(daemon.config_path))).stdout
+            and r
+        ),
+        10,
+        "status to show the cluster ready",
+    )
+    assert ready.returncode == 0, "the README's migration check passes"
     event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
     wait_for(lambda: seen, 60, "the approval")
     (at_approval,) = seen
@@ -329,14 +340,119 @@ def test_a_daemon_killed_mid_drain_converges_after_restart_and_restores_after_th
     assert again.wait_log("cluster_restored", timeout=10)["event_id"] == event_id
 
 
-def test_a_mark_left_by_a_daemon_killed_after_its_event_is_taken_off_at_start(nodes, sim, healthy):
+def test_a_health_mark_this_daemon_never_set_is_left_at_start(nodes, sim, healthy):
+    """Issue 26 #7: only what the daemon set itself (its state file says so) is taken off; a
+    -1000000 someone else wrote into its attribute stays."""
     cluster = healthy
     node1 = cluster.node("node1")
     node1.run("crm_attribute", "--node", "node1", "--name", ATTRIBUTE, "--update", str(RED),
               "--lifetime", "forever")  # fmt: skip
     daemon = nodes.start(node1)
-    restored = daemon.wait_log("cluster_restored", timeout=20)
-    assert "event_id" not in restored
+    daemon.wait_log("cluster_ready", timeout=20)
+    time.sleep(3)  # a restore at start would have run by now (measured: well under 1 s)
+    assert not daemon.logs("cluster_restored")
+    assert cluster.health("node1") == str(RED)
+
+
+def test_an_operators_standby_is_left_on_when_the_event_is_over(nodes, sim, healthy):
+    """Issue 26 #7: node1 in standby (the operator's) before a Reboot: the daemon finds it
+    marked, sets nothing, and must not switch standby off at the event's end."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    node1.run("crm_attribute", "--node", "node1", "--name", "standby", "--update", "on",
+              "--lifetime", "forever")  # fmt: skip
+    cluster.wait("node1 empty", lambda: not resources_on(cluster, "node1"), 30)
+    daemon = nodes.start(node1, method="standby")
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=60)
+    wait_for(lambda: [a for a in sim.approvals if a.event_id == event_id], 30, "the approval")
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+    time.sleep(1)  # a restore in the background would have run by now
+    assert cluster.standby("node1"), "the operator's standby stays on"
+    assert not daemon.logs("cluster_restored")
+    assert daemon.logs("cluster_draining", marked_by="someone else")
+
+
+@contextlib.contextmanager
+def refused_restore(node: Node, tmp_path: Path, update: str = "off", applied: bool = False) -> Any:
+    """Inside `node` only (its mount namespace), `crm_attribute ... --update UPDATE` exits 102
+    while the yielded file exists (`applied`: after the real tool did it, as a timeout can);
+    everything else reaches the real tool."""
+    refuse = tmp_path / "refuse-restore"
+    real = tmp_path / "crm_attribute.real"
+    shutil.copy("/usr/sbin/crm_attribute", real)
+    wrapper = tmp_path / "crm_attribute"
+    first = f'{real} "$@"; ' if applied else ""
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" --update {update} "*) [ -e {refuse} ] && '
+        f'{{ {first}echo "injected: update refused" >&2; exit 102; }} ;; esac\n'
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    refuse.touch()
+    node.run("mount", "--bind", str(wrapper), "/usr/sbin/crm_attribute")
+    try:
+        yield refuse
+    finally:
+        node.run("umount", "/usr/sbin/crm_attribute", check=False)
+
+
+def test_a_failed_restore_survives_a_restart_and_is_taken_off_then(nodes, sim, healthy, tmp_path):
+    """Issue 26 #8a: method standby, the restore fails (crm_attribute exits 102), the daemon
+    is restarted: the mark is in its state file, so the new daemon takes standby off."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    with refused_restore(node1, tmp_path) as refuse:
+        daemon = nodes.start(node1, method="standby")
+        event_id = sim.add_event("Preempt", ["node1"], not_before_in=30)
+        failed = daemon.wait_log("cluster_restore_failed", timeout=60, event_id=event_id)
+        assert "exit 102" in failed["error"]
+        # The event is over, its after-hooks done: only the mark is left to take off.
+        wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+        state_file = nodes.factory(node1).state_dir / "state.json"
+        wait_for(
+            lambda: all(
+                e["phase"] != "after" for e in json.loads(state_file.read_text())["events"]
+            ),
+            10,
+            "the after-stage to be recorded as over",
+        )
+        # `status` says so while it lasts.
+        shown = wait_for(
+            lambda: (r := cli("status", "--config", str(daemon.config_path))).returncode and r,
+            10,
+            "status to exit 1",
+        )
+        assert "cluster_restore_failed" in shown.stdout
+        daemon.signal(signal.SIGKILL)
+        daemon.stop()
+        assert cluster.standby("node1"), "left on by the failure"
+        refuse.unlink()  # the cluster takes updates again
+        again = nodes.start(node1, method="standby")
+        again.wait_log("cluster_restored", timeout=20)
+        wait_for(lambda: not cluster.standby("node1"), 10, "standby off")
+        stored = json.loads(state_file.read_text())
+        assert stored["cluster_mark"] is None, "taken off, so no longer in the state file"
+
+
+def test_a_reload_that_removes_pacemaker_while_drained_still_restores_the_node(nodes, sim, healthy):
+    """Issue 26 #8b: SIGHUP without `coordination.pacemaker` while the node is drained: at the
+    event's end #health is set back (the way it was set), before the after-hooks."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    cfg = nodes.config(node1, environment={"BEFORE_SLEEP_node1": "6"})
+    daemon = nodes.start(node1, cfg)
+    event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
+    daemon.wait_log("cluster_drained", timeout=30)
+    assert cluster.health("node1") == str(RED)
+    del cfg["coordination"]
+    nodes.factory(node1).write_config(cfg)
+    daemon.signal(signal.SIGHUP)
+    daemon.wait_log("config_reloaded", timeout=10)
+    wait_for(lambda: event_id not in sim.event_ids(), 40, "the event to be over")
+    wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+    assert nodes.after(node1) == ["after 0"], "restored before the after-hooks"
     assert cluster.health("node1") == "0"
 
 
@@ -394,6 +510,32 @@ def test_without_node_health_strategy_the_daemon_says_what_to_set(nodes, sim, he
         (problem,) = unready["problems"]
         assert "node-health-strategy is not set" in problem
         assert "--name node-health-strategy --update custom" in problem
+        shown = wait_for(
+            lambda: (r := cli("status", "--config", str(daemon.config_path))).returncode and r,
+            10,
+            "status to exit 1",
+        )
+        assert "pacemaker: cluster_unready" in shown.stdout
+        assert "PROBLEM: cluster_unready: node-health-strategy is not set" in shown.stdout
     finally:
         via.run("crm_attribute", "--type", "crm_config", "--name", "node-health-strategy",
                 "--update", "custom")  # fmt: skip
+
+
+def test_a_mark_whose_command_failed_after_applying_it_is_still_taken_off(
+    nodes, sim, healthy, tmp_path
+):
+    """Only a mark of ours is taken off, so a `crm_attribute` that set standby and then failed
+    (timed out) must count as ours: held (tool_failed), and restored at the event's end."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    with refused_restore(node1, tmp_path, update="on", applied=True):
+        daemon = nodes.start(node1, method="standby")
+        event_id = sim.add_event("Preempt", ["node1"], not_before_in=8)
+        assert daemon.wait_log("cluster_hold", timeout=20)["reason"] == "tool_failed"
+        assert cluster.standby("node1"), "applied, whatever the exit status said"
+        wait_for(lambda: event_id not in sim.event_ids(), 30, "the event to be over")
+        wait_for(lambda: nodes.after(node1), 20, "the after-hooks")
+        daemon.wait_log("cluster_restored", timeout=20)
+        assert not cluster.standby("node1")
+    assert not [a for a in sim.approvals if a.event_id == event_id]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import cli, wait_for
 from tests.pacemaker_cluster import missing
 
 
@@ -37,6 +38,28 @@ def test_an_unreachable_cluster_is_reported_and_its_events_held_not_approved(dae
     assert daemon.wait_log("event_not_approved", timeout=10)["cause"] == "cluster_hold"
     daemon.polls_seen(sim)
     assert not [a for a in sim.approvals if a.event_id == event_id]
+
+
+def test_status_shows_the_cluster_unready_and_exits_1_while_it_cannot_drain_this_node(
+    daemons,
+):
+    """The README's migration check ("`status` shows no `cluster_unready`") can be made: the
+    readiness is in `status` (text and --json), and the exit status says so."""
+    cfg = daemons.config(vm_name="vm-a", hooks={}, events={}, coordination={"pacemaker": {}})
+    daemon = daemons.start(cfg)
+    daemon.wait_log("cluster_unready", timeout=20)
+    shown = wait_for(
+        lambda: (r := cli("status", "--config", str(daemon.config_path))).returncode and r,
+        10,
+        "status to exit 1",
+    )
+    assert shown.returncode == 1
+    assert "pacemaker: cluster_unready" in shown.stdout
+    assert "PROBLEM: cluster_unready: the cluster cannot be read" in shown.stdout
+    doc = cli("status", "--config", str(daemon.config_path), "--json")
+    pacemaker = __import__("json").loads(doc.stdout)["pacemaker"]
+    assert pacemaker["ready"] is False
+    assert pacemaker["problems"][0].startswith("the cluster cannot be read")
 
 
 def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +29,9 @@ from scheduledeventsd.engine import (
     PostApproval,
     Reloaded,
     ReloadRequested,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
     SpawnHooks,
     StopRequested,
     Tick,
@@ -36,8 +41,11 @@ from scheduledeventsd.etcd import EtcdError
 from scheduledeventsd.etcd import _change as etcd_change
 from scheduledeventsd.etcd import _decode as etcd_decode
 from scheduledeventsd.etcd import _revision as etcd_revision
+from scheduledeventsd.lifecycle import Phase, Slot
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
 from scheduledeventsd.simulator import _start_requests
+from scheduledeventsd.when import lead
+from scheduledeventsd.windows import Window
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(
@@ -386,6 +394,156 @@ fleet_steps = st.lists(
 def test_no_history_approves_a_shared_event_before_every_vm_it_names_said_ready(history):
     """approve: all, with random peer states, coordination failures, restarts and reboots."""
     h = History(FLEET)
+    for step in history:
+        h.apply(step)
+
+
+# ---- time: wall-clock steps, windows across daylight saving, slot answers after restarts ---
+
+# Reboot obeys windows and takes a concurrency slot; the windows are ones daylight saving cuts
+# (the hour skipped in spring, the hour shown twice in autumn) in zones with 1-hour and
+# 30-minute changes; the history's wall clock starts in the week before one of their changes.
+CUT_WINDOWS = tuple(
+    Window(frozenset({6}), dt.time.fromisoformat(start), dt.time.fromisoformat(end), ZoneInfo(z))
+    for z, start, end in (
+        ("Europe/Berlin", "02:00", "03:00"),
+        ("America/New_York", "02:00", "03:00"),
+        ("America/New_York", "01:00", "02:00"),
+        ("Australia/Lord_Howe", "02:00", "02:30"),
+        ("Australia/Lord_Howe", "01:30", "02:00"),
+    )
+)
+TIMED = dataclasses.replace(
+    CONFIG,
+    events={**RULES, "Reboot": config.EventRule(("drain",), ("undrain",), ("restore",))},
+    concurrency=config.Concurrency("web", 1),
+)
+# Monday 12:00 UTC six days before a change in 2027, with the window of CUT_WINDOWS it cuts.
+_WEEKS = {(3, 22): 0, (3, 8): 1, (11, 1): 2, (9, 27): 3, (3, 29): 4, (10, 25): 0}
+clock_and_windows = st.sampled_from(
+    [
+        (dt.datetime(2027, m, d, 12, tzinfo=dt.timezone.utc).timestamp(), (CUT_WINDOWS[w],))
+        for (m, d), w in _WEEKS.items()
+    ]
+) | st.tuples(
+    st.sampled_from(
+        [dt.datetime(2027, m, d, 12, tzinfo=dt.timezone.utc).timestamp() for m, d in _WEEKS]
+    ),
+    st.sampled_from([(w,) for w in CUT_WINDOWS] + [CUT_WINDOWS]),
+)
+timed_kinds = st.one_of(
+    step_kinds,
+    st.tuples(
+        st.just("add_due"),
+        st.sampled_from(sorted(RULES)),
+        st.sampled_from([(VM,), ("vm-b",), (VM, "vm-b")]),
+        st.sampled_from([30, 700, 3600, 86400, 3 * 86400, 8 * 86400, 13 * 86400]),
+    ),
+    st.tuples(st.just("clock"), st.sampled_from([-7200, -3600, -600, 1800, 3600, 86400])),
+    st.tuples(st.just("slot"), st.integers(0, 9), st.sampled_from(["granted", "busy", "failed"])),
+    st.tuples(
+        st.just("restart_then_slot"),
+        st.booleans(),
+        st.integers(0, 9),
+        st.sampled_from(["granted", "busy", "failed"]),
+    ),
+    st.tuples(st.just("move"), st.integers(0, 9), st.sampled_from([-86400, -3000, 600, 7 * 86400])),
+)
+
+
+class TimedHistory(History):
+    """History with a wall clock that starts before a daylight-saving change and steps back and
+    forth, events with NotBefore, windows and slot answers (after restarts too). Every step is
+    strict: none may raise. A windowed Reboot is approved early only while holding its slot."""
+
+    def __init__(self, wall: float, windows: tuple[Window, ...]) -> None:
+        self.offset = wall - 100.0  # wall clock minus the fake monotonic one
+        super().__init__(dataclasses.replace(TIMED, windows=windows))
+
+    def document(self) -> None:
+        self.incarnation += 1
+        self.same_document()
+
+    def same_document(self) -> None:
+        doc = Document(self.incarnation, tuple(self.doc.values()))
+        self.feed(DocumentFetched(doc, self.now + self.offset))
+
+    def apply(self, step) -> None:
+        super().apply(step)
+        self.deadlines_follow_the_wall_clock()
+
+    def deadlines_follow_the_wall_clock(self) -> None:
+        """A queued event's slot deadline is its lead before NotBefore on the wall clock as it
+        is now (#15: a step left it where the old clock put it)."""
+        if self.state.stopping is not None or self.state.wall_offset is None:
+            return
+        for event_id, t in self.state.events.items():
+            if t.phase is Phase.QUEUED and math.isfinite(t.start_at) and event_id in self.doc:
+                not_before = self.doc[event_id].not_before
+                assert not_before is not None
+                wall_deadline = not_before.timestamp() - lead(self.cfg.events["Reboot"])
+                assert abs(t.start_at + self.offset - wall_deadline) < 1.0, "deadline off"
+
+    def check(self, effect) -> None:
+        super().check(effect)
+        if isinstance(effect, PostApproval) and effect.event.event_type == "Reboot":
+            tracked = self.state.events[effect.event.event_id]
+            assert tracked.slot is Slot.HELD, "a windowed Reboot approved early without its slot"
+
+    def apply_other(self, step, ids) -> None:
+        kind = step[0]
+        if kind == "add_due":
+            _, event_type, resources, due = step
+            event_id = f"E{self.next_id}"
+            self.next_id += 1
+            when = dt.datetime.fromtimestamp(self.now + self.offset + due, dt.timezone.utc)
+            self.doc[event_id] = Event(
+                event_id, event_type, "Scheduled", "VirtualMachine", resources, when
+            )
+            self.document()
+        elif kind == "clock":  # the wall clock steps against the monotonic one
+            self.offset += step[1]
+            self.same_document()
+        elif kind == "move" and ids:
+            event_id = ids[step[1] % len(ids)]
+            event = self.doc[event_id]
+            if event.not_before is not None:
+                moved = event.not_before + dt.timedelta(seconds=step[2])
+                self.doc[event_id] = dataclasses.replace(event, not_before=moved)
+                self.document()
+        elif kind == "slot" and ids:
+            self.feed(self.slot_answer(ids[step[1] % len(ids)], step[2]))
+        elif kind == "restart_then_slot":  # the etcd worker answers before IMDS does (#14)
+            if step[1]:
+                self.boot = f"boot-{self.next_id}"
+            self.posting.clear()
+            self.state = engine.initial(self.cfg, strict=True)
+            self.feed(Boot(self.saved, "", self.boot))
+            if self.saved:
+                saved = sorted(self.saved)
+                self.feed(self.slot_answer(saved[step[2] % len(saved)], step[3]))
+            self.document()
+        else:
+            super().apply_other(step, ids)
+
+    @staticmethod
+    def slot_answer(event_id: str, answer: str) -> object:
+        return {
+            "granted": SlotGranted(event_id),
+            "busy": SlotBusy(event_id, ("vm-b",)),
+            "failed": SlotFailed(event_id, "unreachable", "refused"),
+        }[answer]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clock_and_windows, st.lists(timed_kinds, max_size=40))
+def test_no_history_of_clock_steps_windows_and_slot_answers_makes_a_step_raise(
+    clock_and_windows, history
+):
+    """Issue 26 #2, #14, #15: the week before a daylight-saving change with windows the change
+    cuts, wall-clock steps both ways, NotBefore moves, slot answers before and after restarts:
+    no step raises (strict mode), and the promises of History hold."""
+    h = TimedHistory(*clock_and_windows)
     for step in history:
         h.apply(step)
 

@@ -131,3 +131,34 @@ def test_a_state_directory_others_can_write_is_refused(tmp_path, owner, mode):
     directory.chmod(mode)
     with pytest.raises(StateError, match="only the daemon's own user may write its state"):
         StateStore(directory).lock()
+
+
+def test_the_cluster_mark_is_saved_and_loaded_back_until_it_is_taken_off(tmp_path):
+    """Issue 26 #8: what the daemon set on its Pacemaker node outlives a restart."""
+    from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
+    from scheduledeventsd.engine import ClusterMark  # noqa: PLC0415
+
+    mark = ClusterMark(DrainMethod.STANDBY, "#health-scheduledevents")
+    StateStore(tmp_path).save({}, mark)
+    again = StateStore(tmp_path)
+    assert again.load() == ({}, "")
+    assert (again.cluster_mark, again.mark_unrecorded) == (mark, False)
+    again.save({}, None)
+    assert json.loads(again.path.read_text())["cluster_mark"] is None
+    last = StateStore(tmp_path)
+    last.load()
+    assert last.cluster_mark is None
+
+
+def test_a_file_from_before_marks_were_kept_with_a_drained_event_says_so(tmp_path):
+    """Upgraded mid-drain: the old daemon marked the node (it took off whatever it found)."""
+    from scheduledeventsd.lifecycle import Drain  # noqa: PLC0415
+
+    store = StateStore(tmp_path)
+    store.save({"E1": Tracked(EVENT, Phase.APPROVED, drain=Drain.DONE)})
+    raw = json.loads(store.path.read_text())
+    del raw["cluster_mark"]
+    store.path.write_text(json.dumps(raw))
+    old = StateStore(tmp_path)
+    old.load()
+    assert (old.cluster_mark, old.mark_unrecorded) == (None, True)
