@@ -28,8 +28,8 @@ UNHEALTHY = {
         Phase.AFTER,
     },
     HealthFrom.HOOKS_DONE: {  # rebooted: prepared before a boot, not yet judged; out as it was
-        Phase.REBOOTED, Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
-        Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
+        Phase.REBOOTED, Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED,
+        Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
 }  # fmt: skip
 

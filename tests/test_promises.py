@@ -663,7 +663,7 @@ def mutated(module: Any, name: str, wrap: Callable[..., Any]) -> Iterator[None]:
 
 MUTANT_SETTINGS = settings(
     SETTINGS,
-    max_examples=3000,  # measured: each mutant is found in 5 or 6 of 6 random runs of 2500
+    max_examples=5000,  # each is found in 5 or 6 of 6 random runs of 2500; 6 needs 5000 here
     derandomize=True,  # the same histories every run: a mutant caught once is always caught
     phases=[Phase.generate],  # found is enough; shrinking would only cost time
 )
