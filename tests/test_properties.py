@@ -121,6 +121,15 @@ def step_through_the_engine(doc: Document) -> None:
     polls_on(state, effects, 1.0)
     after_a_new_boot(cfg, doc, effects)
     changed_under_it(state, doc, cfg.vm_name or VM)
+    # Slots, and a Reboot of no before-hooks: a queued one once wedged the loop (#16).
+    slotted = dataclasses.replace(
+        cfg,
+        concurrency=config.Concurrency("web", 1),
+        events={**RULES, "Reboot": config.EventRule((), ("undrain",))},
+    )
+    queued, _ = engine.step(engine.initial(slotted, strict=True), Boot({}, "", "b"), 0.0)
+    queued, effects = engine.step(queued, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+    changed_under_it(queued, doc, cfg.vm_name or VM)
     state, _ = engine.step(state, Tick(), 3600.0)
     engine.step(state, DocumentFetched(Document(doc.incarnation + 1, ()), 1_800_003_600.0), 3601)
 
