@@ -629,7 +629,10 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     refused = False
     try:
         new = _HANDLERS[type(message)](state, message, now, out)
-        new = _timers(new, now, out)
+        if type(message) is Faulted:
+            new, refused = _timers_after_fault(new, now, out)
+        else:
+            new = _timers(new, now, out)
         new = _release_slots(state, new, out)
     except IllegalTransitionError as e:
         if state.strict:
@@ -659,6 +662,23 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
             wake = max(wake, now + POLL_BACKOFF_CAP)
         out.append(WakeAt(wake))
     return new, tuple(out)
+
+
+def _timers_after_fault(state: State, now: float, out: list[Effect]) -> tuple[State, bool]:
+    """`_timers` after a fault, whose cause may be a due timer that raises again: then the poll
+    is ordered all the same (True: wake no sooner than the poll backoff's cap). Otherwise the
+    daemon, which drops a Faulted step that raises, woke at once for ever and never polled."""
+    mark = len(out)
+    try:
+        return _timers(state, now, out), False
+    except Exception:  # the daemon logged this defect (internal_error) for the first message
+        if state.strict:
+            raise
+        del out[mark:]
+        state = _watchdog(state, now, out)  # it still polls: systemd need not restart it
+        if state.ready and state.stopping is None and state.poll.in_flight_since is None:
+            state = _order_poll(state, state.poll, now, out)
+        return state, True
 
 
 def _refused(state: State, message: Message, now: float, out: list[Effect]) -> State:

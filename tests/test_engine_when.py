@@ -8,6 +8,8 @@ import dataclasses
 import datetime as dt
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from scheduledeventsd import engine, lifecycle
 from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, HealthFrom, Metadata
 from scheduledeventsd.engine import (
@@ -473,3 +475,33 @@ def test_a_refused_document_still_orders_the_next_poll():
     assert m.state.poll.in_flight_since == fetch.at
     (wake,) = of(m.effects, engine.WakeAt)
     assert wake.at >= MONO0 + 1 + engine.POLL_BACKOFF_CAP, "never a busy loop on a due timer"
+
+
+def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
+    """The daemon drops a step that raises and feeds Faulted; if the Faulted step's own timers
+    raised too, it dropped that as well: the poll stayed in flight, the wake-up in the past, and
+    the loop spun without polling. Now the poll is ordered, and the next wake-up waits the poll
+    backoff's cap; the watchdog is still pinged."""
+    cfg = config(events=EVENTS, approve=ApprovePolicy.ALWAYS)
+    m = Machine(cfg, now=MONO0, watchdog_usec=10_000_000)
+    seen(m, due_in(3 * 86400))
+    m.state = dataclasses.replace(m.state, strict=False)
+    broken = engine._start_waiting
+
+    def start_waiting(state, now, out):
+        raise RuntimeError("a timer that raises")
+
+    engine._start_waiting = start_waiting
+    at = MONO0 + 6  # the watchdog (every 5 s) is due
+    try:
+        answer = DocumentFetched(doc(due_in(3 * 86400), incarnation=3), WALL0 + at - MONO0)
+        with pytest.raises(RuntimeError):
+            engine.step(m.state, answer, at)  # the daemon logs it, then:
+        m.send(engine.Faulted("step DocumentFetched", "RuntimeError", answer), at=at)
+    finally:
+        engine._start_waiting = broken
+    (fetch,) = of(m.effects, Fetch)
+    assert fetch.at <= at + engine.POLL_BACKOFF_CAP
+    (wake,) = of(m.effects, engine.WakeAt)
+    assert wake.at >= at + engine.POLL_BACKOFF_CAP, "no busy loop"
+    assert {"WATCHDOG": "1"} in [n.fields for n in of(m.effects, engine.Notify)]
