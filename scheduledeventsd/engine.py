@@ -653,9 +653,13 @@ def _quiet_answer(
 def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
     """`step` without its shortcut for a quiet answer."""
     out: list[Effect] = []
+    refused = False
     try:
         new = _HANDLERS[type(message)](state, message, now, out)
-        new = _timers(new, now, out)
+        if type(message) is Faulted:
+            new, refused = _timers_after_fault(new, now, out)
+        else:
+            new = _timers(new, now, out)
         new = _release_slots(state, new, out)
     except IllegalTransitionError as e:
         if state.strict:
@@ -667,7 +671,8 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
                 {"message": type(message).__name__, "error": str(e)},
             )
         ]
-        new = state
+        new = _refused(state, message, now, out)
+        refused = True
     changed = new.events is not state.events and _durable_view(new.events) != _durable_view(
         state.events
     )
@@ -679,8 +684,39 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
         out.insert(spawn[0] if spawn else len(out), _persist(new))
     new = _status(new, out)
     if not any(isinstance(e, Exit) for e in out):
-        out.append(WakeAt(next_wakeup(new, now)))
+        wake = next_wakeup(new, now)
+        if refused:  # a due timer that raises is not tried again at once, in a busy loop
+            wake = max(wake, now + POLL_BACKOFF_CAP)
+        out.append(WakeAt(wake))
     return new, tuple(out)
+
+
+def _timers_after_fault(state: State, now: float, out: list[Effect]) -> tuple[State, bool]:
+    """`_timers` after a fault, whose cause may be a due timer that raises again: then the poll
+    is ordered all the same (True: wake no sooner than the poll backoff's cap). Otherwise the
+    daemon, which drops a Faulted step that raises, woke at once for ever and never polled."""
+    mark = len(out)
+    try:
+        return _timers(state, now, out), False
+    except Exception:  # the daemon logged this defect (internal_error) for the first message
+        if state.strict:
+            raise
+        del out[mark:]
+        state = _watchdog(state, now, out)  # it still polls: systemd need not restart it
+        if state.ready and state.stopping is None and state.poll.in_flight_since is None:
+            state = _order_poll(state, state.poll, now, out)
+        return state, True
+
+
+def _refused(state: State, message: Message, now: float, out: list[Effect]) -> State:
+    """A refused message changes nothing, except that what it held is released as for a
+    `Faulted` one: a document refused whole once left its poll "in flight" for ever, so no
+    poll was ordered again (issue 26 #16). The next poll is ordered here, not by `_timers`,
+    whose own due timer may be what raised."""
+    state = _faulted(state, Faulted("transition", "", message), now, out)
+    if state.ready and state.stopping is None and state.poll.in_flight_since is None:
+        state = _order_poll(state, state.poll, now, out)
+    return state
 
 
 def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # noqa: ANN401
@@ -762,8 +798,13 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         if tracked.drain is not Drain.NONE and state.cluster_mark is not None:
             out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
         return state, _move(tracked, on, Phase.OVER)
+    if on is On.REBOOTED and _prepared(tracked) and _judged_later(tracked):
+        # A crash or an operator's reboot is not the maintenance: only the next document tells
+        # (Started or gone: it was; still Scheduled: prepared again).
+        return state, _move(tracked, on, Phase.REBOOTED, run=None)
     if on is On.REBOOTED and (_prepared(tracked) or phase is Phase.ENDING):
-        # The maintenance happened: after-hooks, whether IMDS answers or not.
+        # The maintenance happened (it had Started, or left): after-hooks, whether IMDS
+        # answers or not.
         out.append(_note(Level.INFO, What.REBOOT_DETECTED, tracked.event, stage="after"))
         return _start_stage(state, tracked, on, Stage.AFTER, out)
     if phase is Phase.ENDING:
@@ -783,6 +824,51 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
     if phase is Phase.QUEUED:  # its deadline placed again by the next document
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
+
+
+def _judged_later(tracked: Tracked) -> bool:
+    """Prepared for an event last seen not yet Started (DONE and ENDING had Started or left):
+    after a new boot, the next document says whether that boot was its maintenance."""
+    return tracked.phase is not Phase.DONE and tracked.event.status != STARTED
+
+
+def _judge_reboot(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The first document after a new boot, for an event prepared before it: Started means the
+    boot was its maintenance (after-hooks, once); still Scheduled means it was not (a crash, an
+    operator's reboot), so it is prepared again on this boot and approved as usual; an unknown
+    status waits for it to be over (DONE), as `_resume` does."""
+    event = tracked.event
+    if event.status == STARTED:
+        out.append(_note(Level.INFO, What.REBOOT_DETECTED, event, stage="after"))
+        return _start_stage(state, tracked, on, Stage.AFTER, out)
+    if event.status != SCHEDULED:
+        return _resume(state, tracked, on, now, out)
+    out.append(
+        _note(
+            Level.WARNING,
+            What.REBOOT_DETECTED,
+            event,
+            stage="before",
+            maintenance=False,
+            reason="this VM booted, but the event is still Scheduled: that boot was not its "
+            "maintenance; it is prepared again",
+        )
+    )
+    tracked = replace(tracked, boot_id=state.boot_id)  # its before-hooks start on this boot
+    settings = _pacemaker(state)
+    if (
+        tracked.drain is not Drain.NONE
+        and settings is not None
+        and settings.drains(event.event_type)
+        and event.event_type in state.config.events
+    ):
+        # Marked before the boot: watched again until drained (the worker finds the mark set).
+        out.append(_drain_effect(state, tracked))
+        deadline = _drain_deadline(state, event, now)
+        return state, _move(tracked, on, Phase.DRAINING, drain=Drain.ASKED, start_at=deadline)
+    return _resume(state, tracked, on, now, out)
 
 
 def _state_warning(problem: str) -> Record:
@@ -2291,10 +2377,14 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
     events: dict[str, Tracked] = {}
     for event in doc.events:
         before = known.get(event.event_id)
+        if before is not None and before.event.resources != event.resources:
+            state, before = _resources_changed(state, before, event, out)
         if before is None:
             state, tracked = _first_sight(event, state, doc.incarnation, now, out)
         elif before.phase is Phase.NOT_OURS:
             tracked = before if before.event == event else replace(before, event=event)
+        elif not event.names(before.vm_name or state.vm_name):
+            tracked = before  # it dropped this VM: its stage runs with the event that named it
         else:
             state, tracked = _listed(state, before, event, doc.incarnation, now, out)
         if tracked.phase is not Phase.GONE:
@@ -2307,6 +2397,33 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
     state = replace(state, events=events)
     failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
     return replace(state, approvals=replace(state.approvals, failures=failures))
+
+
+def _resources_changed(
+    state: State, before: Tracked, event: Event, out: list[Effect]
+) -> tuple[State, Optional[Tracked]]:
+    """Resources of a listed event changed: judged again. One that now names this VM and was
+    not ours is forgotten (None) and judged anew, as at first sight; one of ours that no longer
+    names it is handled as leaving (its after- or cancelled-hooks, once)."""
+    name = before.vm_name or state.vm_name
+    named = event.names(name)
+    if named and not before.event.names(name) and before.phase in (Phase.NOT_OURS, Phase.OVER):
+        _move(before, On.NAMED, Phase.GONE)
+        return state, None
+    if named or before.phase in (Phase.NOT_OURS, Phase.AFTER, Phase.ENDING):
+        return state, before
+    out.append(
+        _note(
+            Level.INFO,
+            What.EVENT_IGNORED,
+            event,
+            previous_resources=" ".join(before.event.resources),
+            reason="its Resources no longer name this VM: handled as leaving",
+        )
+    )
+    # Its stage's hooks get the event as it was when it named this VM.
+    state, tracked = _left(state, before, out)
+    return state, None if tracked.phase is Phase.GONE else tracked
 
 
 def _listed(  # noqa: PLR0917 - one call site, in the document loop
@@ -2341,6 +2458,8 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
         return state, _move(tracked, on, phase, start_at=now if deadline is None else deadline)
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
+    if phase is Phase.REBOOTED:
+        return _judge_reboot(state, tracked, on, now, out)
     if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING, Phase.DRAINING):
         if phase is Phase.COORDINATING:
             state, tracked = _stop_asking(state, tracked, out)
@@ -2384,6 +2503,10 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         return state, _move(gone, on, Phase.GONE)
     if phase in (Phase.AFTER, Phase.ENDING):
         return state, _move(gone, on, phase)
+    if phase is Phase.REBOOTED:  # gone after a new boot: that boot was its maintenance
+        out.append(_note(Level.INFO, What.REBOOT_DETECTED, gone.event, stage="after"))
+        out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
+        return _start_stage(state, gone, on, Stage.AFTER, out)
     if phase is Phase.COORDINATING or gone.event.event_id in state.peers:
         state, gone = _stop_asking(state, gone, out)
     if not _prepared(gone):

@@ -26,6 +26,7 @@ class Phase(str, enum.Enum):
     DRAINING = "draining"  # ours; the cluster moves this node's resources away first
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
+    REBOOTED = "rebooted"  # prepared, then this VM booted: the next document says if that was it
     ENDING = "ending"  # it left while its before-hooks ran: they are being stopped
     COORDINATING = "coordinating"  # hooks succeeded; a shared event waits for the others
     APPROVING = "approving"  # to be approved: StartRequests not yet accepted
@@ -62,6 +63,7 @@ class On(str, enum.Enum):
     RESTARTED = "daemon restarted, same boot"
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
+    NAMED = "its Resources changed to name this VM"
     TYPE_REMOVED = "a reload removed its type"
 
 
@@ -116,7 +118,7 @@ P = Phase
 # Phases whose before-hooks started (or were decided to need none): they get after- or
 # cancelled-hooks once the event is over or cancelled, unless a rule decided them.
 PREPARED = frozenset(
-    {P.DRAINING, P.RUNNING, P.INTERRUPTED, P.COORDINATING, P.APPROVING, P.APPROVED}
+    {P.DRAINING, P.RUNNING, P.INTERRUPTED, P.REBOOTED, P.COORDINATING, P.APPROVING, P.APPROVED}
     | {P.NOT_APPROVED, P.HOOKS_FAILED, P.DONE}
 )
 # What the state file keeps; the rest is rebuilt from the next document.
@@ -129,6 +131,9 @@ _KEPT = (
 # Its after- or cancelled-hooks run; with none configured it is over (or forgotten if it left).
 _ENDS = (P.AFTER, P.OVER, P.GONE)
 _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
+# A new boot proves the maintenance happened only once the event is Started or gone: until the
+# first document says which, a prepared event waits in REBOOTED.
+_REBOOTS = (P.REBOOTED, *_ENDS)
 
 
 def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition:
@@ -153,6 +158,7 @@ _ROWS: list[Transition] = [
     _t(P.NOT_OURS, On.STARTED, [P.NOT_OURS], "nothing"),
     _t(P.NOT_OURS, On.LEFT, [P.GONE], "forgotten"),
     _t(P.NOT_OURS, On.RENAMED, [P.GONE], "forgotten, judged again at the next poll"),
+    _t(P.NOT_OURS, On.NAMED, [P.GONE], "judged anew at once, as at first sight"),
     *[_t(p, on, [p], "nothing") for p in (P.UNHANDLED, P.MISSED) for on in (On.LISTED, On.STARTED)],
     *[_t(p, On.LEFT, [P.GONE], "event_completed; forgotten") for p in (P.UNHANDLED, P.MISSED)],
     _t(P.WAITING, On.LISTED, [P.WAITING], "its start instant placed again (NotBefore, clock)"),
@@ -178,6 +184,12 @@ _ROWS: list[Transition] = [
     _t(
         P.QUEUED,
         On.LEAD_TIME,
+        [P.DONE],
+        "no before-hooks and no longer Scheduled (an unknown status): after-hooks once it is over",
+    ),
+    _t(
+        P.QUEUED,
+        On.LEAD_TIME,
         [P.DRAINING],
         "no slot by its deadline: drained, never approved early",
     ),
@@ -194,7 +206,7 @@ _ROWS: list[Transition] = [
     _t(P.DRAINING, On.STARTED, [P.DONE], "the drain is no longer watched; restored once over"),
     _t(P.DRAINING, On.LEFT, _ENDS, "the node is restored, then its cancelled-hooks run"),
     _t(P.DRAINING, On.RESTARTED, [P.DRAINING], "the drain is watched again (marked once)"),
-    _t(P.DRAINING, On.REBOOTED, _ENDS, "the maintenance happened: restored, after-hooks"),
+    _t(P.DRAINING, On.REBOOTED, _REBOOTS, "judged by the next document (restored once over)"),
     _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
     _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.QUEUED, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
@@ -208,7 +220,7 @@ _ROWS: list[Transition] = [
     _t(P.RUNNING, On.HOOKS_CANCELLED, [P.INTERRUPTED], "cut off by a stop: they run again"),
     _t(P.RUNNING, On.LEFT, [P.ENDING], "its before-hooks are stopped"),
     _t(P.RUNNING, On.RESTARTED, [P.INTERRUPTED], "cut off by a crash: hooks_interrupted"),
-    _t(P.RUNNING, On.REBOOTED, _ENDS, "the maintenance happened: after-hooks"),
+    _t(P.RUNNING, On.REBOOTED, _REBOOTS, "cut off by a boot: judged by the next document"),
     _t(P.INTERRUPTED, On.LISTED, [P.RUNNING], "still Scheduled: its before-hooks run again"),
     _t(P.INTERRUPTED, On.LISTED, [P.QUEUED], "still Scheduled: its slot is asked for again"),
     _t(P.INTERRUPTED, On.LISTED, [P.DRAINING], "still Scheduled: the node is drained again"),
@@ -218,7 +230,19 @@ _ROWS: list[Transition] = [
     _t(P.INTERRUPTED, On.STARTED, [P.DONE], "it started: after-hooks once it is over"),
     _t(P.INTERRUPTED, On.LEFT, _ENDS, "cancelled-hooks (after-hooks if it had started)"),
     _t(P.INTERRUPTED, On.RESTARTED, [P.INTERRUPTED], "nothing"),
-    _t(P.INTERRUPTED, On.REBOOTED, _ENDS, "the maintenance happened: after-hooks"),
+    _t(P.INTERRUPTED, On.REBOOTED, _REBOOTS, "judged by the next document"),
+    _t(
+        P.REBOOTED,
+        On.LISTED,
+        [P.RUNNING, P.QUEUED, P.DRAINING, P.UNHANDLED, *_DECIDE],
+        "still Scheduled: this boot was not the maintenance (reboot_detected maintenance=false); "
+        "prepared again, approved as usual",
+    ),
+    _t(P.REBOOTED, On.LISTED, _ENDS, "listed Started: the maintenance happened, after-hooks"),
+    _t(P.REBOOTED, On.STARTED, _ENDS, "the maintenance happened: after-hooks"),
+    _t(P.REBOOTED, On.LEFT, _ENDS, "the maintenance happened: after-hooks"),
+    _t(P.REBOOTED, On.RESTARTED, [P.REBOOTED], "still judged by the next document"),
+    _t(P.REBOOTED, On.REBOOTED, [P.REBOOTED], "still judged by the next document"),
     *[
         _t(P.ENDING, on, _ENDS, "its cancelled- (or after-) hooks run now")
         for on in (On.HOOKS_OK, On.HOOKS_FAILED, On.HOOKS_CANCELLED, On.RESTARTED)
@@ -256,9 +280,10 @@ _ROWS: list[Transition] = [
     ],
     *[_t(p, On.RESTARTED, [p], "carries on") for p in _KEPT],
     *[
-        _t(p, On.REBOOTED, [p, *_ENDS], "after-hooks if it was prepared")
-        for p in (P.COORDINATING, P.APPROVING, P.APPROVED, P.NOT_APPROVED, P.HOOKS_FAILED, P.DONE)
+        _t(p, On.REBOOTED, [p, *_REBOOTS], "judged by the next document if it was prepared")
+        for p in (P.COORDINATING, P.APPROVING, P.APPROVED, P.NOT_APPROVED, P.HOOKS_FAILED)
     ],
+    _t(P.DONE, On.REBOOTED, [P.DONE, *_ENDS], "it had Started: after-hooks if it was prepared"),
     *[_t(p, On.REBOOTED, [p], "carries on") for p in (P.UNHANDLED, P.MISSED, P.OVER)],
     _t(P.AFTER, On.STAGE_ENDED, [P.OVER], "after_hooks_finished or _failed (never again)"),
     _t(
@@ -276,6 +301,7 @@ _ROWS: list[Transition] = [
     _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
     _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),
+    _t(P.OVER, On.NAMED, [P.GONE], "it dropped this VM, then named it again: judged anew"),
 ]
 
 

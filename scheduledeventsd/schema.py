@@ -227,7 +227,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "events.TYPE.after",
         Kind.HOOK_NAMES,
-        "Run once when it is over (gone after Started or approval, or this VM rebooted).",
+        "Run once when it is over (gone after Started or approval, or Started or gone after "
+        "this VM rebooted).",
         [],
     ),
     Key(

@@ -695,32 +695,93 @@ def test_cancelled_defaults_to_the_after_hooks_and_none_means_just_completed():
     assert m.state.events == {}
 
 
-def test_a_new_boot_id_runs_the_after_hooks_at_start_whether_imds_answers_or_not():
+def test_after_a_new_boot_the_after_hooks_run_once_the_event_is_listed_started():
+    """A new boot id alone proves nothing (issue 26 #1): nothing runs until a document says
+    Started (or gone); then the after-hooks run once, with SCHEDULED_EVENT_REBOOTED=1."""
     m = Machine(config(events=LIFE), boot="boot-1")
     approved_reboot(m)
     saved = of(m.effects, Persist)[-1].events
     assert saved["E1"].boot_id == "boot-1"
     again = Machine(config(events=LIFE), loaded=saved, boot="boot-2")
-    assert logs(again.effects, "reboot_detected")
-    assert spawned(again.effects) == [("after", ("undrain",), True)]
+    assert not logs(again.effects, "reboot_detected")
+    assert not of(again.effects, SpawnHooks)
+    assert again.phase() is Phase.REBOOTED
+    assert of(again.effects, Persist)[0].events["E1"].phase is Phase.REBOOTED
     again.send(PollFailed("connection", "refused"), at=101)
-    again.send(HooksFinished(1, Outcome.SUCCEEDED), at=102)
+    assert not of(again.effects, SpawnHooks), "IMDS silent: not judged yet"
+    again.fetched(doc(event(status="Started")), at=102)
+    assert logs(again.effects, "reboot_detected")[0].fields["stage"] == "after"
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
+    again.send(HooksFinished(1, Outcome.SUCCEEDED), at=102.5)
     assert again.phase() is Phase.OVER, "kept while IMDS may still list it"
-    again.fetched(doc(event(status="Started")), at=103)
+    again.fetched(doc(event(status="Started"), incarnation=3), at=103)
     assert not of(again.effects, SpawnHooks)
     assert not logs(again.effects, "event_detected")
-    again.fetched(doc(incarnation=3), at=104)
+    again.fetched(doc(incarnation=4), at=104)
     assert not of(again.effects, SpawnHooks), "not again when it leaves the document"
     assert again.state.events == {}
 
 
-def test_hooks_cut_off_by_a_reboot_get_after_hooks_not_a_second_before_run():
+def test_after_a_new_boot_an_event_gone_from_the_first_document_gets_its_after_hooks():
+    m = Machine(config(events=LIFE), boot="boot-1")
+    approved_reboot(m)
+    again = Machine(config(events=LIFE), loaded=of(m.effects, Persist)[-1].events, boot="boot-2")
+    again.fetched(doc(incarnation=3), at=101)
+    assert logs(again.effects, "reboot_detected")[0].fields["stage"] == "after"
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
+
+
+def test_a_new_boot_while_the_event_is_still_scheduled_prepares_it_again():
+    """Issue 26 #1: a crash or an operator's reboot while IMDS still lists the event Scheduled
+    with NotBefore ahead is not the maintenance: its before-hooks run again on this boot, it is
+    approved as usual, and its after-hooks run once, when it really is over."""
+    m = Machine(config(events=LIFE), boot="boot-1")
+    m.fetched(doc(event()), at=100.1)  # its drain runs; the VM goes down mid-drain
+    again = Machine(config(events=LIFE), loaded=of(m.effects, Persist)[-1].events, boot="boot-2")
+    assert not of(again.effects, SpawnHooks)
+    again.fetched(doc(event()), at=101)
+    (note,) = logs(again.effects, "reboot_detected")
+    assert (note.fields["stage"], note.fields["maintenance"]) == ("before", False)
+    assert spawned(again.effects) == [("before", ("drain",), False)]
+    assert of(again.effects, Persist)[0].events["E1"].boot_id == "boot-2"
+    again.send(HooksFinished(1, Outcome.SUCCEEDED), at=102)
+    assert of(again.effects, PostApproval), "approved as usual"
+    again.send(ApprovalSent("E1"), at=102.1)
+    again.fetched(doc(event(status="Started"), incarnation=3), at=103)
+    assert not of(again.effects, SpawnHooks), "Started is not over yet"
+    again.fetched(doc(incarnation=4), at=104)
+    assert spawned(again.effects) == [("after", ("undrain",), False)]
+    again.send(HooksFinished(2, Outcome.SUCCEEDED), at=105)
+    assert again.state.events == {}
+    # The real maintenance reboots the VM once the event is approved: after-hooks, REBOOTED=1.
+    third = Machine(config(events=LIFE), boot="boot-2")
+    third.fetched(doc(event()), at=100.1)
+    third.send(HooksFinished(1, Outcome.SUCCEEDED))
+    third.send(ApprovalSent("E1"))
+    saved = of(third.effects, Persist)[-1].events
+    fourth = Machine(config(events=LIFE), loaded=saved, boot="boot-3")
+    fourth.fetched(doc(event(status="Started")), at=101)
+    assert spawned(fourth.effects) == [("after", ("undrain",), True)]
+
+
+def test_hooks_cut_off_by_a_reboot_get_after_hooks_once_it_started_not_a_second_before_run():
     m = Machine(config(events=LIFE), boot="boot-1")
     m.fetched(doc(event()))
     saved = of(m.effects, Persist)[-1].events
     again = Machine(config(events=LIFE), loaded=saved, boot="boot-2")
-    assert spawned(again.effects) == [("after", ("undrain",), True)]
     assert not logs(again.effects, "hooks_interrupted")
+    again.fetched(doc(event(status="Started")), at=101)
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
+
+
+def test_an_event_that_had_started_before_the_boot_gets_its_after_hooks_at_start():
+    """Started, then a new boot: that was the maintenance, whether IMDS answers or not."""
+    m = Machine(config(events=LIFE), boot="boot-1")
+    approved_reboot(m)
+    m.fetched(doc(event(status="Started"), incarnation=3), at=101)
+    again = Machine(config(events=LIFE), loaded=of(m.effects, Persist)[-1].events, boot="boot-2")
+    assert logs(again.effects, "reboot_detected")
+    assert spawned(again.effects) == [("after", ("undrain",), True)]
 
 
 def test_after_hooks_cut_off_by_a_stop_do_not_run_again():
@@ -846,3 +907,53 @@ def test_a_waiting_event_loaded_before_the_name_is_known_asks_for_no_infinite_wa
         config(vm_name=None, events=LEAD), loaded={"E1": Tracked(due_in(86400), Phase.WAITING)}
     )
     assert m.wake() == m.now + 3600.0
+
+
+# ---- Resources that change (issue 26 #17) -------------------------------------------------
+
+
+def test_an_event_whose_resources_gain_this_vm_later_is_judged_again_and_prepared():
+    """Listed first for another VM (not ours), then its Resources name this VM too (same
+    EventId): judged anew at once, as at first sight; before, it stayed "not ours" for ever and
+    the VM was rebooted unprepared."""
+    m = Machine(config(events=LIFE))
+    m.fetched(doc(event(resources=("vm-b",))))
+    assert m.phase() is Phase.NOT_OURS
+    m.fetched(doc(event(resources=("vm-b", VM)), incarnation=3), at=101)
+    assert logs(m.effects, "event_detected")
+    assert spawned(m.effects) == [("before", ("drain",), False)]
+    assert m.phase() is Phase.RUNNING
+
+
+def test_an_event_whose_resources_drop_this_vm_is_handled_as_leaving():
+    """Ours and prepared, then its Resources no longer name this VM: its running before-hooks
+    are stopped and its cancelled-hooks run, once; then it is not ours."""
+    m = Machine(config(events=LIFE))
+    m.fetched(doc(event()))
+    m.fetched(doc(event(resources=("vm-b",)), incarnation=3), at=101)
+    assert of(m.effects, CancelRuns)[0].runs == (1,)
+    assert logs(m.effects, "event_cancelled")
+    m.send(HooksFinished(1, Outcome.CANCELLED), at=102)
+    assert spawned(m.effects) == [("cancelled", ("restore",), False)]
+    m.send(HooksFinished(2, Outcome.SUCCEEDED), at=103)
+    m.fetched(doc(event(resources=("vm-b",)), incarnation=4), at=104)
+    assert not of(m.effects, SpawnHooks)
+    assert m.phase() is Phase.NOT_OURS
+    m.fetched(doc(event(resources=("vm-b", VM)), incarnation=5), at=105)
+    assert spawned(m.effects) == [("before", ("drain",), False)], "named again: judged anew"
+
+
+def test_an_approved_event_whose_resources_drop_this_vm_gets_its_after_hooks():
+    m = Machine(config(events=LIFE))
+    approved_reboot(m)
+    m.fetched(doc(event(resources=("vm-b",)), incarnation=3), at=101)
+    assert spawned(m.effects) == [("after", ("undrain",), False)]
+
+
+def test_a_waiting_event_whose_resources_drop_this_vm_is_forgotten_as_not_ours():
+    m = Machine(config(events={"Reboot": EventRule(("drain",), start_before=60)}))
+    m.send(DocumentFetched(doc(event()), wall=dt.datetime(2029, 12, 31).timestamp()))
+    assert m.phase() is Phase.WAITING
+    m.fetched(doc(event(resources=("vm-b",)), incarnation=3), at=101)
+    assert m.phase() is Phase.NOT_OURS
+    assert not of(m.effects, SpawnHooks)

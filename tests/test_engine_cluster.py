@@ -256,11 +256,29 @@ def test_a_restart_mid_drain_watches_the_drain_again_with_a_new_deadline():
     assert m.state.events["E1"].start_at == MONO0 + 60
 
 
-def test_a_reboot_mid_drain_restores_and_runs_the_after_hooks():
+def test_a_reboot_mid_drain_restores_and_runs_the_after_hooks_once_it_started():
     loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-0", drain=Drain.ASKED)}
     m = machine(loaded=loaded, mark=MARK)
+    assert not of(m.effects, SpawnHooks), "judged by the next document"
+    assert not of(m.effects, RestoreNode), "its event still wants the node drained"
+    seen(m, due_in(600, status="Started"))
     (after,) = of(m.effects, SpawnHooks)
     assert (after.stage.value, after.restore, after.rebooted) == ("after", MARK, True)
+
+
+def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again():
+    """Issue 26 #1: still Scheduled after the boot, the node is drained again (the mark is found
+    set) before its before-hooks run again; nothing is restored meanwhile."""
+    loaded = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-0", drain=Drain.ASKED)}
+    m = machine(loaded=loaded, drain_timeout=60, mark=MARK)
+    seen(m, due_in(600))
+    assert of(m.effects, DrainNode)
+    assert not of(m.effects, SpawnHooks)
+    assert not of(m.effects, RestoreNode)
+    assert m.phase() is Phase.DRAINING
+    assert m.state.events["E1"].start_at == MONO0 + 60
+    m.send(ClusterDrained("E1"))
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
 
 
 def test_at_start_with_no_drain_wanted_our_recorded_mark_is_taken_off_and_the_cluster_checked():

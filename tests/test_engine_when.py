@@ -8,7 +8,9 @@ import dataclasses
 import datetime as dt
 from zoneinfo import ZoneInfo
 
-from scheduledeventsd import engine
+import pytest
+
+from scheduledeventsd import engine, lifecycle
 from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, HealthFrom, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
@@ -430,3 +432,76 @@ def test_at_4_hz_an_approval_takes_the_place_of_the_poll_ordered_for_later():
     assert again.at > fetch.at, "the poll moved behind the approval"
     window = [t for t in m.state.sent if t > again.at - engine.RATE_WINDOW]
     assert len(window) <= engine.IMDS_RATE
+
+
+def test_a_queued_event_whose_status_becomes_unknown_keeps_the_loop_polling():
+    """Issue 26 #16: `before: []`, queued for a slot, then EventStatus Completed with NotBefore
+    cleared. Its deadline became now and the move queued -> done was undeclared: the document
+    was refused whole and its poll stayed "in flight", so no poll was ordered again (a Preempt
+    posted later was never seen). Now it is decided (done, its slot given back) and the next
+    poll is ordered; a Preempt in the next document is detected."""
+    m = slotted(events={**EVENTS, "Reboot": EventRule((), ("undrain",)), "Preempt": EventRule(())})
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    done = dataclasses.replace(due_in(3 * 86400), status="Completed", not_before=None)
+    seen(m, done, incarnation=3, at=MONO0 + 1)
+    assert not logs(m.effects, "transition_refused")
+    assert m.phase() is Phase.DONE
+    assert ReleaseSlot("E1") in of(m.effects, ReleaseSlot)
+    (fetch,) = of(m.effects, Fetch)
+    assert fetch.at <= MONO0 + 2, "the next poll is ordered on time"
+    preempt = dataclasses.replace(due_in(30, "E2", "Preempt"))
+    seen(m, done, preempt, incarnation=4, at=fetch.at)
+    assert logs(m.effects, "event_detected")[0].fields["event_id"] == "E2"
+    assert of(m.effects, Fetch)
+
+
+def test_a_refused_document_still_orders_the_next_poll():
+    """Whatever transition a document breaks, the loop never stops polling: the refused
+    message releases its poll as a faulted one does (issue 26 #16's wedge)."""
+    m = slotted(events={**EVENTS, "Reboot": EventRule((), ("undrain",))})
+    m.state = dataclasses.replace(m.state, strict=False)
+    seen(m, due_in(3 * 86400))
+    broken = dict(lifecycle.TABLE)
+    del lifecycle.TABLE[(Phase.QUEUED, engine.On.LISTED)]  # type: ignore[attr-defined]
+    try:
+        seen(m, due_in(3 * 86400 + 60), incarnation=3, at=MONO0 + 1)
+    finally:
+        lifecycle.TABLE.clear()  # type: ignore[attr-defined]
+        lifecycle.TABLE.update(broken)  # type: ignore[attr-defined]
+    assert logs(m.effects, "transition_refused")
+    (fetch,) = of(m.effects, Fetch)
+    assert MONO0 + 1 < fetch.at <= MONO0 + 1 + engine.POLL_BACKOFF_CAP
+    assert m.state.poll.in_flight_since == fetch.at
+    (wake,) = of(m.effects, engine.WakeAt)
+    assert wake.at >= MONO0 + 1 + engine.POLL_BACKOFF_CAP, "never a busy loop on a due timer"
+
+
+def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
+    """The daemon drops a step that raises and feeds Faulted; if the Faulted step's own timers
+    raised too, it dropped that as well: the poll stayed in flight, the wake-up in the past, and
+    the loop spun without polling. Now the poll is ordered, and the next wake-up waits the poll
+    backoff's cap; the watchdog is still pinged."""
+    cfg = config(events=EVENTS, approve=ApprovePolicy.ALWAYS)
+    m = Machine(cfg, now=MONO0, watchdog_usec=10_000_000)
+    seen(m, due_in(3 * 86400))
+    m.state = dataclasses.replace(m.state, strict=False)
+    broken = engine._start_waiting
+
+    def start_waiting(state, now, out):
+        raise RuntimeError("a timer that raises")
+
+    engine._start_waiting = start_waiting
+    at = MONO0 + 6  # the watchdog (every 5 s) is due
+    try:
+        answer = DocumentFetched(doc(due_in(3 * 86400), incarnation=3), WALL0 + at - MONO0)
+        with pytest.raises(RuntimeError):
+            engine.step(m.state, answer, at)  # the daemon logs it, then:
+        m.send(engine.Faulted("step DocumentFetched", "RuntimeError", answer), at=at)
+    finally:
+        engine._start_waiting = broken
+    (fetch,) = of(m.effects, Fetch)
+    assert fetch.at <= at + engine.POLL_BACKOFF_CAP
+    (wake,) = of(m.effects, engine.WakeAt)
+    assert wake.at >= at + engine.POLL_BACKOFF_CAP, "no busy loop"
+    assert {"WATCHDOG": "1"} in [n.fields for n in of(m.effects, engine.Notify)]

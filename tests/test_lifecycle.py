@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import signal
+import time
 import uuid
 
 import pytest
@@ -70,12 +71,8 @@ def test_a_cancelled_event_stops_its_running_hook_then_runs_its_cancelled_hooks(
     assert not sim.approvals
 
 
-@needs_root
-def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
-    daemons, sim, hooks, tmp_path
-):
-    sim.scenario.started_for = None
-    sim.scenario.start_after_approval = 600  # the event stays listed across the "reboot"
+def boot_wrapper(tmp_path):
+    """Run the daemon on a boot id of our choosing: write a new UUID to the file to reboot."""
     boot = tmp_path / "boot_id"
     boot.write_text(f"{uuid.uuid4()}\n")
     wrapper = (
@@ -86,27 +83,46 @@ def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
         f'mount --bind {boot} /proc/sys/kernel/random/boot_id && exec "$@"',
         "sh",
     )
+    return boot, wrapper
+
+
+@needs_root
+def test_after_the_maintenance_reboot_the_after_hooks_run_once_it_is_listed_started(
+    daemons, sim, hooks, tmp_path
+):
+    """A new boot proves the maintenance only with the event Started (or gone): while IMDS is
+    silent nothing runs; once it lists the event Started, the after-hooks run once, with
+    SCHEDULED_EVENT_REBOOTED=1 and the name and incarnation the event was seen under."""
+    sim.scenario.started_for = None
+    sim.scenario.start_after_approval = 600  # the event stays listed across the "reboot"
+    boot, wrapper = boot_wrapper(tmp_path)
     cfg = lifecycle(daemons, hooks)
     daemon = daemons.start(cfg, prefix=wrapper)
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("event_approved", event_id=event_id)
     assert daemon.stop() == 0
 
-    boot.write_text(f"{uuid.uuid4()}\n")  # the VM rebooted
+    boot.write_text(f"{uuid.uuid4()}\n")  # the VM rebooted: the maintenance
+    sim.update_event(event_id, EventStatus="Started")
     sim.add_fault(Fault("drop", count=0))  # and IMDS does not answer yet
     again = daemons.start(cfg, prefix=wrapper, ready=False)
-    again.wait_log("reboot_detected", event_id=event_id)
+    again.wait_log("daemon_starting")
+    wait_for(lambda: len(sim.requests) > 0, what="a request")
+    time.sleep(2)
+    assert hooks.order() == ["drain"], "a new boot alone proves nothing"
+    assert not again.logs("reboot_detected")
+    sim.clear_faults()
+    again.wait_log("reboot_detected", event_id=event_id, stage="after")
     again.wait_log("after_hooks_finished", event_id=event_id)
     undrain = env_of(hooks, "undrain")
     assert undrain["SCHEDULED_EVENT_REBOOTED"] == "1"
-    # IMDS is silent, so the name is not known yet: the event's own is what `kubectl uncordon
-    # "$SCHEDULED_EVENT_VM_NAME"` needs (it was '' and incarnation 0).
     assert undrain["SCHEDULED_EVENT_VM_NAME"] == VM
-    drained_in = env_of(hooks, "drain")["SCHEDULED_EVENT_DOCUMENT_INCARNATION"]
-    assert undrain["SCHEDULED_EVENT_DOCUMENT_INCARNATION"] == drained_in != "0"
+    # The incarnation of the document that listed it Started, after the one it was drained in.
+    drained_in = int(env_of(hooks, "drain")["SCHEDULED_EVENT_DOCUMENT_INCARNATION"])
+    listed_in = int(undrain["SCHEDULED_EVENT_DOCUMENT_INCARNATION"])
+    assert listed_in > drained_in > 0
     stdin = json.loads((hooks.out / "undrain.stdin").read_text())
-    assert (stdin["VmName"], stdin["DocumentIncarnation"]) == (VM, int(drained_in))
-    sim.clear_faults()
+    assert (stdin["VmName"], stdin["DocumentIncarnation"]) == (VM, listed_in)
     again.polls_seen(sim)
     sim.remove_event(event_id)
     again.wait_log("event_completed", event_id=event_id)
@@ -114,6 +130,70 @@ def test_after_a_reboot_the_after_hooks_run_once_even_with_imds_unreachable(
     assert hooks.order() == ["drain", "undrain"], "never a second before- or after-run"
     assert not again.logs("event_detected", event_id=event_id)
     again.signal(signal.SIGTERM)
+
+
+@needs_root
+def test_a_crash_reboot_while_the_event_is_still_scheduled_prepares_it_again(
+    daemons, sim, hooks, tmp_path
+):
+    """Issue 26 #1: a Reboot an hour away, its drain running; the VM goes down (daemon and hook
+    killed) and comes back on a new boot id while IMDS still lists the event Scheduled. That
+    boot was not the maintenance: no undrain, the drain runs again, the event is approved as
+    usual, and the undrain runs once, when it really is over (on this boot: REBOOTED=0)."""
+    boot, wrapper = boot_wrapper(tmp_path)
+    body = (
+        'echo drain >> "$OUT/order"\n'
+        'env > "$OUT/drain.env"\n'
+        'if [ ! -e "$OUT/drained-once" ]; then\n'
+        '  touch "$OUT/drained-once"; echo $$ > "$OUT/drain.pid"; exec sleep 300\n'
+        "fi"
+    )
+    cfg = lifecycle(daemons, hooks, before_body=body)
+    daemon = daemons.start(cfg, prefix=wrapper)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=3600)
+    wait_for((hooks.out / "drain.pid").exists, what="the drain hook to start")
+    daemon.proc.send_signal(signal.SIGKILL)  # the VM goes down mid-drain
+    daemon.proc.wait(10)
+    os.kill(int((hooks.out / "drain.pid").read_text()), signal.SIGKILL)
+
+    boot.write_text(f"{uuid.uuid4()}\n")  # it comes back on a new boot: a crash, not Azure
+    again = daemons.start(cfg, prefix=wrapper)
+    note = again.wait_log("reboot_detected", event_id=event_id)
+    assert (note["stage"], note["maintenance"]) == ("before", False)
+    again.wait_log("event_approved", event_id=event_id)
+    assert hooks.order() == ["drain", "drain"], "prepared again, no undrain"
+    assert env_of(hooks, "drain")["SCHEDULED_EVENT_STAGE"] == "before"
+    assert sim.approved(event_id)
+    # The simulator starts it a second after the approval and drops it 3 s later: over.
+    done = again.wait_log("after_hooks_finished", event_id=event_id, timeout=15)
+    assert done["stage"] == "after"
+    again.polls_seen(sim)
+    assert hooks.order() == ["drain", "drain", "undrain"], "after-hooks once, when over"
+    assert env_of(hooks, "undrain")["SCHEDULED_EVENT_REBOOTED"] == "0"
+    again.signal(signal.SIGTERM)
+
+
+def test_an_event_whose_resources_name_this_vm_later_is_prepared_and_dropped_again(
+    daemons, sim, hooks
+):
+    """Issue 26 #17: a Reboot listed first for another VM, whose Resources then gain this one
+    (same EventId), is judged again: its drain runs. When its Resources drop this VM again, it
+    is handled as leaving: its cancelled-hooks run, once."""
+    cfg = lifecycle(daemons, hooks, cancelled=["restore"])
+    daemon = daemons.start(cfg)
+    event_id = sim.add_event("Reboot", ["vm-other"], not_before_in=3600)
+    daemon.wait_log("event_ignored", event_id=event_id)
+    sim.update_event(event_id, Resources=["vm-other", VM])
+    daemon.wait_log("event_detected", event_id=event_id)
+    wait_for(lambda: hooks.order() == ["drain"], what="the drain to run")
+    daemon.wait_log("approval_skipped", event_id=event_id)  # shared, approve: sole
+    sim.update_event(event_id, Resources=["vm-other"])
+    daemon.wait_log("event_cancelled", event_id=event_id)
+    daemon.wait_log("after_hooks_finished", event_id=event_id, stage="cancelled")
+    daemon.polls_seen(sim)
+    assert hooks.order() == ["drain", "restore"]
+    assert env_of(hooks, "restore")["SCHEDULED_EVENT_VM_NAME"] == VM
+    assert not sim.approvals
 
 
 def test_a_short_freeze_and_a_user_restart_are_approved_without_hooks(daemons, sim, hooks):

@@ -113,7 +113,8 @@ def test_every_record_the_engine_can_emit_is_named_in_the_engine():
 
 
 def test_a_refused_transition_in_production_drops_the_message_and_says_so():
-    """Not strict (the daemon): the state stays as it was and `transition_refused` is logged."""
+    """Not strict (the daemon): the events stay as they were, `transition_refused` is logged
+    and counted as a fault."""
     from tests.test_engine import config, doc, event  # noqa: PLC0415
 
     state = engine.initial(config())
@@ -131,7 +132,8 @@ def test_a_refused_transition_in_production_drops_the_message_and_says_so():
     finally:
         engine._HANDLERS.clear()  # type: ignore[attr-defined]
         engine._HANDLERS.update(broken)  # type: ignore[attr-defined]
-    assert after is state
+    assert after.events is state.events, "the events stay as they were"
+    assert after.faults == state.faults + 1, "counted as a defect: status says DEGRADED"
     refused = [e for e in effects if isinstance(e, engine.Record)]
     assert [r.name for r in refused] == ["transition_refused"]
     assert "running: nothing is declared for 'approval accepted'" in str(refused[0].fields["error"])

@@ -17,18 +17,19 @@ from tests.test_engine import config, event
 UNHEALTHY = {
     HealthFrom.DETECTED: {
         Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.QUEUED, Phase.DRAINING,
-        Phase.RUNNING, Phase.INTERRUPTED,
+        Phase.RUNNING, Phase.INTERRUPTED, Phase.REBOOTED,
         Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
     HealthFrom.HOOKS_STARTED: {  # a Pacemaker node's drain is the start of its preparation
-        Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.ENDING, Phase.COORDINATING,
+        Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.REBOOTED, Phase.ENDING,
+        Phase.COORDINATING,
         Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE,
         Phase.AFTER,
     },
-    HealthFrom.HOOKS_DONE: {
-        Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
-        Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
+    HealthFrom.HOOKS_DONE: {  # rebooted: prepared before a boot, not yet judged; out as it was
+        Phase.REBOOTED, Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED,
+        Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
     },
 }  # fmt: skip
 

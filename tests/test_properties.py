@@ -117,9 +117,62 @@ def step_through_the_engine(doc: Document) -> None:
     names = [r for e in doc.events for r in e.resources[:1]]
     cfg = dataclasses.replace(CONFIG, vm_name=names[0] if names else VM)
     state, _ = engine.step(engine.initial(cfg, strict=True), Boot({}, "", "b"), 0.0)
-    state, _ = engine.step(state, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+    state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+    polls_on(state, effects, 1.0)
+    after_a_new_boot(cfg, doc, effects)
+    changed_under_it(state, doc, cfg.vm_name or VM)
+    # Slots, and a Reboot of no before-hooks: a queued one once wedged the loop (#16).
+    slotted = dataclasses.replace(
+        cfg,
+        concurrency=config.Concurrency("web", 1),
+        events={**RULES, "Reboot": config.EventRule((), ("undrain",))},
+    )
+    queued, _ = engine.step(engine.initial(slotted, strict=True), Boot({}, "", "b"), 0.0)
+    queued, effects = engine.step(queued, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+    changed_under_it(queued, doc, cfg.vm_name or VM)
     state, _ = engine.step(state, Tick(), 3600.0)
     engine.step(state, DocumentFetched(Document(doc.incarnation + 1, ()), 1_800_003_600.0), 3601)
+
+
+def polls_on(state: engine.State, effects: tuple[engine.Effect, ...], now: float) -> None:
+    """The loop never stops polling: after a document, the next poll is ordered (issue 26 #16:
+    a refused document left its poll in flight for ever)."""
+    assert state.poll.in_flight_since is not None or engine.next_wakeup(state, now) <= now + 3.1
+    assert all(e.at >= now for e in effects if isinstance(e, engine.WakeAt))
+
+
+def after_a_new_boot(cfg: config.Config, doc: Document, effects: tuple[engine.Effect, ...]) -> None:
+    """What the state file kept, loaded on a new boot (issue 26 #1), then the same document,
+    then every event Started, then none."""
+    saved = [e.events for e in effects if isinstance(e, engine.Persist)]
+    state, _ = engine.step(
+        engine.initial(cfg, strict=True), Boot(saved[-1] if saved else {}, "", "b2"), 0.0
+    )
+    state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_100.0), 1.0)
+    polls_on(state, effects, 1.0)
+    started = tuple(dataclasses.replace(e, status="Started", not_before=None) for e in doc.events)
+    state, effects = engine.step(
+        state, DocumentFetched(Document(doc.incarnation + 1, started), 1_800_000_101.0), 2.0
+    )
+    polls_on(state, effects, 2.0)
+    engine.step(state, DocumentFetched(Document(doc.incarnation + 2, ()), 1_800_000_102.0), 3.0)
+
+
+def changed_under_it(state: engine.State, doc: Document, vm: str) -> None:
+    """The same EventIds naming this VM only now, or no longer (issue 26 #17), then with a
+    status the engine has no rule for and NotBefore cleared (#16)."""
+    flipped = tuple(
+        dataclasses.replace(
+            e, resources=("vm-other",) if e.names(vm) else (*e.resources, vm.upper())
+        )
+        for e in doc.events
+    )
+    unknown = tuple(dataclasses.replace(e, status="Completed", not_before=None) for e in flipped)
+    for i, events in enumerate((flipped, unknown, doc.events), start=1):
+        now = 10.0 + i
+        fetched = DocumentFetched(Document(doc.incarnation + i, events), 1_800_000_000.0 + now)
+        state, effects = engine.step(state, fetched, now)
+        polls_on(state, effects, now)
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

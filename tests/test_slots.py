@@ -360,3 +360,25 @@ def test_a_reload_that_changes_concurrency_keeps_held_slots_renewed_and_queued_o
     assert overlapping(spans) == 1, spans
     assert spans["vm-b"][0] - spans["vm-a"][1] < 5, "vm-b went on once vm-a gave the slot back"
     wait_for(lambda: sim.approved(second), 10, "vm-b approved early, holding the slot")
+
+
+def test_a_queued_event_whose_status_becomes_unknown_does_not_stop_the_polls(tier, sim, hooks):
+    """Issue 26 #16: vm-b's Reboot (`before: []`) waits for the slot vm-a holds; IMDS then lists
+    it `Completed` with NotBefore cleared. That document was refused whole and no poll was
+    ordered again: a Preempt posted next was never detected. Now the poll goes on and the
+    Preempt is seen at once."""
+    cfg_a = tier.config("vm-a", shutdown_grace=1)
+    cfg_a["hooks"]["drain"] = [{"command": [hooks.make("hold", "exec sleep 300")], "timeout": 600}]
+    a = tier.start("vm-a", cfg_a)
+    held = sim.add_event("Reboot", ["vm-a"], not_before_in=3600)
+    a.wait_log("slot_acquired", event_id=held)
+    cfg_b = tier.config("vm-b")
+    cfg_b["events"] = {"Reboot": {"before": [], "after": ["undrain"]}, "Preempt": []}
+    b = tier.start("vm-b", cfg_b)
+    queued = sim.add_event("Reboot", ["vm-b"], not_before_in=3600)
+    b.wait_log("event_waiting", event_id=queued, reason="slot")
+    sim.update_event(queued, EventStatus="Completed", NotBefore="")
+    b.polls_seen(sim, count=8)
+    preempt = sim.add_event("Preempt", ["vm-b"], not_before_in=30)
+    b.wait_log("event_detected", event_id=preempt, timeout=3)
+    assert not tier.factories["vm-b"].defects()
