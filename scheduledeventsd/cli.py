@@ -19,7 +19,7 @@ from .imds import ImdsError
 from .model import EVENT_TYPES
 from .providers import client_for
 from .rehearsal import rehearse
-from .state import STATUS_FILE, daemon_running, read_status
+from .state import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 
 if TYPE_CHECKING:  # the simulators stay out of the daemon's memory
     from .simulator import Serving
@@ -46,7 +46,8 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="scheduledeventsd",
-        description="Run hooks for Azure Scheduled Events affecting this VM, then approve them.",
+        description="Prepare this VM for maintenance announced by Azure, AWS or Google Cloud: "
+        "run the hooks configured for each notice, then (on Azure) approve it.",
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -136,6 +137,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
         return EXIT_CONFIG
+    unsafe = unsafe_state_dir(cfg.state_dir, owners=(0,))
+    if unsafe:  # what `run` would refuse, refused here too
+        print(f"error: {args.config}: state_dir: {unsafe}", file=sys.stderr)
+        print(f"{args.config}: 1 problem(s); nothing was started", file=sys.stderr)
+        return EXIT_CONFIG
     for text in cfg.warnings:
         print(f"warning: {text}", file=sys.stderr)
     if args.quiet:
@@ -169,6 +175,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for hook in cfg.hooks.values():
         for cmd in hook.commands:
             print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
+    for line in report.sections(cfg):
+        print(f"  {line}")
     return 0
 
 
