@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -225,3 +226,49 @@ def test_the_pages_shell_blocks_run_as_written_and_print_their_samples(page, tmp
     for number, line, sample in samples:
         missing = matches(sample, found.get(number, []))
         assert not missing, f"{page_id(page)}:{line}: not printed: {missing}\n{printed}"
+
+
+# ---- the site builds strictly, and the README's links lead somewhere -------------------------
+
+MKDOCS = Path("/usr/bin/mkdocs")  # Debian's: `make test` installs it, as `make docs` does
+
+
+def build(root: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(MKDOCS),
+            "build",
+            "--strict",
+            "-f",
+            str(root / "mkdocs.yml"),
+            "-d",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_the_site_builds_strictly_and_a_broken_link_fails_it(tmp_path):
+    built = build(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "site" / "tutorial.html").exists()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "mkdocs.yml").write_text((ROOT / "mkdocs.yml").read_text())
+    shutil.copytree(DOCS, copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "docs" / "tutorial.md").open("a") as page:
+        page.write("\n[a page that is not there](how-to/nowhere.md)\n")
+    broken = build(copy, tmp_path / "broken")
+    assert broken.returncode != 0
+    assert "nowhere.md" in broken.stdout + broken.stderr
+
+
+def test_every_relative_link_of_the_readme_leads_to_a_file():
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    relative = [link for link in links if "://" not in link]
+    assert len(relative) >= 10
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing
