@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # the simulators stay out of the daemon's memory
     from .simulator import Serving
 
 EXIT_CONFIG = 2
+SHIPPED_HOOKS = "/etc/scheduledeventsd/hooks"
+SHIPPED_HOOKS_HINT = (
+    f"hint: {SHIPPED_HOOKS}/ is where the package installs the example hooks; from a clone, "
+    "install the package, or point the hooks at files of your own (the tutorial: docs/tutorial.md)"
+)
 PROVIDERS = ("azure", "aws", "gcp")
 
 
@@ -118,6 +123,8 @@ def _load_config(path: Path) -> Optional[config.Config]:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         print(f"{path}: {len(e.problems)} problem(s); nothing was started", file=sys.stderr)
+        if any(f"{SHIPPED_HOOKS}/" in p and "no such file" in p for p in e.problems):
+            print(SHIPPED_HOOKS_HINT, file=sys.stderr)
         return None
 
 

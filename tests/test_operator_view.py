@@ -87,6 +87,17 @@ def test_check_config_refuses_a_state_directory_run_refuses(daemons):
     assert cli("check-config", "--config", str(path), "--quiet").returncode == 0
 
 
+def test_check_config_of_the_shipped_file_in_a_clone_says_why_its_hooks_are_missing():
+    """In a clone the shipped config's hooks point at /etc/scheduledeventsd/hooks, which only the
+    package installs: check-config failed there and nothing said why."""
+    if Path("/etc/scheduledeventsd/hooks/drain").exists():
+        pytest.skip("the package's hooks are installed on this machine")
+    shown = cli("check-config", "--config", str(ROOT / "etc/scheduledeventsd/config.yaml"))
+    assert shown.returncode == 2
+    assert "hint: /etc/scheduledeventsd/hooks/ is where the package installs" in shown.stderr
+    assert "docs/tutorial.md" in shown.stderr
+
+
 # ---- status ---------------------------------------------------------------------------------
 
 
