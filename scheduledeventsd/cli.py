@@ -34,7 +34,13 @@ PROVIDERS = ("azure", "aws", "gcp")
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=config.DEFAULT_PATH, help="default: %(default)s")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=config.DEFAULT_PATH,
+        metavar="PATH",
+        help="the configuration file (default: %(default)s)",
+    )
 
 
 def _add_logging(p: argparse.ArgumentParser) -> None:
@@ -44,8 +50,10 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: journald when started by systemd, else the console",
     )
-    p.add_argument("--log-format", choices=("console", "json"), default="console")
-    p.add_argument("--log-level", choices=log.LEVELS, default="info")
+    p.add_argument(
+        "--log-format", choices=("console", "json"), default="console", help="on the console"
+    )
+    p.add_argument("--log-level", choices=log.LEVELS, default="info", help="the least logged")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,31 +93,38 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "test-hooks", help="run the hooks of one stage for a synthetic event (a rehearsal)"
     )
-    p.add_argument("event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES)
-    p.add_argument("--stage", choices=config.STAGES, default="before")
+    p.add_argument(
+        "event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES, help="the event to rehearse"
+    )
+    p.add_argument("--stage", choices=config.STAGES, default="before", help="whose hooks run")
     _add_config(p)
 
     p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="where to answer"
+    )
     p.add_argument(
         "--provider",
         choices=PROVIDERS,
         default="azure",
         help="whose metadata service (aws, gcp: playing a built-in sequence of notices)",
     )
-    p.add_argument("--scenario", type=Path, help="scenario YAML to play")
-    p.add_argument("--vm-name", help="VM name to answer (overrides the scenario's)")
+    p.add_argument("--scenario", type=Path, metavar="FILE", help="scenario YAML to play")
+    p.add_argument("--vm-name", metavar="NAME", help="VM name to answer (overrides the scenario's)")
     p.add_argument(
         "--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s"
     )
 
     p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
-    p.add_argument("--scenario", type=Path, help="default: the bundled demo scenario")
+    p.add_argument(
+        "--scenario", type=Path, metavar="FILE", help="default: the bundled demo scenario"
+    )
     p.add_argument("--provider", choices=PROVIDERS, default="azure", help="default: %(default)s")
     p.add_argument(
         "--hooks-dir",
         type=Path,
         default=Path("/etc/scheduledeventsd/hooks"),
+        metavar="DIR",
         help="directory with drain, undrain, checkpoint and shutdown hooks (default: %(default)s)",
     )
     _add_logging(p)

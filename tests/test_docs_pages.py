@@ -272,3 +272,30 @@ def test_every_relative_link_of_the_readme_leads_to_a_file():
     assert len(relative) >= 10
     missing = [link for link in relative if not (ROOT / link).exists()]
     assert not missing
+
+
+def _cli_generator():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import cli as generator  # noqa: PLC0415 - docs/cli.py, the generator
+    finally:
+        sys.path.pop(0)
+    return generator
+
+
+def test_the_command_line_reference_is_the_parsers(monkeypatch):
+    """docs/reference/command-line.md between its markers is what docs/cli.py writes from the
+    parser; a changed help line makes it stale (the check is not vacuous)."""
+    generator = _cli_generator()
+    text = generator.PAGE.read_text()
+    fresh = generator.between(text, generator.BEGIN, generator.END, generator.markdown())
+    assert fresh == text, "stale: run docs/cli.py"
+    parser = generator.cli.parser
+
+    def changed():
+        top = parser()
+        top.description = "A changed description."
+        return top
+
+    monkeypatch.setattr(generator.cli, "parser", changed)
+    assert "A changed description." in generator.markdown()
