@@ -1040,7 +1040,7 @@ class GroupCampaign:
 
     def _history(self, spans: list[tuple[float, float, GroupEvent]]) -> None:
         """The faults, approvals, drains and slot records around an overlap, in time order."""
-        lo = min(s for s, _, _ in spans) - 15
+        lo = min(s for s, _, _ in spans) - 10
         hi = max(a for _, a, _ in spans) + 1
         vms = {e.vm for _, _, e in spans}
         lines: list[tuple[float, str]] = [(t, f"fault: {what}") for t, what in self.faults]
@@ -1049,11 +1049,15 @@ class GroupCampaign:
             lines.append((a, f"{e.vm}: {e.event_id[:8]} approved (NotBefore {e.not_before:.0f})"))
         for vm, rec in self.records:
             name = str(rec.get("event", ""))
-            if vm in vms and (name.startswith("slot_") or name.startswith("event_")):
+            if vm in vms and (name.startswith("slot_") or name in _TOLD):
                 at = _wall(rec.get("timestamp"))
                 detail = rec.get("cause") or rec.get("kind") or rec.get("reason") or ""
                 lines.append((at, f"{vm}: {name} {str(detail)[:80]}"))
         self.report.history += [f"{_clock(t)} {text}" for t, text in sorted(lines) if lo <= t <= hi]
+
+
+# The records a violation's history shows besides every slot_* one.
+_TOLD = ("event_detected", "event_approved", "event_not_approved", "daemon_starting")
 
 
 def _wall(text: Any) -> float:
