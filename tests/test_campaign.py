@@ -7,6 +7,7 @@ What each kill may break, and the invariants checked afterwards, are in tests/ca
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -69,7 +70,8 @@ def test_a_group_under_etcd_partitions_and_kills_never_has_two_vms_in_early_main
     with Cluster(tmp_path / "etcd") as cluster:
         report = GroupCampaign(tmp_path, seed, cluster, vms=3).run(90, lead_extra=(10, 30))
     summary = report.summary()
-    assert report.violations == [], summary
+    print(json.dumps(summary, indent=1))  # shown on failure whole, with the history
+    assert report.violations == [], report.violations
     assert sum(report.partitions.values()) >= 3, f"too few partitions to mean much: {summary}"
     assert report.early >= 5, summary
     assert report.daemon_kills + report.member_kills, summary
