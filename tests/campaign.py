@@ -722,13 +722,14 @@ class GroupCampaign:
     """`vms` daemons of one concurrency group (`max: 1`, ttl 5) against a real 3-member etcd,
     each through a proxy of its own, so that one can be cut off from etcd alone; every VM gets
     a Reboot of its own again and again (NotBefore a little over the 10-minute lead away, so a
-    slot is asked for at once), drains for seconds; meanwhile, at seeded random instants (or
-    right after a drain started), one daemon is partitioned from etcd (held or reset) and
-    healed, etcd members (one, or two: the quorum) are killed and started again, daemons are
-    killed -9 and started again. Checked from the simulator's approvals and the hooks' log: at
-    no instant are more than `max` VMs between the start of their before-hooks and an early
-    approval; every event is approved early or prepared and started by the platform at its
-    NotBefore; every daemon up keeps polling; state files load; no daemon reports a defect.
+    slot is asked for at once), drains for seconds; meanwhile, at seeded random instants (and
+    half the time right after a drain started), one daemon is partitioned from etcd (held or
+    reset) and healed, etcd members (one, or two: the quorum) are killed and started again,
+    daemons are killed -9 and started again. Checked from the simulator's approvals and the
+    hooks' log: at no instant are more than `max` VMs between the start of their before-hooks
+    and an early approval; every event is approved early or prepared and started by the
+    platform at its NotBefore; every daemon up keeps polling; state files load; no daemon
+    reports a defect.
 
     Time is compressed once: an event that got no slot by its lead prepares without one and
     waits for NotBefore, ten minutes on; once its drain has ended, the campaign brings its
@@ -833,7 +834,7 @@ class GroupCampaign:
             ahead = (
                 self.rng.uniform(15, 30) if near else WINDOW_LEAD + self.rng.uniform(*lead_extra)
             )
-            drain = round(self.rng.uniform(2, 8), 1)
+            drain = round(self.rng.uniform(3, 9), 1)
             event_id = self.sim.add_from_spec(
                 {
                     "EventType": "Reboot",
@@ -881,23 +882,14 @@ class GroupCampaign:
         return sorted({vm for _, vm in running} & up)
 
     def fault(self) -> None:
-        kind = self.rng.choices(["partition", "member", "daemon"], [5, 2, 2])[0]
+        """One fault at a random instant: a partition, etcd members or a daemon killed."""
+        kind = self.rng.choices(["partition", "member", "daemon"], [4, 2, 2])[0]
         now = time.monotonic()
         if kind == "partition":
-            draining = self.draining()
             busy = {who for _, what, who in self.pending if what == "heal"}
-            chosen = draining if draining and self.rng.random() < 0.6 else self.vms
-            targets = [vm for vm in chosen if vm not in busy]
-            if not targets:
-                return
-            vm = self.rng.choice(targets)
-            mode = self.rng.choice(["hold", "reset"])
-            seconds = self.rng.uniform(2, 12)
-            self.etcd_proxies[vm].set(mode)
-            why = "while draining" if vm in draining else "at a random instant"
-            self.note(f"{vm} cut off from etcd ({mode}) {why} for {seconds:.1f} s")
-            self.report.partitions[mode] += 1
-            self.pending.append((now + seconds, "heal", vm))
+            targets = [vm for vm in self.vms if vm not in busy]
+            if targets:
+                self.partition(self.rng.choice(targets), "at a random instant")
         elif kind == "member":
             up = [i for i, p in enumerate(self.cluster.procs) if p is not None and p.poll() is None]
             if len(up) < 3:
@@ -919,6 +911,26 @@ class GroupCampaign:
             self.note(f"{vm}'s daemon killed -9")
             self.report.daemon_kills += 1
             self.pending.append((now + self.rng.uniform(0.5, 4), "daemon", vm))
+
+    def partition(self, vm: str, why: str) -> None:
+        """Cut `vm` off from etcd (held or reset) for 3-14 s: often past its lease's ttl."""
+        mode = self.rng.choice(["hold", "reset"])
+        seconds = self.rng.uniform(3, 14)
+        self.etcd_proxies[vm].set(mode)
+        self.note(f"{vm} cut off from etcd ({mode}) {why} for {seconds:.1f} s")
+        self.report.partitions[mode] += 1
+        self.pending.append((time.monotonic() + seconds, "heal", vm))
+
+    def on_drain_started(self, seen: set[tuple[str, str, str]]) -> None:
+        """The chosen moment: half the drains are followed at once by a partition of their VM
+        from etcd (while it holds the slot, most likely)."""
+        for f in _hook_log(self.log):
+            if f[0] != "start" or f[2] != "before" or (f[1], f[3], f[4]) in seen:
+                continue
+            seen.add((f[1], f[3], f[4]))
+            busy = {who for _, what, who in self.pending if what == "heal"}
+            if f[3] not in busy and self.rng.random() < 0.5:
+                self.partition(f[3], f"right after its drain of {f[1][:8]} started")
 
     def undo_due(self, everything: bool = False) -> None:
         now = time.monotonic()
@@ -955,10 +967,12 @@ class GroupCampaign:
                 _wait(lambda vm=vm: self.daemons[vm].seen("document_changed"), 20)  # type: ignore[union-attr]
             end = time.monotonic() + seconds
             next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
+            drains: set[tuple[str, str, str]] = set()
             while time.monotonic() < end:
                 self.inject(lead_extra)
                 self.settle_events()
                 self.undo_due()
+                self.on_drain_started(drains)
                 if time.monotonic() >= next_fault:
                     self.fault()
                     next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
