@@ -1066,7 +1066,8 @@ class GroupCampaign:
             if vm in vms and (name.startswith("slot_") or name in _TOLD):
                 at = _wall(rec.get("timestamp"))
                 detail = rec.get("cause") or rec.get("kind") or rec.get("reason") or ""
-                lines.append((at, f"{vm}: {name} {str(detail)[:80]}"))
+                event = str(rec.get("event_id", ""))[:8]
+                lines.append((at, f"{vm}: {name} {event} {str(detail)[:80]}".rstrip()))
         self.report.history += [f"{_clock(t)} {text}" for t, text in sorted(lines) if lo <= t <= hi]
 
 
