@@ -1068,6 +1068,7 @@ class GroupCampaign:
                 detail = rec.get("cause") or rec.get("kind") or rec.get("reason") or ""
                 event = str(rec.get("event_id", ""))[:8]
                 lines.append((at, f"{vm}: {name} {event} {str(detail)[:80]}".rstrip()))
+        self.report.history.append(f"-- {' and '.join(sorted(vms))} at once:")
         self.report.history += [f"{_clock(t)} {text}" for t, text in sorted(lines) if lo <= t <= hi]
 
 

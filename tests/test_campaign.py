@@ -73,5 +73,5 @@ def test_a_group_under_etcd_partitions_and_kills_never_has_two_vms_in_early_main
     print(json.dumps(summary, indent=1))  # shown on failure whole, with the history
     assert report.violations == [], report.violations
     assert sum(report.partitions.values()) >= 3, f"too few partitions to mean much: {summary}"
-    assert report.early >= 5, summary
+    assert report.early >= 3, summary
     assert report.daemon_kills + report.member_kills, summary
