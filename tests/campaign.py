@@ -959,7 +959,7 @@ class GroupCampaign:
 
     # ---- the run ------------------------------------------------------------------------
 
-    def run(self, seconds: float, lead_extra: tuple[float, float] = (10, 45)) -> GroupReport:
+    def run(self, seconds: float, lead_extra: tuple[float, float] = (10, 30)) -> GroupReport:
         try:
             for vm in self.vms:
                 self.start(vm)
@@ -1135,9 +1135,7 @@ def main() -> int:
 
             with Cluster(work / "etcd") as cluster:
                 report: Any = (
-                    GroupCampaign(work, args.seed, cluster, args.vms).run(
-                        args.seconds, lead_extra=(10, 120)
-                    )
+                    GroupCampaign(work, args.seed, cluster, args.vms).run(args.seconds)
                     if args.group
                     else FleetCampaign(work, args.seed, cluster).run(args.kills)
                 )
