@@ -764,6 +764,7 @@ class GroupCampaign:
         self.records: list[tuple[str, dict[str, Any]]] = []  # (vm, log record), every run
         self.events: dict[str, GroupEvent] = {}
         self.free_at = {vm: 0.0 for vm in self.vms}  # when a VM may get its next event
+        self.current: dict[str, str] = {}  # each VM's latest event
         self.faults: list[tuple[float, str]] = []  # (time.time(), what): the fault timeline
         self.pending: list[tuple[float, str, Any]] = []  # (monotonic, heal|member|daemon, who)
         self.report = GroupReport(seed, vms)
@@ -826,9 +827,7 @@ class GroupCampaign:
         lead (a slot is asked for), some inside it (prepared at once without one)."""
         now = time.time()
         for vm in self.vms:
-            if self.free_at[vm] > now or any(
-                e.vm == vm and not self._over(e) for e in self.events.values()
-            ):
+            if self.free_at[vm] > now:
                 continue
             near = self.rng.random() < 0.15
             ahead = (
@@ -844,11 +843,9 @@ class GroupCampaign:
                 }
             )
             self.events[event_id] = GroupEvent(event_id, vm, now, now + ahead, drain)
+            self.current[vm] = event_id
             self.free_at[vm] = float("inf")  # set once this one is over
             self.report.events += 1
-
-    def _over(self, e: GroupEvent) -> bool:
-        return e.event_id not in self.sim.event_ids()
 
     def settle_events(self) -> None:
         """Frees VMs whose event is over (after a pause), and brings NotBefore to now for an
@@ -857,10 +854,11 @@ class GroupCampaign:
         present = set(self.sim.event_ids())
         ended = {(f[1], f[3]) for f in _hook_log(self.log) if f[0] == "end" and f[2] == "before"}
         approved = {a.event_id for a in self.sim.approvals}
+        for vm, event_id in self.current.items():
+            if event_id not in present and self.free_at[vm] == float("inf"):
+                self.free_at[vm] = now + self.rng.uniform(1, 4)
         for e in self.events.values():
             if e.event_id not in present:
-                if self.free_at[e.vm] == float("inf"):
-                    self.free_at[e.vm] = now + self.rng.uniform(1, 4)
                 continue
             lead_passed = now > e.not_before - WINDOW_LEAD
             prepared = (e.event_id, e.vm) in ended and e.event_id not in approved
