@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from generate import between, refresh
 
-from scheduledeventsd import schema
-from scheduledeventsd.schema import Key, Kind, Value
+from scheduledeventsd.config import schema
+from scheduledeventsd.config.schema import Key, Kind, Value
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

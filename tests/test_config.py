@@ -112,7 +112,7 @@ extra: 1
     assert all(p.startswith(f"{path}: ") for p in found)
     text = "\n".join(found)
     for expected in (
-        "metadata.url: must be an http:// URL",
+        "metadata.url: must be an http(s):// URL",
         "metadata.poll_interval: must be between 0.25 and 60",
         "metadata.timeout: must be a number of seconds, got a string",
         "metadata.retries: unknown key",
@@ -317,7 +317,7 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
     )
     assert any(
         p.endswith(
-            "approve: approve: all needs a coordination section (etcd, gate or pacemaker) "
+            "approve: approve: all needs coordination (etcd or gate) or cluster.pacemaker "
             "to learn when the other VMs an event names are ready"
         )
         for p in found
@@ -328,7 +328,8 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
         "events:\n  Reboot:\n    before: [h]\n    approve: all\n",
     )
     assert any(
-        "events.Reboot.approve: approve: all needs a coordination section" in p for p in found
+        "events.Reboot.approve: approve: all needs coordination (etcd or gate)" in p
+        for p in found
     )
 
 
@@ -339,12 +340,14 @@ def test_coordination_takes_exactly_one_of_etcd_or_gate(tmp_path, hook):
         f"  gate:\n    command: [{hook}]\nhooks: {{}}\nevents: {{}}\n",
     )
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got etcd and gate" in p
+        "coordination: must set exactly one of etcd or gate (a Pacemaker cluster goes under "
+        "cluster.pacemaker), got etcd and gate" in p
         for p in found
     )
     found = problems(tmp_path, "coordination: {}\nhooks: {}\nevents: {}\n")
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got neither" in p
+        "coordination: must set exactly one of etcd or gate (a Pacemaker cluster goes under "
+        "cluster.pacemaker), got neither" in p
         for p in found
     )
 

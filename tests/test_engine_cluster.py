@@ -39,7 +39,7 @@ from scheduledeventsd.engine import (
 )
 from scheduledeventsd.hooks import GATE_LATER
 from scheduledeventsd.records import Level, Record, What
-from scheduledeventsd.schema import WEBHOOK_EVENTS
+from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of

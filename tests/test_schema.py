@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config, schema
+from scheduledeventsd import config
+from scheduledeventsd.config import schema
 from scheduledeventsd.providers import DEFAULT_URLS, Provider
-from scheduledeventsd.schema import Key, Kind
+from scheduledeventsd.config.schema import Key, Kind
 
 ROOT = Path(__file__).parents[1]
 CONCRETE = {"NAME": "drain", "TYPE": "Reboot"}

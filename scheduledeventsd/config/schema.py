@@ -1,81 +1,34 @@
 """Every configuration key, declared once: its place, kind, default, range or choices and one
 line of documentation.
 
-config.py takes from here which keys a section allows, every range and default it checks;
+The walker (walker.py) checks every value by its kind, range, choices and `required` from here;
 docs/config.py writes the README's reference, the man page's CONFIGURATION section and the
 shipped etc/scheduledeventsd/config.yaml from here (a test fails when one is stale).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Optional, Union
 
-# A documented default: YAML-shaped data (what the shipped file shows), never a Python object.
-Value = Union[None, bool, int, float, str, list["Value"], dict[str, "Value"]]
+from .kinds import Key, Kind, Value
 
-
-class Kind(str, enum.Enum):
-    """What a key holds, as the reference names it."""
-
-    SECTION = "mapping of the keys below"
-    NAMED = "mapping of names you choose"
-    LIST = "list"
-    SECONDS = "seconds"
-    WHOLE = "whole number"
-    TEXT = "string"
-    CHOICE = "one of"
-    PATH = "absolute path"
-    URL = "URL"
-    ARGV = "argv list"
-    HOOK_NAMES = "list of hook names"
-    ADDRESS = "ADDRESS:PORT"
-    BOOL = "true or false"
-    CLOCK = "HH:MM"
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key. `path` spells a place as the reference shows it: `NAME`/`TYPE` stand for a name
-    you choose, `[]` for any item of a list (`hooks.NAME[].timeout`, `webhooks[].url`)."""
-
-    path: str
-    kind: Kind
-    doc: str
-    default: Value = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-    choices: tuple[tuple[str, str], ...] = ()  # (value, what it means)
-    example: Optional[str] = None  # for a key whose default is empty: a value worth showing
-    required: bool = False  # within its section, when the section is given
-    default_text: Optional[str] = None  # a default that is not a value (e.g. "as after")
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit(".", 1)[-1]
-
-    @property
-    def parent(self) -> str:
-        return self.path.rpartition(".")[0]
-
-    @property
-    def pattern(self) -> str:
-        """The path with every chosen name and list item as `*` (`hooks.*.timeout`)."""
-        parts = []
-        for part in self.path.split("."):
-            name = part.removesuffix("[]")
-            if name in ("NAME", "TYPE"):
-                parts.append("*")
-            else:
-                parts += [name, "*"] if part.endswith("[]") else [name]
-        return ".".join(parts)
-
-    @property
-    def values(self) -> tuple[str, ...]:
-        return tuple(value for value, _ in self.choices)
-
+__all__ = [
+    "APPROVE_CHOICES",
+    "BY_PATH",
+    "HOOK_DIR",
+    "KEYS",
+    "WEBHOOK_EVENTS",
+    "Key",
+    "Kind",
+    "Value",
+    "bounds",
+    "children",
+    "key",
+    "key_paths",
+    "number",
+    "strings",
+    "text",
+]
 
 HOOK_DIR = "/etc/scheduledeventsd/hooks"
 WEBHOOK_EVENTS = (
@@ -368,8 +321,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination",
         Kind.SECTION,
-        "How VMs sharing an event learn the others are ready (approve: all); etcd, gate or "
-        "pacemaker.",
+        "How VMs sharing an event learn the others are ready (approve: all), and where "
+        "concurrency keeps its slots: etcd or gate.",
     ),
     Key(
         "coordination.etcd",
@@ -447,12 +400,19 @@ KEYS: tuple[Key, ...] = (
         3600,
     ),
     Key(
-        "coordination.pacemaker",
+        "cluster",
         Kind.SECTION,
-        "Instead: this VM is a Pacemaker node; the cluster moves its resources away first.",
+        "The cluster this VM is a node of, drained before its maintenance; independent of "
+        "coordination and concurrency (a slot is taken first, then the node drained).",
     ),
     Key(
-        "coordination.pacemaker.method",
+        "cluster.pacemaker",
+        Kind.SECTION,
+        "This VM is a Pacemaker node: the cluster moves its resources away before an event "
+        "(formerly coordination.pacemaker, still read there with a warning).",
+    ),
+    Key(
+        "cluster.pacemaker.method",
         Kind.CHOICE,
         "How this node is marked as going away.",
         "health",
@@ -462,26 +422,26 @@ KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
-        "coordination.pacemaker.attribute",
+        "cluster.pacemaker.attribute",
         Kind.TEXT,
         "method health: the node attribute set to -1000000, then 0 (a #health-* name).",
         "#health-scheduledevents",
     ),
     Key(
-        "coordination.pacemaker.event_types",
+        "cluster.pacemaker.event_types",
         Kind.LIST,
         "Types that drain this node first (a Freeze's pause is shorter than a move).",
         ["Reboot", "Redeploy", "Preempt", "Terminate"],
     ),
     Key(
-        "coordination.pacemaker.nodes",
+        "cluster.pacemaker.nodes",
         Kind.NAMED,
         "VM name (as in Resources) -> cluster node name; default: the same, case-insensitive.",
         {},
         example="{sap-vm-1: hana1, sap-vm-2: hana2}",
     ),
     Key(
-        "coordination.pacemaker.drain_timeout",
+        "cluster.pacemaker.drain_timeout",
         Kind.SECONDS,
         "For the resources to leave this node (at most until NotBefore); then hold.",
         600,
@@ -489,7 +449,7 @@ KEYS: tuple[Key, ...] = (
         86400,
     ),
     Key(
-        "coordination.pacemaker.min_healthy",
+        "cluster.pacemaker.min_healthy",
         Kind.WHOLE,
         "Never drain when fewer other nodes would stay online and healthy; hold instead.",
         1,
@@ -612,6 +572,12 @@ def text(path: str) -> str:
     default = BY_PATH[path].default
     assert isinstance(default, str), path  # noqa: S101 - a declaration error
     return default
+
+
+def strings(path: str) -> list[str]:
+    default = BY_PATH[path].default
+    assert isinstance(default, list), path  # noqa: S101 - a declaration error
+    return [str(item) for item in default]
 
 
 def key_paths() -> frozenset[str]:

@@ -1,0 +1,5 @@
+"""Moved to scheduledeventsd.config.schema (issue 27); kept while branches that import it from
+here are merged. Import scheduledeventsd.config.schema."""
+
+from .config.schema import *  # noqa: F403
+from .config.schema import __all__ as __all__
