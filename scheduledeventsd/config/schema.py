@@ -321,8 +321,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination",
         Kind.SECTION,
-        "How VMs sharing an event learn the others are ready (approve: all), and where "
-        "concurrency keeps its slots: etcd or gate.",
+        "How VMs sharing an event learn the others are ready (approve: all): etcd (which "
+        "also keeps concurrency's slots) or a gate.",
     ),
     Key(
         "coordination.etcd",
