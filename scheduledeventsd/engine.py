@@ -2100,9 +2100,9 @@ def _spent(sent: tuple[float, ...], now: float, at: float) -> tuple[float, ...]:
 
 def _coordinate(state: State, now: float, out: list[Effect]) -> State:
     """Shared events waiting for the other VMs: start (or restart) the watch or the gate."""
-    coordination = state.config.coordination
-    if coordination is None and _pacemaker(state) is None:
-        return state  # with a cluster alone, its nodes' drains say who is ready (AskGate)
+    via = state.config.ready_via
+    if via is None:
+        return state
     for event_id, t in state.events.items():
         announce = t.phase is Phase.HOOKS_FAILED and event_id in state.peers
         if t.phase is not Phase.COORDINATING and not announce:
@@ -2111,7 +2111,7 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
         if peers.asking or now < peers.next_at:
             continue
         vm_name = t.vm_name or state.vm_name
-        if coordination is not None and coordination.etcd is not None:
+        if via == "etcd":
             out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
         else:
             state, run = _new_run(state, event_id)
@@ -2845,13 +2845,13 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
             reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
     others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
-    coordination = state.config.coordination
-    if policy is ApprovePolicy.ALL and others and coordination is not None:
+    via = state.config.ready_via
+    if policy is ApprovePolicy.ALL and others and via is not None:
         return Phase.COORDINATING, _note(
             Level.INFO,
             What.EVENT_COORDINATING,
             event,
-            via=coordination.via,
+            via=via,
             other_resources=" ".join(others),
             reason="shared: approved once every VM it names is ready",
         )

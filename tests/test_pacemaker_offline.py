@@ -68,7 +68,7 @@ def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, mo
 
     raw = {"coordination": {"pacemaker": {}}, "hooks": {}, "events": {}}
     config.parse(raw, "t.yaml", check_files=True)  # installed: accepted
-    monkeypatch.setattr(config, "TOOL_PATH", str(tmp_path))  # a machine without them
+    monkeypatch.setattr(config.fleet, "TOOL_PATH", str(tmp_path))  # a machine without them
     with pytest.raises(config.ConfigError) as e:
         config.parse(raw, "t.yaml", check_files=True)
     (problem,) = e.value.problems

@@ -234,6 +234,14 @@ class Config:
     provider_why: str = "the default"  # how `provider` was chosen (check-config says it)
     warnings: tuple[str, ...] = ()  # not errors: said by check-config and logged at start
 
+    @property
+    def ready_via(self) -> Optional[str]:
+        """How a shared event learns the other VMs it names are ready (approve: all): etcd or
+        the gate when `coordination` is set, else the drains of the Pacemaker cluster's nodes."""
+        if self.coordination is not None:
+            return self.coordination.via
+        return "pacemaker" if self.cluster is not None else None
+
     def policy(self, event_type: str) -> ApprovePolicy:
         """An event type's own `approve`, else the top-level one."""
         rule = self.events.get(event_type)
