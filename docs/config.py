@@ -188,7 +188,7 @@ def _needs_example(section: Key) -> bool:
     """A section off by default that, once given, needs keys of its own, or that holds
     sections of which the one given is used (coordination, cluster): shown commented."""
     below = [k for k in schema.KEYS if k.path.startswith(f"{section.path}.")]
-    return any(k.required or k.parent == section.path and k.kind is Kind.SECTION for k in below)
+    return any(k.required or (k.parent == section.path and k.kind is Kind.SECTION) for k in below)
 
 
 _ENTRY = {"hooks": "Each command of a hook holds", "events": "Each event type's mapping holds"}

@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from .config import Config
     from .imds import MetadataClient
 
-__all__ = ["DEFAULT_URLS", "DMI_DIR", "DOCUMENTATION", "Detected", "Provider", "client_for", "detect"]
+__all__ = [
+    "DEFAULT_URLS",
+    "DMI_DIR",
+    "DOCUMENTATION",
+    "Detected",
+    "Provider",
+    "client_for",
+    "detect",
+]
 
 DOCUMENTATION = {
     Provider.AZURE: "https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events",

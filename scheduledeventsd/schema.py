@@ -2,4 +2,3 @@
 here are merged. Import scheduledeventsd.config.schema."""
 
 from .config.schema import *  # noqa: F403
-from .config.schema import __all__ as __all__

@@ -328,8 +328,7 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
         "events:\n  Reboot:\n    before: [h]\n    approve: all\n",
     )
     assert any(
-        "events.Reboot.approve: approve: all needs coordination (etcd or gate)" in p
-        for p in found
+        "events.Reboot.approve: approve: all needs coordination (etcd or gate)" in p for p in found
     )
 
 
@@ -696,7 +695,9 @@ def test_the_old_spelling_coordination_pacemaker_loads_the_same_cluster_with_a_w
 
 
 def test_the_old_spelling_is_checked_where_it_is_written_and_not_beside_the_new_one(tmp_path):
-    found = problems(tmp_path, "hooks: {}\nevents: {}\ncoordination:\n  pacemaker:\n    method: x\n")
+    found = problems(
+        tmp_path, "hooks: {}\nevents: {}\ncoordination:\n  pacemaker:\n    method: x\n"
+    )
     assert any(
         p.endswith("coordination.pacemaker.method: must be one of health, standby, got 'x'")
         for p in found

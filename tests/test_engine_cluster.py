@@ -17,6 +17,7 @@ from scheduledeventsd.config import (
     EventRule,
     Pacemaker,
 )
+from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.engine import (
     CLUSTER_CHECK,
     AcquireSlot,
@@ -39,8 +40,8 @@ from scheduledeventsd.engine import (
     Persist,
     Phase,
     PostApproval,
-    Reloaded,
     ReleaseSlot,
+    Reloaded,
     RestoreNode,
     SlotGranted,
     SpawnHooks,
@@ -50,7 +51,6 @@ from scheduledeventsd.engine import (
 )
 from scheduledeventsd.hooks import GATE_LATER
 from scheduledeventsd.records import Level, Record, What
-from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import config
 from scheduledeventsd.config import schema
-from scheduledeventsd.providers import DEFAULT_URLS, Provider
 from scheduledeventsd.config.schema import Key, Kind
+from scheduledeventsd.providers import DEFAULT_URLS, Provider
 from scheduledeventsd.windows import Window
 
 ROOT = Path(__file__).parents[1]
@@ -260,7 +260,7 @@ def test_every_settings_field_has_its_schema_key_and_every_key_its_field(section
     keys = set(schema.children(section))
     assert fields - set(renamed) - keys == set(), "fields without a schema key"
     assert keys - set(unheld) - fields == set(), "schema keys without a field"
-    for name, path in renamed.items():
+    for path in renamed.values():
         assert path is None or path in schema.BY_PATH, path
 
 

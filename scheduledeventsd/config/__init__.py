@@ -46,6 +46,7 @@ from .settings import (
     UserEvents,
     Webhook,
     WebhookFormat,
+    frozen,
 )
 from .walker import Checker
 from .yaml import MAX_FILE, MAX_PROBLEM, bounded, parse_yaml, read_bounded
@@ -154,8 +155,8 @@ def _hooks(c: Checker, given: Mapping[str, Any], top: Mapping[str, Any]) -> Mapp
     if given.get("hooks") is None:
         # The defaults are checked like written ones: a missing default hook is found now,
         # not when the first event arrives.
-        return sections.frozen(sections.hooks(c, schema.key("hooks").default, "hooks (default)"))
-    return sections.frozen(sections.hooks(c, top.get("hooks", {})))
+        return frozen(sections.hooks(c, schema.key("hooks").default, "hooks (default)"))
+    return frozen(sections.hooks(c, top.get("hooks", {})))
 
 
 def _events(
@@ -164,7 +165,7 @@ def _events(
     if given.get("events") is None:
         logic.default_events_defined(c, sections.DEFAULT_NAMED, hooks)
         return DEFAULT_EVENTS
-    return sections.frozen(sections.events(c, top.get("events", {}), hooks))
+    return frozen(sections.events(c, top.get("events", {}), hooks))
 
 
 def _cluster(c: Checker, top: Mapping[str, Any], old: Any) -> Optional[Pacemaker]:  # noqa: ANN401

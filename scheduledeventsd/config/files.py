@@ -12,6 +12,7 @@ from typing import Optional
 
 from .walker import Checker
 
+
 def check_executable(c: Checker, where: str, path: str) -> str:
     """The path to run: the real file behind any symlink, checked, with every directory above
     it, so that no one but root can replace what was checked before it runs."""

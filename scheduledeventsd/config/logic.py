@@ -97,7 +97,7 @@ def one_coordination(c: Checker, fields: Mapping[str, Any]) -> Optional[str]:
 
 def old_cluster_spelling(
     c: Checker, top: Mapping[str, Any]
-) -> tuple[dict[str, Any], Any, list[str]]:  # noqa: ANN401
+) -> tuple[dict[str, Any], Any, list[str]]:
     """`coordination.pacemaker` (the spelling before coordination and cluster were split) taken
     out of the top level, to be read as `cluster.pacemaker`; a warning naming the new spelling.
     Given both ways, it is a problem: which one is meant?"""

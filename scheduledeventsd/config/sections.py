@@ -103,7 +103,9 @@ def events(c: Checker, raw: Any, defined: Mapping[str, Hook]) -> Mapping[str, Ev
             c.fail(where, f"must be a list of hook names or a mapping of {keys}")
             continue
         logic.fast_below_with_fast(c, where, fields)
-        rule = {name: tuple(v) if isinstance(v, list) else v for name, v in fields.items()}
+        rule: dict[str, Any] = {
+            name: tuple(v) if isinstance(v, list) else v for name, v in fields.items()
+        }
         rule.setdefault("cancelled", rule.get("after", ()))
         if "approve" in rule:
             rule["approve"] = logic.approve_policy(rule["approve"])
@@ -134,7 +136,10 @@ def windows(c: Checker, entries: list[Entry]) -> tuple[Window, ...]:
         fields = entry.fields
         days = fields.get("days", schema.strings("windows[].days"))
         if not days or not all(d in DAYS for d in days):
-            c.fail(f"{entry.where}.days", f"must be a non-empty list of {', '.join(DAYS)}, got {days!r}")
+            c.fail(
+                f"{entry.where}.days",
+                f"must be a non-empty list of {', '.join(DAYS)}, got {days!r}",
+            )
             days = list(DAYS)
         name = fields.get("timezone", schema.text("windows[].timezone"))
         zone = _zone(name)

@@ -19,6 +19,7 @@ from . import schema
 from .provider import DEFAULT_URLS, Provider
 from .schema import WEBHOOK_EVENTS
 
+
 class ApprovePolicy(str, enum.Enum):
     """Approving lets an event proceed for every VM it names: `sole` never rushes a neighbour."""
 
