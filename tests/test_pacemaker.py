@@ -129,7 +129,7 @@ class Nodes:
                 t: {"before": ["before"], "after": ["after"], "cancelled": ["after"]}
                 for t in ("Reboot", "Preempt", "Freeze")
             },
-            coordination={"pacemaker": {"drain_timeout": 30, **pacemaker}},
+            cluster={"pacemaker": {"drain_timeout": 30, **pacemaker}},
             environment=environment or {},
             metrics_textfile=str(self.tmp_path / node.name / "metrics.prom"),
         )

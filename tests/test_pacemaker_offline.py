@@ -1,6 +1,8 @@
 """A daemon configured for Pacemaker on a machine whose cluster cannot be reached (the real
 cluster tools, no cluster in this network namespace): it says so at start, holds the drain
-(`tool_failed`), runs the before-hooks, never approves early, and keeps polling."""
+(`tool_failed`), runs the before-hooks, never approves early, and keeps polling. These configs
+keep the old spelling `coordination.pacemaker` on purpose: a file written before `cluster` was
+split from `coordination` still runs the daemon the same (tests/test_pacemaker.py uses the new)."""
 
 from __future__ import annotations
 
