@@ -415,7 +415,7 @@ def test_a_failed_restore_keeps_the_mark_and_a_restart_takes_it_off():
 
 
 def test_a_reload_removing_pacemaker_still_takes_our_mark_off_at_the_event_end():
-    """Issue 26 #8b: with `coordination.pacemaker` reloaded away, the mark is taken off the way
+    """Issue 26 #8b: with `cluster.pacemaker` reloaded away, the mark is taken off the way
     it was set (the effect carries it), not forgotten."""
     m = machine()
     seen(m, due_in(600))
