@@ -94,8 +94,7 @@ def pacemaker(c: Checker, fields: dict[str, Any], where: str) -> Pacemaker:
                 f"unknown event type {unknown[0]!r} (expected: {', '.join(EVENT_TYPES)})",
             )
         fields["event_types"] = tuple(t for t in EVENT_TYPES if t in types)
-    if "nodes" in fields:
-        fields["nodes"] = _nodes(c, fields["nodes"], f"{where}.nodes")
+    fields["nodes"] = _nodes(c, fields.get("nodes", {}), f"{where}.nodes")
     if c.check_files:
         lacking = [t for t in CLUSTER_TOOLS if shutil.which(t, path=TOOL_PATH) is None]
         if lacking:

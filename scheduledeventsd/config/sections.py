@@ -106,6 +106,8 @@ def events(c: Checker, raw: Any, defined: Mapping[str, Hook]) -> Mapping[str, Ev
         rule: dict[str, Any] = {
             name: tuple(v) if isinstance(v, list) else v for name, v in fields.items()
         }
+        if isinstance(entry, dict) and "cancelled" in entry and entry["cancelled"] is None:
+            rule["cancelled"] = ()  # written empty: none (not given at all: as after)
         rule.setdefault("cancelled", rule.get("after", ()))
         if "approve" in rule:
             rule["approve"] = logic.approve_policy(rule["approve"])
@@ -188,8 +190,7 @@ def webhooks(c: Checker, entries: list[Entry]) -> tuple[Webhook, ...]:
             fields["format"] = WebhookFormat(fields["format"])
         if "on" in fields:
             fields["on"] = _on(c, f"{entry.where}.on", fields["on"])
-        if "headers" in fields:
-            fields["headers"] = _headers(c, f"{entry.where}.headers", fields["headers"])
+        fields["headers"] = _headers(c, f"{entry.where}.headers", fields.get("headers", {}))
         if "url" in fields:
             found.append(Webhook(**fields))
     return tuple(found)
