@@ -16,10 +16,6 @@ from .walker import Checker, Entry
 OLD_CLUSTER = "coordination.pacemaker"
 
 
-def approve_policy(value: str) -> ApprovePolicy:
-    return ApprovePolicy(value)
-
-
 def first_call_after_timeout(c: Checker, fields: dict[str, Any]) -> None:
     """metadata.first_call_timeout is at least metadata.timeout; its default grows with it."""
     timeout = fields.get("timeout", schema.number("metadata.timeout"))

@@ -16,6 +16,7 @@ from .provider import DEFAULT_URLS, Provider, detect
 from .schema import WEBHOOK_EVENTS
 from .settings import (
     STAGES,
+    ApprovePolicy,
     ConfigError,
     EventRule,
     HealthFrom,
@@ -110,7 +111,7 @@ def events(c: Checker, raw: Any, defined: Mapping[str, Hook]) -> Mapping[str, Ev
             rule["cancelled"] = ()  # written empty: none (not given at all: as after)
         rule.setdefault("cancelled", rule.get("after", ()))
         if "approve" in rule:
-            rule["approve"] = logic.approve_policy(rule["approve"])
+            rule["approve"] = ApprovePolicy(rule["approve"])
         rules[event_type] = EventRule(**rule)
     return rules
 
