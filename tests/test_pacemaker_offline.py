@@ -76,3 +76,30 @@ def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, mo
     (problem,) = e.value.problems
     assert problem.startswith("t.yaml: coordination.pacemaker: the cluster tools are missing")
     assert "pacemaker-cli-utils" in problem
+
+
+def test_with_a_gate_and_a_cluster_a_shared_event_asks_the_gate_not_the_cluster(
+    daemons, sim, hooks
+):
+    """Issue 27: `cluster` beside `coordination.gate`. A shared Freeze (a type the cluster does
+    not drain for) waits for the other VMs through the gate the file names: the daemon runs it
+    and approves on its 0. Before, with a drainer present, every gate question went to the
+    cluster (which, unreachable here, would never answer yes)."""
+    before = hooks.recorder("before")
+    gate = hooks.recorder("gate")
+    cfg = daemons.config(
+        vm_name="vm-a",
+        approve="all",
+        hooks={"before": [{"command": [before]}]},
+        events={"Freeze": ["before"]},
+        coordination={"gate": {"command": [gate], "interval": 1}},
+        cluster={"pacemaker": {}},
+    )
+    daemon = daemons.start(cfg)
+    daemon.wait_log("cluster_unready", timeout=20)
+    event_id = sim.add_event("Freeze", ["vm-a", "vm-b"], not_before_in=600)
+    coordinating = daemon.wait_log("event_coordinating", timeout=20)
+    assert coordinating["via"] == "gate"
+    wait_for(lambda: any(a.event_id == event_id for a in sim.approvals), 20, "the approval")
+    assert hooks.order() == ["before", "gate"]
+    assert "SCHEDULED_EVENT_STAGE=gate" in (hooks.out / "gate.env").read_text()
