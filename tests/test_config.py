@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -721,3 +723,21 @@ def test_a_gate_and_a_cluster_load_together(tmp_path, hook):
     )
     assert cfg.coordination.gate.command.argv == (hook,)
     assert cfg.cluster is not None
+
+
+def test_the_settings_and_their_checks_import_no_yaml():
+    """The engine takes its types from scheduledeventsd.config (issue 27: it imported config.py,
+    and with it PyYAML, for them): PyYAML is imported only where a file is read."""
+    code = (
+        "import sys\n"
+        "import scheduledeventsd.config as c\n"
+        "c.parse({'hooks': {}, 'events': {}}, 'x', check_files=False)\n"
+        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+        "c.parse_yaml('a: 1')\n"
+        "assert 'yaml' in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

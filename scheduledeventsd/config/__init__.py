@@ -18,8 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml as pyyaml
-
 from . import files, fleet, logic, schema, sections
 from .fleet import CLUSTER_TOOLS, TOOL_PATH
 from .provider import Provider
@@ -48,15 +46,13 @@ from .settings import (
     WebhookFormat,
     frozen,
 )
-from .walker import Checker
-from .yaml import MAX_FILE, MAX_PROBLEM, bounded, parse_yaml, read_bounded
+from .walker import MAX_PROBLEM, Checker
 
 __all__ = [
     "CLUSTER_TOOLS",
     "DEFAULT_EVENTS",
     "DEFAULT_HOOKS",
     "DEFAULT_PATH",
-    "MAX_FILE",
     "MAX_PROBLEM",
     "STAGES",
     "TOOL_PATH",
@@ -204,23 +200,19 @@ def _provider_warnings(
     return tuple(found)
 
 
-def load(path: Path, *, reader: Callable[[Path], str] = read_bounded) -> Config:
+def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
+    """YAML as the config is read: safe, no duplicate keys, no aliases, YAML 1.2 (yaml.py).
+    PyYAML is imported where a file is read, not with the settings the engine uses."""
+    from . import yaml  # noqa: PLC0415
+
+    return yaml.parse_yaml(text)
+
+
+def load(path: Path, *, reader: Optional[Callable[[Path], str]] = None) -> Config:
     """Read and validate a config file; a missing file is an error, never silent defaults."""
-    source = str(path)
-    try:
-        text = reader(path)
-    except OSError as e:
-        raise ConfigError([f"{source}: cannot read: {e.strerror or e}"]) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError([f"{source}: not UTF-8 text: {e.reason}"]) from None
-    try:
-        raw = parse_yaml(text)
-    except pyyaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError([f"{source}: {where}: {bounded(problem)}"]) from None
-    config = parse(raw, source, path)
+    from . import yaml  # noqa: PLC0415 - see parse_yaml
+
+    config = parse(yaml.read(path, reader), str(path), path)
     return replace(config, warnings=config.warnings + _secret_warnings(config, path))
 
 

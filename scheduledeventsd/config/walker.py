@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 from . import schema
 from .kinds import Key, Kind
-from .yaml import MAX_PROBLEM, bounded
+
+MAX_PROBLEM = 300  # characters of one problem's text
 
 
 class Invalid:
@@ -102,6 +103,10 @@ class Checker:
 @dataclass(frozen=True)
 class Refused:
     problem: str
+
+
+def bounded(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM else f"{text[:MAX_PROBLEM]}..."
 
 
 def kind_of(value: Any) -> str:  # noqa: ANN401

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
 from .settings import ConfigError
+from .walker import bounded
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 MAX_FILE = 1 << 20  # bytes of a config file
-MAX_PROBLEM = 300  # characters of one problem's text
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -130,10 +130,6 @@ def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
         raise yaml.YAMLError(f"not a value YAML can hold: {bounded(str(e))}") from None
 
 
-def bounded(text: str) -> str:
-    return text if len(text) <= MAX_PROBLEM else f"{text[:MAX_PROBLEM]}..."
-
-
 def read_bounded(path: Path) -> str:
     """At most MAX_FILE bytes: a config is a few kilobytes, and SIGHUP reads it on the loop."""
     with open(path, "rb") as f:
@@ -141,3 +137,22 @@ def read_bounded(path: Path) -> str:
     if len(data) > MAX_FILE:
         raise ConfigError([f"{path}: larger than {MAX_FILE // 1024} KiB; not a configuration"])
     return data.decode("utf-8")
+
+
+def read(path: Path, reader: Optional[Callable[[Path], str]] = None) -> Any:  # noqa: ANN401
+    """The YAML value of a config file; a file that cannot be read, is no UTF-8 text or no YAML
+    is one problem, with its line and column where YAML says them."""
+    source = str(path)
+    try:
+        text = (reader or read_bounded)(path)
+    except OSError as e:
+        raise ConfigError([f"{source}: cannot read: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{source}: not UTF-8 text: {e.reason}"]) from None
+    try:
+        return parse_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError([f"{source}: {where}: {bounded(problem)}"]) from None
