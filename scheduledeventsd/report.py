@@ -204,8 +204,8 @@ def _clock(iso: Optional[str]) -> str:
 
 def sections(cfg: Config) -> list[str]:
     """`check-config`'s lines for every section beside the events and hooks, also when unset,
-    so an operator sees that each was read: windows, concurrency, coordination (Pacemaker
-    included), the HTTP endpoint, metrics, health and webhooks (a webhook by its host only: the
+    so an operator sees that each was read: windows, concurrency, coordination, the Pacemaker
+    cluster, the HTTP endpoint, metrics, health and webhooks (a webhook by its host only: the
     path of a Slack or Teams URL is its secret)."""
     from .webhooks import where  # noqa: PLC0415 - requests only for check-config
 
@@ -218,7 +218,7 @@ def sections(cfg: Config) -> list[str]:
         else f"concurrency: group {slots.group}, {slots.max} slot(s), ttl {slots.ttl}s, by etcd"
     )
     co = cfg.coordination
-    if co is None or (co.etcd is None and co.gate is None and co.pacemaker is None):
+    if co is None or (co.etcd is None and co.gate is None):
         lines.append("coordination: none")
     if co is not None and co.etcd is not None:
         lines.append(
@@ -231,11 +231,13 @@ def sections(cfg: Config) -> list[str]:
             f"coordination: gate {' '.join(co.gate.command.argv)} (timeout "
             f"{co.gate.command.timeout:g}s, asked every {co.gate.interval:g}s while not yet)"
         )
-    if co is not None and co.pacemaker is not None:
-        pm = co.pacemaker
+    pm = cfg.cluster
+    if pm is None:
+        lines.append("cluster:   none")
+    else:
         how = f"health ({pm.attribute})" if pm.method.value == "health" else pm.method.value
         lines.append(
-            f"coordination: pacemaker, method {how}; drains for {', '.join(pm.event_types)}; "
+            f"cluster:   pacemaker, method {how}; drains for {', '.join(pm.event_types)}; "
             f"drain_timeout {pm.drain_timeout:g}s, min_healthy {pm.min_healthy}"
         )
     listen = cfg.listen

@@ -56,17 +56,23 @@ def test_check_config_prints_every_section_it_read(daemons, hooks):
 def test_check_config_prints_none_for_each_section_left_unset(daemons):
     shown = cli("check-config", "--config", str(daemons.write_config(daemons.config())))
     assert shown.returncode == 0, shown.stderr
-    for line in ("windows:   none", "concurrency: none", "coordination: none", "http:      none"):
+    for line in (
+        "windows:   none",
+        "concurrency: none",
+        "coordination: none",
+        "cluster:   none",
+        "http:      none",
+    ):
         assert f"  {line}" in shown.stdout, line
     assert "  webhooks:  none" in shown.stdout
 
 
 @pytest.mark.skipif(not Path("/usr/sbin/crm_mon").exists(), reason="needs pacemaker-cli-utils")
 def test_check_config_shows_the_pacemaker_drain_it_read(daemons):
-    cfg = daemons.config(coordination={"pacemaker": {"method": "standby", "min_healthy": 2}})
+    cfg = daemons.config(cluster={"pacemaker": {"method": "standby", "min_healthy": 2}})
     shown = cli("check-config", "--config", str(daemons.write_config(cfg)))
     assert shown.returncode == 0, shown.stderr
-    assert "  coordination: pacemaker, method standby; drains for Reboot, Redeploy" in shown.stdout
+    assert "  cluster:   pacemaker, method standby; drains for Reboot, Redeploy" in shown.stdout
     assert "min_healthy 2" in shown.stdout
 
 
