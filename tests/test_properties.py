@@ -145,6 +145,45 @@ def step_through_the_engine(doc: Document) -> None:
     changed_under_it(queued, doc, cfg.vm_name or VM)
     state, _ = engine.step(state, Tick(), 3600.0)
     engine.step(state, DocumentFetched(Document(doc.incarnation + 1, ()), 1_800_003_600.0), 3601)
+    answered_after_a_restart(doc, cfg.vm_name or VM)
+
+
+def answered_after_a_restart(doc: Document, vm: str) -> None:
+    """Under slots through etcd and under Pacemaker: the state file of the first sight loaded
+    again, then every answer etcd's worker and the drainer can give, for every event, before
+    the first document (issue 26: SlotBusy after a restart raised, #14), then the document, and
+    a wait past the slot's ttl with no keep-alive. Every step strict; the poll goes on."""
+    for coordinated in (SLOTTED, paced(config.DrainMethod.STANDBY)):
+        cfg = dataclasses.replace(CONFIG, vm_name=vm, **coordinated)  # type: ignore[arg-type]
+        state, _ = engine.step(engine.initial(cfg, strict=True), Boot({}, "", "b"), 0.0)
+        state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+        saved = [e for e in effects if isinstance(e, Persist)]
+        loaded = (
+            Boot(saved[-1].events, "", "b", mark=saved[-1].mark) if saved else Boot({}, "", "b")
+        )
+        state, _ = engine.step(engine.initial(cfg, strict=True), loaded, 2.0)
+        for event in doc.events:
+            for message in answers_for(event.event_id, 2.0):
+                state, _ = engine.step(state, message, 3.0)
+        state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_004.0), 4.0)
+        polls_on(state, effects, 4.0)
+        state, _ = engine.step(state, Tick(), 4.0 + KEPT_TTL + 1)
+
+
+def answers_for(event_id: str, sent: float) -> tuple[engine.Message, ...]:
+    return (
+        SlotBusy(event_id, ("vm-b",)),
+        SlotFailed(event_id, "unreachable", "refused"),
+        SlotGranted(event_id, confirmed=sent),
+        SlotKept(event_id, sent + 0.5),
+        ClusterMarked(event_id, ours=True),
+        ClusterDraining(event_id, ("rsc-1",)),
+        ClusterHeld(event_id, "no_quorum"),
+        ClusterDrained(event_id),
+        ClusterRestored(event_id, "crm_attribute exited 102"),
+        ClusterRestored(event_id),
+        ClusterChecked(("no quorum",)),
+    )
 
 
 def polls_on(state: engine.State, effects: tuple[engine.Effect, ...], now: float) -> None:
