@@ -240,6 +240,9 @@ class ClusterMarked:
 
     event_id: str
     ours: bool
+    # How the drainer set it (its own settings): a reload that removed or changed
+    # coordination.pacemaker while the command ran must not make the mark go unrecorded.
+    mark: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
@@ -1694,8 +1697,9 @@ def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effe
     by someone else is left as it is."""
     settings = _pacemaker(state)
     tracked = state.events.get(msg.event_id)
-    if msg.ours and settings is not None:
-        state = replace(state, cluster_mark=mark_of(settings))
+    mark = msg.mark if msg.mark is not None else mark_of(settings) if settings else None
+    if msg.ours and mark is not None:
+        state = replace(state, cluster_mark=mark)
         _restore_unwanted(state, out)  # its event ended while the mark was being set
         return state
     if not msg.ours and tracked is not None and state.cluster_mark is None:

@@ -741,6 +741,9 @@ class ClusteredHistory(TimedHistory):
         self.asked = False  # the engine asked for something since the leap began
         self.pending: list[object] = []  # what it asked for, for "serve" to answer as asked
         self.unslotted: set[str] = set()  # prepared while no concurrency was configured
+        # How the last drainer marks the node: its command may still run after a reload or a
+        # restart that removed coordination.pacemaker.
+        self.drainer_mark: Optional[engine.ClusterMark] = None
         super().__init__(wall, windows)
         self.cfg = dataclasses.replace(self.cfg, **SLOTTED)  # type: ignore[arg-type]
         self.state = engine.initial(self.cfg, strict=True)
@@ -756,6 +759,11 @@ class ClusteredHistory(TimedHistory):
             self.confirmed[message.event_id] = max(was, message.confirmed)
         held = self.state.cluster_mark
         super().feed(message)
+        pacemaker = self.state.config.coordination and self.state.config.coordination.pacemaker
+        if pacemaker is not None:
+            self.drainer_mark = engine.mark_of(pacemaker)
+        if isinstance(message, ClusterMarked) and message.ours:
+            assert self.state.cluster_mark is not None, "a mark set on the node went unrecorded"
         restored = isinstance(message, ClusterRestored) and not message.error
         if held is not None and not restored and not isinstance(message, Boot):
             assert self.state.cluster_mark is not None, f"our mark forgotten on {message}"
@@ -907,7 +915,7 @@ class ClusteredHistory(TimedHistory):
             if isinstance(effect, AcquireSlot):
                 self.feed(SlotGranted(effect.event.event_id, confirmed=self.now))
             elif isinstance(effect, DrainNode):
-                self.feed(ClusterMarked(effect.event.event_id, ours=True))
+                self.feed(ClusterMarked(effect.event.event_id, ours=True, mark=self.drainer_mark))
                 self.feed(ClusterDrained(effect.event.event_id))
             elif isinstance(effect, SpawnHooks) and effect.run in self.state.runs:
                 self.apply(("finish", sorted(self.state.runs).index(effect.run), Outcome.SUCCEEDED))
@@ -942,7 +950,9 @@ class ClusteredHistory(TimedHistory):
         message = {
             "kept": SlotKept(event_id, sent),
             "granted_confirmed": SlotGranted(event_id, confirmed=sent),
-            "marked_ours": ClusterMarked(event_id, ours=True),
+            "marked_ours": ClusterMarked(event_id, ours=True, mark=self.drainer_mark)
+            if self.drainer_mark is not None
+            else ClusterMarked(event_id, ours=False),
             "marked_other": ClusterMarked(event_id, ours=False),
             "draining": ClusterDraining(event_id, ("rsc-1",)),
             "drained": ClusterDrained(event_id),
