@@ -173,6 +173,39 @@ def test_a_crash_reboot_while_the_event_is_still_scheduled_prepares_it_again(
     again.signal(signal.SIGTERM)
 
 
+@needs_root
+@pytest.mark.parametrize("status", ["Started", "Scheduled"])
+def test_after_a_crash_reboot_an_event_that_dropped_this_vm_gets_its_cancelled_hooks(
+    daemons, sim, hooks, tmp_path, status
+):
+    """Review of issue 26: a Reboot drained for (approve: never), then the VM reboots (a crash);
+    the first document lists the event for another VM only. That is not this VM's maintenance:
+    it used to be taken as such (reboot_detected stage=after, the undrain with STAGE=after);
+    it is handled as leaving, as without a reboot: its cancelled-hooks run, once."""
+    sim.scenario.started_for = None
+    boot, wrapper = boot_wrapper(tmp_path)
+    cfg = lifecycle(daemons, hooks, cancelled=["restore"], approve="never")
+    daemon = daemons.start(cfg, prefix=wrapper)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=3600)
+    daemon.wait_log("approval_skipped", event_id=event_id)
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(10)
+
+    boot.write_text(f"{uuid.uuid4()}\n")
+    sim.update_event(event_id, Resources=["vm-other"], EventStatus=status)
+    again = daemons.start(cfg, prefix=wrapper)
+    again.wait_log("event_cancelled", event_id=event_id)
+    again.wait_log("after_hooks_finished", event_id=event_id, stage="cancelled")
+    again.polls_seen(sim)
+    assert not again.logs("reboot_detected")
+    assert hooks.order() == ["drain", "restore"]
+    restore = env_of(hooks, "restore")
+    assert restore["SCHEDULED_EVENT_STAGE"] == "cancelled"
+    assert restore["SCHEDULED_EVENT_REBOOTED"] == "1", "this VM did boot since its drain"
+    assert not sim.approvals
+    again.signal(signal.SIGTERM)
+
+
 def test_an_event_whose_resources_name_this_vm_later_is_prepared_and_dropped_again(
     daemons, sim, hooks
 ):
