@@ -139,8 +139,8 @@ def document_of(
         del seen.first[value]  # over: a later notice of the same kind is seen anew
     current = {e.event_id: e for e in events}
     seen.ended -= current.keys()  # listed again: when it ends, it is listed Started once more
-    for event_id in [k for k in seen.ending if k in seen.ended]:
-        del seen.ending[event_id]  # listed Started once already: now it leaves
+    for event_id in [k for k in seen.ending if k in seen.ended or k in current]:
+        del seen.ending[event_id]  # listed Started once already (or shown anew): now it leaves
     for event_id, event in seen.ending.items():
         current.setdefault(event_id, event)
         seen.ended.add(event_id)

@@ -469,6 +469,31 @@ def test_each_migration_of_the_same_kind_that_ends_is_listed_started_once():
         assert gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen).events == ()
 
 
+def test_a_migration_shown_again_in_the_answer_right_after_one_ended_is_listed_started_at_its_end():
+    """Found by the property below: a notice of the same kind shown again in the answer right
+    after its predecessor's "Started once" was taken as that one still ending, and its own end
+    was never listed Started (cancelled-hooks, as #12)."""
+    on, off = (
+        b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}',
+        b'{"maintenanceEvent": "NONE"}',
+    )
+    seen = gcp.Seen()
+    first = gcp.document_of(on, None, vm_name="vm", now=NOW, seen=seen)
+    ended = gcp.document_of(off, None, vm_name="vm", now=NOW + 1, seen=seen)
+    gcp.notice_over(first, ended, seen)
+    once = gcp.document_of(off, None, vm_name="vm", now=NOW + 1, seen=seen)
+    assert [e.status for e in once.events] == [STARTED]
+    second = gcp.document_of(on, None, vm_name="vm", now=NOW + 2, seen=seen)
+    gcp.notice_over(once, second, seen)
+    assert [(e.status, e.not_before.timestamp()) for e in second.events] == [
+        (SCHEDULED, NOW + 62)
+    ], "seen anew"
+    over = gcp.document_of(off, None, vm_name="vm", now=NOW + 3, seen=seen)
+    gcp.notice_over(second, over, seen)
+    last = gcp.document_of(off, None, vm_name="vm", now=NOW + 3, seen=seen)
+    assert [(e.status, e.not_before.timestamp()) for e in last.events] == [(STARTED, NOW + 62)]
+
+
 def test_a_moved_window_keeps_its_id_and_moves_its_not_before():
     """Issue 26 #13, in the mapping."""
     seen = gcp.Seen()
@@ -569,6 +594,47 @@ def test_after_a_restart_an_unreadable_first_answer_keeps_the_saved_notices():
     gcp.notice_over(client._last, doc, client._seen)
     assert doc.events == saved.events
     assert not client._seen.ending
+
+
+ANSWERS = (
+    b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE", "preempted": "TRUE"}',
+    b'{"maintenanceEvent": "TERMINATE_ON_HOST_MAINTENANCE", "preempted": "FALSE"}',
+    b'{"maintenanceEvent": "NONE", "preempted": "TRUE"}',
+    b'{"maintenanceEvent": "NONE", "preempted": "FALSE"}',
+    *UNREADABLE_INSTANCE,
+)
+
+
+NOT_JSON = (b"<html>Service Unavailable</html>", b"[]", b"")
+
+
+def readable_documents(answers: list[tuple[int, bytes]]) -> list[tuple[Any, ...]]:
+    """The events each readable answer gives, in turn, as the client keeps `Seen`."""
+    seen, last, out = (
+        gcp.Seen(),
+        gcp.document_of(None, None, vm_name="vm", now=NOW, seen=gcp.Seen()),
+        [],
+    )
+    for at, body in answers:
+        doc = gcp.document_of(body, None, vm_name="vm", now=NOW + at, seen=seen)
+        gcp.notice_over(last, doc, seen)
+        if seen.ending:  # listed Started once in the next answer, as the client asks at once
+            doc = gcp.document_of(body, None, vm_name="vm", now=NOW + at, seen=seen)
+        if body not in NOT_JSON:
+            out.append(doc.events)
+        last = doc
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(ANSWERS), min_size=1, max_size=14))
+def test_an_answer_that_is_not_json_changes_nothing_the_next_readable_ones_say(answers):
+    """Any run of instance answers: those that are not JSON (or not an object) are as if they
+    had never come: every readable answer gives the same events (first sightings, notices
+    that end listed Started once) as in the run without them."""
+    timed = [(n * 7, body) for n, body in enumerate(answers)]
+    without = [(at, body) for at, body in timed if body not in NOT_JSON]
+    assert readable_documents(timed) == readable_documents(without), answers
 
 
 @settings(max_examples=300, deadline=None)
