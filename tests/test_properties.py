@@ -661,16 +661,17 @@ def test_no_history_of_clock_steps_windows_and_slot_answers_makes_a_step_raise(
 # A short ttl, so keep-alives that stop coming lose the slot within a few waits.
 KEPT_TTL = 10
 PACEMAKER = config.Pacemaker(event_types=("Reboot", "Preempt"))
-# The two valid ways: slots need coordination.etcd, which excludes coordination.pacemaker.
+# Slots through etcd, or a Pacemaker drain (cluster.pacemaker): histories switch between them.
 SLOTTED = {
     "coordination": config.Coordination(etcd=config.Etcd(endpoints=("http://127.0.0.1:2379",))),
     "concurrency": config.Concurrency("web", 1, ttl=KEPT_TTL),
+    "cluster": None,
 }
 
 
 def paced(method: config.DrainMethod) -> dict[str, object]:
     pacemaker = dataclasses.replace(PACEMAKER, method=method)
-    return {"coordination": config.Coordination(pacemaker=pacemaker), "concurrency": None}
+    return {"coordination": None, "cluster": pacemaker, "concurrency": None}
 
 
 CLUSTER_ANSWERS = (
@@ -731,7 +732,7 @@ class ClusteredHistory(TimedHistory):
     """TimedHistory, with the answers added for issue 26: keep-alives acknowledged (SlotKept,
     SlotGranted(confirmed=...)), ones that stop coming (a slot lost by its ttl), slot answers
     and Pacemaker's answers after restarts, and reloads and restarts that add or remove
-    `coordination.pacemaker`. Invariants, besides History's: the poll is always ordered, an
+    `cluster.pacemaker`. Invariants, besides History's: the poll is always ordered, an
     approval goes out only while the slot's lease is confirmed (the last acknowledged request
     sent less than ttl ago), and a mark of ours on the cluster is never forgotten (nor left out
     of the state file) until a restore of it succeeded."""
@@ -743,7 +744,7 @@ class ClusteredHistory(TimedHistory):
         self.pending: list[object] = []  # what it asked for, for "serve" to answer as asked
         self.unslotted: set[str] = set()  # prepared while no concurrency was configured
         # How the last drainer marks the node: its command may still run after a reload or a
-        # restart that removed coordination.pacemaker.
+        # restart that removed cluster.pacemaker.
         self.drainer_mark: Optional[engine.ClusterMark] = None
         super().__init__(wall, windows)
         self.cfg = dataclasses.replace(self.cfg, **SLOTTED)  # type: ignore[arg-type]
@@ -760,7 +761,7 @@ class ClusteredHistory(TimedHistory):
             self.confirmed[message.event_id] = max(was, message.confirmed)
         held = self.state.cluster_mark
         super().feed(message)
-        pacemaker = self.state.config.coordination and self.state.config.coordination.pacemaker
+        pacemaker = self.state.config.cluster
         if pacemaker is not None:
             self.drainer_mark = engine.mark_of(pacemaker)
         if isinstance(message, ClusterMarked) and message.ours:
@@ -974,7 +975,7 @@ def test_no_history_of_keep_alives_and_cluster_answers_breaks_the_promises(
 ):
     """Issue 26 "how to prove it stays fixed": keep-alives acknowledged or not (a slot lost by
     its ttl), slot and Pacemaker answers after restarts, reloads and restarts adding or
-    removing coordination.pacemaker. No step raises, a poll is always ordered, no approval
+    removing cluster.pacemaker. No step raises, a poll is always ordered, no approval
     without a confirmed lease, and our mark on the cluster is kept until a restore succeeds."""
     h = ClusteredHistory(*clock_and_windows)
     due, method = start
