@@ -157,6 +157,7 @@ class HooksFinished:
 class ApprovalSent:
     event_id: str
     duration_s: float = 0.0
+    answered: Optional[float] = None  # monotonic: when IMDS' answer came (None: now)
 
 
 @dataclass(frozen=True)
@@ -390,6 +391,11 @@ class CancelRuns:
 @dataclass(frozen=True)
 class PostApproval:
     event: Event
+    # Monotonic: an event holding a slot must be answered by then, the end of its lease as
+    # etcd last confirmed it (an answer proves IMDS had the approval before the slot could
+    # go to another VM). The lane does not send it once this has passed (it may have queued
+    # behind another POST) and gives up on an answer not back by then.
+    deadline: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -1253,16 +1259,38 @@ def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.phase is not Phase.APPROVING:
         return state
+    late = tracked.slot is Slot.MISSING or _answered_late(state, msg, now)
+    if late:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_LOST,
+                tracked.event,
+                reason="the approval was answered after its slot's lease could expire: IMDS "
+                "has it, and another VM may have taken the slot and been approved meanwhile",
+            )
+        )
     out.append(
         _note(
-            Level.INFO,
+            Level.INFO if not late else Level.WARNING,
             What.EVENT_APPROVED,
             tracked.event,
             attempts=attempts,
             duration_s=round(msg.duration_s, 3),
+            **({"slot_lost": True} if late else {}),
         )
     )
     return _with(state, msg.event_id, _move(tracked, On.ACCEPTED, Phase.APPROVED))
+
+
+def _answered_late(state: State, msg: ApprovalSent, now: float) -> bool:
+    """An approval of an event holding a slot answered after the lease etcd last confirmed
+    could expire (or the slot was found lost while it was under way): the daemon's lane gives
+    up before that (PostApproval.deadline), so only an answer read just then, or a carrier
+    that does not keep the deadline, is late."""
+    lease = state.slot_leases.get(msg.event_id)
+    answered = msg.answered if msg.answered is not None else now
+    return lease is not None and lease.until < answered
 
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
@@ -2249,7 +2277,8 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
     for event in due:
         if _allowed_at(state, now) > now:
             break  # the rest when the rate limit allows (next_wakeup)
-        out.append(PostApproval(event))
+        lease = state.slot_leases.get(event.event_id)
+        out.append(PostApproval(event, lease.until if lease is not None else None))
         state = _spend(state, now)
         posting.add(event.event_id)
     if posting:

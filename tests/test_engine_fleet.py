@@ -500,3 +500,46 @@ def test_an_event_that_ends_while_another_of_the_vm_holds_the_slot_says_it_is_ke
     ended = [r for r in logs(m.effects, "slot_released") if r.fields["event_id"] == "E2"]
     assert [r.fields["kept_for"] for r in ended] == [["E1"]]
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E2")]
+
+
+# ---- review of issue 26: an approval POST that outlives its slot ------------------------------
+
+
+def test_an_approval_carries_its_slots_confirmed_end_as_the_deadline_for_its_answer():
+    """The margin is checked when the POST is submitted; the POST itself must also end within
+    the lease: PostApproval carries the lease's confirmed end, which the lane enforces (not
+    sent after it, given up at it). An event without a slot has no deadline."""
+    m, spawn = holding(at=MONO0 + 1)  # the slot is ours until MONO0 + 1 + TTL
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    (post,) = of(m.effects, PostApproval)
+    assert post.deadline == MONO0 + 1 + TTL
+    m.send(SlotKept("E1", MONO0 + 2.5), at=MONO0 + 2.6)
+    m.send(ApprovalFailed("E1", "timeout", "no answer by the deadline"), at=MONO0 + 3)
+    (again,) = of(m.tick(MONO0 + 3 + engine.APPROVAL_BACKOFF.first), PostApproval)
+    assert again.deadline == MONO0 + 2.5 + TTL, "a renewed lease moves the deadline"
+    plain = when_machine()
+    seen(plain, due_in(3 * 86400))
+    (spawn,) = of(plain.effects, SpawnHooks)
+    plain.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert [p.deadline for p in of(plain.effects, PostApproval)] == [None]
+
+
+def test_an_approval_answered_after_its_slots_lease_could_expire_says_the_slot_was_lost():
+    """Review of issue 26 #3: the POST went with the lease confirmed for more than the margin,
+    IMDS answered after the lease's end (another VM may have taken the slot and been approved
+    meanwhile). The event is approved (IMDS has it), but not as a plain event_approved:
+    slot_lost first, and the approval is marked slot_lost."""
+    m, spawn = holding(at=MONO0 + 1)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval)
+    m.tick(MONO0 + 1 + TTL + 0.5)  # under way: the answer decides
+    assert not logs(m.effects, "slot_lost")
+    m.send(ApprovalSent("E1", 4.0), at=MONO0 + 1 + TTL + 1)  # answered now
+    assert logs(m.effects)[:2] == ["slot_lost", "event_approved"]
+    assert logs(m.effects, "event_approved")[0].fields["slot_lost"] is True
+    assert m.phase() is Phase.APPROVED
+    timely, spawn = holding(at=MONO0 + 1)
+    timely.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    timely.send(ApprovalSent("E1", 0.5, MONO0 + 2.5), at=MONO0 + 2.6)
+    assert logs(timely.effects) == ["event_approved"]
+    assert "slot_lost" not in logs(timely.effects, "event_approved")[0].fields

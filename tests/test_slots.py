@@ -17,7 +17,7 @@ import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.engine import AcquireSlot, SlotGranted
-from scheduledeventsd.simulator import Simulator
+from scheduledeventsd.simulator import Fault, Simulator
 from scheduledeventsd.slots import SlotKeeper
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
@@ -382,3 +382,50 @@ def test_a_queued_event_whose_status_becomes_unknown_does_not_stop_the_polls(tie
     preempt = sim.add_event("Preempt", ["vm-b"], not_before_in=30)
     b.wait_log("event_detected", event_id=preempt, timeout=3)
     assert not tier.factories["vm-b"].defects()
+
+
+# ---- review of issue 26: an approval POST that outlives its slot ----------------------------
+
+
+def test_an_approval_post_not_answered_within_its_slots_lease_is_given_up_and_the_slot_lost(
+    tier, sim, hooks
+):
+    """Review of issue 26 #3. max 1, ttl 5: vm-1 holds the slot, its path to etcd is cut and
+    its drain ends at once: its approval goes out (the lease still confirmed for more than
+    SLOT_MARGIN) but IMDS takes 8 s to answer (metadata.timeout 10 allows it), while vm-2
+    takes the slot and is approved early. vm-1 gives the POST up at its lease's end, counts
+    the slot as lost and says it is not approved early; it never logs a plain event_approved.
+    (The simulator, like a slow IMDS may, still acts on the POST after vm-1 hung up: the
+    daemon cannot stop that, only bound it by the lease and say so.)"""
+    ttl = 5
+    flag = tier.tmp_path / "release"
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME $(date +%s.%N)" >> "$OUT/$SCHEDULED_EVENT_HOOK.log"\n'
+    wait = hooks.make("drain-until", f'{stamp}while [ ! -e "$1" ]; do sleep 0.05; done\n{stamp}')
+    slow = {"timeout": 10, "first_call_timeout": 10}
+    with ProxySet(tier.cluster.endpoints, host="127.0.0.2") as path:
+        cfg = tier.config("vm-1", ttl=ttl, metadata=slow)
+        cfg["hooks"]["drain"] = [{"command": [wait, str(flag)], "timeout": 120}]
+        cfg["coordination"]["etcd"]["endpoints"] = path.endpoints
+        one = tier.start("vm-1", cfg)
+        two = tier.start("vm-2", tier.config("vm-2", ttl=ttl, metadata=slow))
+        first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+        one.wait_log("slot_acquired", event_id=first, timeout=15)
+        second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+        two.wait_log("event_waiting", event_id=second, reason="slot")
+        time.sleep(2.5)  # keep-alives acknowledged
+        sim.add_fault(Fault("delay", delay=8, method="POST", count=1))
+        path.cut()
+        cut_at = time.time()
+        flag.touch()  # vm-1's drain ends right after the cut: its approval goes
+        two.wait_log("event_approved", event_id=second, timeout=ttl + 15)
+        refused = one.wait_log("event_not_approved", event_id=first, timeout=15)
+        assert refused["cause"] == "slot_unavailable"
+        (gave_up,) = one.logs("approval_failed", event_id=first)
+        assert gave_up["kind"] == "timeout"
+        # Given up within the lease confirmed before the cut (ttl at most), not after 8 s.
+        assert iso_seconds(gave_up["timestamp"]) - cut_at < ttl + 0.5
+        assert one.logs("slot_lost", event_id=first)
+        one.polls_seen(sim)
+        assert not one.logs("event_approved", event_id=first), "no approval claimed"
+        path.restore()
+        tier.stop()
