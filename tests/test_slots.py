@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import queue
 import signal
 import time
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
-from scheduledeventsd.engine import AcquireSlot, SlotGranted
+from scheduledeventsd.engine import AcquireSlot, SlotBusy, SlotGranted
+from scheduledeventsd.etcd import EtcdClient
 from scheduledeventsd.simulator import Fault, Simulator
 from scheduledeventsd.slots import SlotKeeper
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
@@ -429,3 +431,70 @@ def test_an_approval_post_not_answered_within_its_slots_lease_is_given_up_and_th
         assert not one.logs("event_approved", event_id=first), "no approval claimed"
         path.restore()
         tier.stop()
+
+
+def test_a_reload_that_lowers_max_takes_back_only_the_slots_below_the_new_max(tier, sim, hooks):
+    """Review of issue 26, take-back: vm-a and vm-b hold slots 0 and 1 under max 2 and drain;
+    both are reloaded with max 1. Slot 1 is no slot any more: only the holder of slot 0 takes
+    its slot back and is approved early; the other is approved early only once the first's
+    undrain has given the slot back (or not early at all). Before, both took theirs back and
+    both were approved early at once."""
+    flag = tier.tmp_path / "release"
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME $(date +%s.%N)" >> "$OUT/$SCHEDULED_EVENT_HOOK.log"\n'
+    wait = hooks.make("drain-until", f'{stamp}while [ ! -e "$1" ]; do sleep 0.05; done\n{stamp}')
+    cfgs, events = {}, {}
+    for vm in ("vm-a", "vm-b"):
+        cfgs[vm] = tier.config(vm, most=2, ttl=5)
+        cfgs[vm]["hooks"]["drain"] = [{"command": [wait, str(flag)], "timeout": 120}]
+        tier.start(vm, cfgs[vm])
+    for vm in ("vm-a", "vm-b"):
+        events[vm] = sim.add_event("Reboot", [vm], not_before_in=3600)
+        tier.daemons[vm].wait_log("slot_acquired", event_id=events[vm], timeout=15)
+    held = {record["vm"]: n for n, record in keys_by_index(tier).items()}
+    assert sorted(held.values()) == [0, 1], held
+    for vm in ("vm-a", "vm-b"):
+        cfgs[vm]["concurrency"]["max"] = 1
+        tier.factories[vm].write_config(cfgs[vm])
+        tier.daemons[vm].signal(signal.SIGHUP)
+        tier.daemons[vm].wait_log("config_reloaded")
+    first = min(held, key=held.__getitem__)  # the holder of slot 0
+    tier.daemons[first].wait_log("slot_acquired", event_id=events[first], taken_back=True)
+    flag.touch()
+    wait_for(lambda: sim.approved(events[first]), 15, f"{first} approved early")
+    wait_for(lambda: first in tier.spans(), 15, f"{first}'s undrain")
+    other = "vm-b" if first == "vm-a" else "vm-a"
+    tier.daemons[other].polls_seen(sim)
+    approved = {a.event_id: a.at for a in sim.approvals}
+    if events[other] in approved:
+        assert approved[events[other]] >= tier.spans()[first][1], "after the first's undrain"
+    assert all(n < 1 for n in keys_by_index(tier)), "no key left at or beyond the new max"
+
+
+def keys_by_index(tier: Tier) -> dict[int, dict]:
+    """The group's slot keys, by their index n (`<prefix>/slots/web/<n>`)."""
+    slots = f"{tier.prefix}/slots/web/"
+    return {int(key[len(slots) :]): value for key, value in keys(tier.cluster, slots).items()}
+
+
+def test_after_a_restart_with_a_lower_max_a_key_beyond_it_is_not_taken_back(cluster):
+    """The take-back rule where it lives, the slot keeper, against real etcd: vm-a's key is
+    slot 1 (left from max 2, e.g. handed over across a restart), vm-b holds slot 0, and vm-a
+    comes back with max 1. vm-a is told the group is busy, not granted; its stale key is
+    deleted (no slot any more)."""
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slots = f"{settings.prefix}/slots/web/"
+    seed = EtcdClient(settings)
+    lease = seed.grant(60)
+    assert seed.create(f"{slots}0", json.dumps({"vm": "vm-b"}).encode(), lease)
+    assert seed.create(f"{slots}1", json.dumps({"vm": "vm-a"}).encode(), lease)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    keeper = SlotKeeper(settings, Concurrency("web", 1, 6), inbox.put)
+    try:
+        keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+        answer = inbox.get(timeout=20)
+        assert isinstance(answer, SlotBusy), answer
+        assert sorted(keys(cluster, slots)) == [f"{slots}0"]
+    finally:
+        keeper.stop_all(hand_over=False)
+        seed.revoke(lease)
+        seed.close()
