@@ -1892,7 +1892,17 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
         out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
+            leases = {k: v for k, v in state.slot_leases.items() if k != msg.event_id}
+            state = replace(state, slot_leases=leases)
+            return _with(state, msg.event_id, replace(tracked, slot=Slot.ASKED))
         return state
+    if tracked.slot is Slot.HELD and tracked.phase in (Phase.INTERRUPTED, Phase.REBOOTED):
+        # Its slot went to another VM while the daemon was down, before its before-hooks ran
+        # again: asked for anew, they wait in the queue (`_prepare`).
+        leases = {k: v for k, v in state.slot_leases.items() if k != msg.event_id}
+        state = replace(state, slot_leases=leases)
+        return _with(state, msg.event_id, replace(tracked, slot=Slot.ASKED))
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -2612,6 +2622,17 @@ def _prepare(
     are left; with no hooks to run, approval per policy at once."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
+    if _slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and deadline > now:
+            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # its lead has come: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = replace(tracked, slot=Slot.NONE)
     if _needs_slot(state, tracked):
         deadline = _slot_deadline(event, rule, state)
         if deadline is not None and deadline > now:
@@ -2674,6 +2695,14 @@ def _before_hooks(
         return state, _decide(state, replace(tracked, start_at=0.0), on, out)
     state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
     return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)
+
+
+def _slot_awaited(state: State, tracked: Tracked) -> bool:
+    """A slot asked for and not granted, or held before a restart and not confirmed by etcd
+    since (being taken back)."""
+    lease = state.slot_leases.get(tracked.event.event_id)
+    taking_back = tracked.slot is Slot.HELD and lease is not None and not lease.confirmed
+    return taking_back or tracked.slot is Slot.ASKED
 
 
 def _needs_slot(state: State, tracked: Tracked) -> bool:
