@@ -26,6 +26,7 @@ from tests.etcd_cluster import Cluster
 from tests.tcp_proxy import ProxySet
 from tests.test_engine import event
 from tests.test_fleet import keys
+from tests.test_lifecycle import boot_wrapper, needs_root
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 VMS = ("vm-a", "vm-b", "vm-c")
@@ -498,3 +499,55 @@ def test_after_a_restart_with_a_lower_max_a_key_beyond_it_is_not_taken_back(clus
         keeper.stop_all(hand_over=False)
         seed.revoke(lease)
         seed.close()
+
+
+@needs_root
+def test_a_vm_crash_rebooted_mid_drain_drains_again_only_once_its_slot_is_free(
+    tier, sim, hooks, tmp_path
+):
+    """Review of issue 26: max 1, ttl 5. vm-1 holds the slot mid-drain and is killed -9 and
+    comes back on a new boot id; meanwhile vm-2 took the slot. vm-1's event is still Scheduled
+    (NotBefore an hour ahead): it is prepared again (reboot_detected stage=before) but its
+    drain waits in the queue until vm-2's undrain gave the slot back; at no instant are two
+    VMs between drain start and undrain end. Before, vm-1's drain ran again at once."""
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME STEP $(date +%s.%N)" >> "$OUT/steps.log"\n'
+    drain = hooks.make(
+        "drain-steps",
+        f"{stamp.replace('STEP', 'start')}sleep 3\n{stamp.replace('STEP', 'drained')}",
+    )
+    undrain = hooks.make("undrain-steps", stamp.replace("STEP", "end"))
+    boot, wrapper = boot_wrapper(tmp_path)
+    cfgs = {}
+    for vm in ("vm-1", "vm-2"):
+        cfgs[vm] = tier.config(vm, ttl=5)
+        cfgs[vm]["hooks"] = {"drain": [{"command": [drain]}], "undrain": [{"command": [undrain]}]}
+    one = tier.factories["vm-1"].start(cfgs["vm-1"], prefix=wrapper)
+    two = tier.start("vm-2", cfgs["vm-2"])
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("slot_acquired", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot")
+    time.sleep(1)
+    one.proc.kill()
+    one.proc.wait(10)
+    with (tier.out / "steps.log").open("a") as log:  # down: its slot lapses within ttl
+        log.write(f"vm-1 down {time.time()}\n")
+    boot.write_text(f"{uuid.uuid4()}\n")
+    two.wait_log("slot_acquired", event_id=second, timeout=20)
+    again = tier.factories["vm-1"].start(cfgs["vm-1"], prefix=wrapper)
+    again.wait_log("reboot_detected", event_id=first, stage="before")
+    log = tier.out / "steps.log"
+    drains = lambda: log.read_text().count("vm-1 start")  # noqa: E731
+    wait_for(lambda: drains() == 2, 40, "vm-1's drain to start again")
+    steps = log.read_text().splitlines()
+    inside, most = set(), 0
+    for line in steps:  # in the order they happened (one file, appended)
+        vm, step, _ = line.split()
+        if step == "start":
+            inside.add(vm)
+        elif step in ("end", "down"):
+            inside.discard(vm)
+        most = max(most, len(inside))
+    assert most == 1, steps
+    assert again.logs("event_waiting", event_id=first, reason="slot")
+    wait_for(lambda: sim.approved(first), 20, "vm-1 approved early, holding the slot")
