@@ -348,7 +348,7 @@ class Daemon:
         drainer = self._drainer
         if drainer is None:
             if isinstance(effect, DrainNode):
-                detail = "no coordination.pacemaker configured"
+                detail = "no cluster.pacemaker configured"
                 self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
         elif isinstance(effect, CheckCluster):
             drainer.check()
@@ -360,7 +360,7 @@ class Daemon:
             drainer.restore_later(effect.event_id, effect.mark)
 
     def _restorer_for(self, mark: engine.ClusterMark) -> Drainer:
-        """The drainer, or (`coordination.pacemaker` reloaded away) one made for the mark."""
+        """The drainer, or (`cluster.pacemaker` reloaded away) one made for the mark."""
         if self._drainer is not None:
             return self._drainer
         if self._restorer is None:
@@ -430,6 +430,7 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = _coordinator(new, self.inbox.put)
+        if new.cluster != old.cluster:
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
             for drainer in (self._drainer, self._restorer):
@@ -478,10 +479,10 @@ class Daemon:
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
-        if self._drainer is not None:
+        gate = self.config.coordination.gate if self.config.coordination else None
+        if gate is None and self._drainer is not None:  # a cluster alone: its drains say
             self._drainer.ask(effect)
             return
-        gate = self.config.coordination.gate if self.config.coordination else None
         if gate is None:
             self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))
             return
@@ -667,10 +668,9 @@ def _slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[Sl
 def _drainer(
     config: Config, runner: ProcessRunner, send: Callable[[Message], None]
 ) -> Optional[Drainer]:
-    settings = config.coordination.pacemaker if config.coordination else None
-    if settings is None:
+    if config.cluster is None:
         return None
-    return _drainer_for(settings, runner, send)
+    return _drainer_for(config.cluster, runner, send)
 
 
 def _drainer_for(

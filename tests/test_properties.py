@@ -12,7 +12,8 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config, engine, schema
+from scheduledeventsd import config, engine
+from scheduledeventsd.config import schema
 from scheduledeventsd.coordination import state_of
 from scheduledeventsd.engine import (
     ApprovalFailed,
