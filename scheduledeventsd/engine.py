@@ -2197,6 +2197,9 @@ def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
 
 def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) -> State:
     event_id = t.event.event_id
+    # An approval sent and given up unanswered at the lease's end (PostApproval.deadline) may
+    # still reach IMDS late: said, not hidden.
+    unanswered = state.approvals.failures.get(event_id, NO_FAILURES).kind == "timeout"
     out.append(
         _note(
             Level.WARNING,
@@ -2205,6 +2208,7 @@ def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) ->
             reason="etcd did not confirm the slot within its ttl (its lease may have expired)"
             if lease.confirmed
             else "the slot was not taken back within its ttl after the restart",
+            **({"approval": "unanswered"} if unanswered else {}),
         )
     )
     out.append(

@@ -518,6 +518,10 @@ def test_an_approval_carries_its_slots_confirmed_end_as_the_deadline_for_its_ans
     m.send(ApprovalFailed("E1", "timeout", "no answer by the deadline"), at=MONO0 + 3)
     (again,) = of(m.tick(MONO0 + 3 + engine.APPROVAL_BACKOFF.first), PostApproval)
     assert again.deadline == MONO0 + 2.5 + TTL, "a renewed lease moves the deadline"
+    m.send(ApprovalFailed("E1", "timeout", "no answer by the deadline"), at=again.deadline)
+    (lost,) = logs(m.effects, "slot_lost")
+    assert lost.fields["approval"] == "unanswered", "it may still reach IMDS: said"
+    assert m.phase() is Phase.NOT_APPROVED
     plain = when_machine()
     seen(plain, due_in(3 * 86400))
     (spawn,) = of(plain.effects, SpawnHooks)

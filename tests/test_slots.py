@@ -427,7 +427,8 @@ def test_an_approval_post_not_answered_within_its_slots_lease_is_given_up_and_th
         assert gave_up["kind"] == "timeout"
         # Given up within the lease confirmed before the cut (ttl at most), not after 8 s.
         assert iso_seconds(gave_up["timestamp"]) - cut_at < ttl + 0.5
-        assert one.logs("slot_lost", event_id=first)
+        (lost,) = one.logs("slot_lost", event_id=first)
+        assert lost["approval"] == "unanswered"
         one.polls_seen(sim)
         assert not one.logs("event_approved", event_id=first), "no approval claimed"
         path.restore()
