@@ -2481,7 +2481,15 @@ def _resources_changed(
         )
     )
     # Its stage's hooks get the event as it was when it named this VM.
-    state, tracked = _left(state, before, out)
+    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
+        # No longer naming this VM proves nothing of that boot (what is listed now is another
+        # VM's): cancelled-hooks, as without a boot.
+        stage = Stage.CANCELLED
+        fields = {"phase": before.phase.value, "stage": stage.value}
+        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+        state, tracked = _start_stage(state, before, On.LEFT, stage, out)
+    else:
+        state, tracked = _left(state, before, out)
     return state, None if tracked.phase is Phase.GONE else tracked
 
 
