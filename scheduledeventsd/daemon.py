@@ -46,6 +46,7 @@ from .engine import (
     Message,
     NameResolved,
     Notify,
+    Outcome,
     PeersChanged,
     Persist,
     Persisted,
@@ -62,7 +63,7 @@ from .engine import (
     UseConfig,
     WakeAt,
 )
-from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
+from .hooks import CommandResult, ProcessRunner, run_hooks
 from .identity import hostname, resolve
 from .imds import ImdsError, MetadataClient
 from .lanes import Lane, PollLane

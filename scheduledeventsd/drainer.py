@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from .config import Pacemaker
 from .engine import (
+    GATE_LATER,
     AskGate,
     ClusterChecked,
     ClusterDrained,
@@ -30,7 +31,7 @@ from .engine import (
     Message,
     mark_of,
 )
-from .hooks import GATE_LATER, ProcessRunner
+from .hooks import ProcessRunner
 from .model import Event
 from .pacemaker import Cli, ClusterError, is_ready, problems, still_here, why_not_drain
 from .retry import Backoff

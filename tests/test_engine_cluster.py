@@ -11,6 +11,7 @@ from scheduledeventsd import engine
 from scheduledeventsd.config import ApprovePolicy, Coordination, DrainMethod, EventRule, Pacemaker
 from scheduledeventsd.engine import (
     CLUSTER_CHECK,
+    GATE_LATER,
     ApprovalSent,
     Boot,
     CheckCluster,
@@ -37,7 +38,6 @@ from scheduledeventsd.engine import (
     Tracked,
     initial,
 )
-from scheduledeventsd.hooks import GATE_LATER
 from scheduledeventsd.records import Level, Record, What
 from scheduledeventsd.schema import WEBHOOK_EVENTS
 from scheduledeventsd.webhooks import kind_of

@@ -28,6 +28,7 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
 )
+from scheduledeventsd.engine.gates import window as window_gate
 from scheduledeventsd.observer import Observer
 from scheduledeventsd.when import WINDOW_LEAD
 from scheduledeventsd.windows import Window
@@ -486,12 +487,12 @@ def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
     m = Machine(cfg, now=MONO0, watchdog_usec=10_000_000)
     seen(m, due_in(3 * 86400))
     m.state = dataclasses.replace(m.state, strict=False)
-    broken = engine._start_waiting
+    broken = window_gate._start_waiting
 
     def start_waiting(state, now, out):
         raise RuntimeError("a timer that raises")
 
-    engine._start_waiting = start_waiting
+    window_gate._start_waiting = start_waiting
     at = MONO0 + 6  # the watchdog (every 5 s) is due
     try:
         answer = DocumentFetched(doc(due_in(3 * 86400), incarnation=3), WALL0 + at - MONO0)
@@ -499,7 +500,7 @@ def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
             engine.step(m.state, answer, at)  # the daemon logs it, then:
         m.send(engine.Faulted("step DocumentFetched", "RuntimeError", answer), at=at)
     finally:
-        engine._start_waiting = broken
+        window_gate._start_waiting = broken
     (fetch,) = of(m.effects, Fetch)
     assert fetch.at <= at + engine.POLL_BACKOFF_CAP
     (wake,) = of(m.effects, engine.WakeAt)

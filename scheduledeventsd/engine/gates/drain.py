@@ -1,0 +1,255 @@
+"""The drain gate: the Pacemaker cluster moves this node's resources away before the before-hooks,
+and the node is restored once the event is over."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+from ...config import Config, Pacemaker
+from ...model import Event
+from ...records import Level, Record, What
+from .. import stages
+from ..lifecycle import Drain, On, Phase
+from ..notes import _note, event_fields
+from ..state import State, Tracked, _with, mark_of
+from ..vocabulary.constants import CLUSTER_CHECK
+from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
+from ..vocabulary.messages import (
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
+)
+
+
+def _pacemaker(state: State) -> Optional[Pacemaker]:
+    coordination = state.config.coordination
+    return coordination.pacemaker if coordination is not None else None
+
+
+def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
+    """Kept for `status` (which exits 1 while there are problems) and read again every
+    CLUSTER_CHECK; logged when it changes."""
+    if _pacemaker(state) is None:  # answered after a reload took the section away
+        return state
+    changed = msg.problems != state.cluster_problems
+    state = replace(state, cluster_problems=msg.problems, cluster_check_at=now + CLUSTER_CHECK)
+    if not changed:
+        return state
+    if msg.problems:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_UNREADY,
+                {
+                    "problems": list(msg.problems),
+                    "reason": "until this is fixed, events that drain this node are held (no "
+                    "early approval)",
+                },
+            )
+        )
+    else:
+        out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
+    return state
+
+
+def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
+    if state.cluster_check_at <= now and _pacemaker(state) is not None:
+        out.append(CheckCluster())
+        state = replace(state, cluster_check_at=math.inf)  # until ClusterChecked comes back
+    return state
+
+
+def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+    """A reload may change or remove `coordination.pacemaker`: the cluster is checked again,
+    and a mark of ours that no event wants any more is taken off (the old configuration's
+    restore stopped with it), the way it was set."""
+    settings = _pacemaker(state)
+    old_settings = old.coordination.pacemaker if old.coordination is not None else None
+    if settings != old_settings:
+        state = replace(state, cluster_problems=None, cluster_check_at=math.inf)
+        if settings is not None:
+            out.append(CheckCluster())
+    _restore_unwanted(state, out)
+    return state
+
+
+def _restore_unwanted(state: State, out: list[Effect]) -> None:
+    """This daemon's mark is on the node and no event wants it drained (a restore failed, or
+    the daemon stopped before it): take it off, whether pacemaker is still configured or not."""
+    mark = state.cluster_mark
+    if mark is None or _drained_for_another(state, ""):
+        return
+    if not any(isinstance(e, RestoreNode) for e in out):
+        out.append(RestoreNode("", mark))
+
+
+def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effect]) -> State:
+    """The mark set (ours) is in the state file from now until it is taken off; one found set
+    by someone else is left as it is."""
+    settings = _pacemaker(state)
+    tracked = state.events.get(msg.event_id)
+    if msg.ours and settings is not None:
+        state = replace(state, cluster_mark=mark_of(settings))
+        _restore_unwanted(state, out)  # its event ended while the mark was being set
+        return state
+    if not msg.ours and tracked is not None and state.cluster_mark is None:
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                tracked.event,
+                marked_by="someone else",
+                reason="this node was already marked as going away (an operator's standby?): "
+                "it is left as it is when the event is over",
+            )
+        )
+    return state
+
+
+def _draining(state: State, event_id: str) -> Optional[Tracked]:
+    tracked = state.events.get(event_id)
+    return tracked if tracked is not None and tracked.phase is Phase.DRAINING else None
+
+
+def _cluster_draining(state: State, msg: ClusterDraining, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is not None:
+        out.append(
+            _note(Level.INFO, What.CLUSTER_DRAINING, tracked.event, resources=list(msg.resources))
+        )
+    return state
+
+
+def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
+    state, tracked = stages._before_hooks(
+        state, replace(tracked, drain=Drain.DONE), On.DRAINED, now, out
+    )
+    return _with(state, msg.event_id, tracked)
+
+
+def _cluster_held(state: State, msg: ClusterHeld, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    state, tracked = _hold(state, tracked, msg.reason, msg.detail, now, out)
+    return _with(state, msg.event_id, tracked)
+
+
+def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
+    state: State, tracked: Tracked, reason: str, detail: str, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The cluster cannot spare this node: its before-hooks run, and it is not approved early;
+    whatever was marked stays for the maintenance and is restored once the event is over."""
+    out.append(
+        _note(
+            Level.WARNING,
+            What.CLUSTER_HOLD,
+            tracked.event,
+            reason=reason,
+            error=detail or None,
+        )
+    )
+    return stages._before_hooks(state, replace(tracked, drain=Drain.HELD), On.DRAIN_HELD, now, out)
+
+
+def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    event_fields_ = {} if tracked is None else event_fields(tracked.event)
+    if msg.error:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_RESTORE_FAILED,
+                {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
+            )
+        )
+        return replace(state, restore_error=msg.error) if state.cluster_mark else state
+    # The node is back: no event that is over holds a mark any more.
+    state = replace(
+        state,
+        cluster_mark=None,
+        restore_error="",
+        events={
+            k: replace(t, drain=Drain.NONE)
+            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
+            else t
+            for k, t in state.events.items()
+        },
+    )
+    out.append(
+        Record(
+            Level.INFO,
+            What.CLUSTER_RESTORED,
+            event_fields_ or {"reason": "this daemon's mark, which no event wants any more"},
+        )
+    )
+    if tracked is not None and tracked.drain is not Drain.NONE:
+        state = _with(state, msg.event_id, replace(tracked, drain=Drain.NONE))
+    return state
+
+
+def _drained_for_another(state: State, event_id: str) -> bool:
+    return any(
+        t.drain is not Drain.NONE and k != event_id and t.phase not in (Phase.AFTER, Phase.OVER)
+        for k, t in state.events.items()
+    )
+
+
+def _drain_deadline(state: State, event: Event, now: float) -> float:
+    """drain_timeout from now, and never past NotBefore: its before-hooks still need to run."""
+    settings = _pacemaker(state)
+    deadline = now + (settings.drain_timeout if settings is not None else 0.0)
+    if event.not_before is not None and state.wall_offset is not None:
+        deadline = min(deadline, event.not_before.timestamp() - state.wall_offset)
+    return deadline
+
+
+def _drain_effect(state: State, tracked: Tracked) -> DrainNode:
+    settings = _pacemaker(state)
+    me = (tracked.vm_name or state.vm_name).casefold()
+    going = tuple(
+        settings.node_of(r) if settings is not None else r
+        for r in tracked.event.resources
+        if r.casefold() != me
+    )
+    return DrainNode(tracked.event, going, ours=state.cluster_mark is not None)
+
+
+def _drain_timeouts(state: State, now: float, out: list[Effect]) -> State:
+    for event_id, t in state.events.items():
+        if t.phase is Phase.DRAINING and t.start_at <= now:
+            out.append(StopDraining(event_id))
+            settings = _pacemaker(state)
+            timeout = settings.drain_timeout if settings is not None else 0
+            state, tracked = _hold(
+                state,
+                t,
+                "drain_timeout",
+                f"resources still on this node after {timeout:g} s (or at NotBefore)",
+                now,
+                out,
+            )
+            state = _with(state, event_id, tracked)
+    return state
+
+
+def _drain_moved(state: State, tracked: Tracked, moved: float) -> float:
+    """A drain's deadline after the wall clock moved by `moved` s: its cap at NotBefore moves
+    on the monotonic clock; drain_timeout counts from when it started and does not. Where the
+    cap was what held (within a second), the new cap holds; else the sooner of the two."""
+    not_before = tracked.event.not_before
+    offset = state.wall_offset
+    if not_before is None or offset is None:
+        return tracked.start_at
+    cap = not_before.timestamp() - offset
+    was_cap = not_before.timestamp() - (offset - moved)
+    return cap if abs(tracked.start_at - was_cap) <= 1.0 else min(tracked.start_at, cap)

@@ -1,0 +1,55 @@
+"""The gates an event passes in order before its before-hooks: a slot, then the drain (a maintenance
+window holds it before: gates/window)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...config import EventRule
+from ...records import Level, What
+from .. import stages
+from ..gates import drain, slot
+from ..lifecycle import Drain, On, Phase, Slot
+from ..notes import _note
+from ..state import State, Tracked, _move
+from ..vocabulary.effects import AcquireSlot, Effect
+
+
+def _prepare(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Start the before-stage: `fast` instead of `before` when fewer than `fast_below` seconds
+    are left; with no hooks to run, approval per policy at once."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    if slot._needs_slot(state, tracked):
+        deadline = slot._slot_deadline(event, rule, state)
+        if deadline is not None and deadline > now:
+            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
+            out.append(slot._slot_waiting(event, deadline, (), state))
+            return state, _move(tracked, on, Phase.QUEUED, slot=Slot.ASKED, start_at=deadline)
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                event,
+                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
+                "now, and it is not approved early",
+            )
+        )
+        tracked = replace(tracked, slot=Slot.MISSING)
+    settings = drain._pacemaker(state)
+    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
+        out.append(drain._drain_effect(state, tracked))
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                event,
+                method=settings.method.value,
+                reason="this node is marked as going away once the cluster can spare it",
+            )
+        )
+        deadline = drain._drain_deadline(state, event, now)
+        return state, _move(tracked, on, Phase.DRAINING, drain=Drain.ASKED, start_at=deadline)
+    return stages._before_hooks(state, tracked, on, now, out)

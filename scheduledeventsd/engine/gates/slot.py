@@ -1,0 +1,275 @@
+"""The slot gate: a concurrency slot of the group (etcd) held from before the before-hooks until the
+event is over."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ...config import Config, EventRule
+from ...model import Event
+from ...records import Cause, Level, Record, What
+from .. import peers
+from ..gates import pipeline, window
+from ..lifecycle import On, Phase, Slot
+from ..notes import _iso_wall, _note
+from ..state import SlotLease, State, Tracked, _move, _with
+from ..vocabulary.constants import SLOT_MARGIN
+from ..vocabulary.effects import AcquireSlot, Coordinate, Effect, ReleaseSlot
+from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
+
+
+def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
+        out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
+        return state
+    group = state.config.concurrency.group if state.config.concurrency else None
+    back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
+    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
+    tracked = replace(tracked, slot=Slot.HELD)
+    confirmed = now if msg.confirmed is None else msg.confirmed
+    state = _slot_confirmed(state, msg.event_id, confirmed)
+    if tracked.phase is not Phase.QUEUED:
+        return _with(state, msg.event_id, tracked)
+    state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
+    return _with(state, msg.event_id, tracked)
+
+
+def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None:
+        return state
+    state = replace(state, slot_holders=msg.holders)
+    if tracked.phase is Phase.QUEUED:
+        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        return state
+    if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                tracked.event,
+                holders=list(msg.holders),
+                reason="its slot was lost while the daemon was down: not approved early",
+            )
+        )
+        out.append(ReleaseSlot(msg.event_id))
+        return _with(state, msg.event_id, replace(tracked, slot=Slot.MISSING))
+    return state
+
+
+def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    lease = state.slot_leases.get(msg.event_id)
+    if tracked is None or tracked.slot is not Slot.HELD or lease is None or not lease.confirmed:
+        return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
+    return _slot_confirmed(state, msg.event_id, msg.confirmed)
+
+
+def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
+    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = state.slot_leases.get(event_id)
+    until = confirmed + ttl
+    if lease is not None and lease.confirmed and lease.until >= until:
+        return state
+    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
+
+
+def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
+    """A held slot asked for again (a restart, a reload): no early approval until etcd says
+    it is still ours, and lost if that takes longer than `ttl`."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = SlotLease(now + ttl, confirmed=False)
+    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
+
+
+def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
+        return state
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_FAILED,
+            tracked.event,
+            kind=msg.kind,
+            error=msg.detail[:300],
+            reason="etcd could not be asked for a slot; asked again; without one by the "
+            "deadline its hooks start and it is not approved early",
+        )
+    )
+    return state
+
+
+# Phases in which an event may still be approved early: a slot lost then means it is not.
+_BEFORE_APPROVAL = frozenset(
+    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
+)
+
+
+def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
+    """A slot etcd has not confirmed for `ttl` may be another VM's by now (its lease expired
+    in a partition, or was not taken back after a restart): its event is not approved early.
+    Counted from the last acknowledged keep-alive on the monotonic clock, not from when a
+    failure is noticed (a keep-alive that hangs would notice it late). Hooks go on; an
+    approval already under way is judged when it ends. After the approval the slot is kept
+    asked for: it guards the undrain, and etcd says if it went (SlotBusy)."""
+    for event_id, lease in list(state.slot_leases.items()):
+        t = state.events.get(event_id)
+        if t is None or t.slot is not Slot.HELD:  # over, given back, or lost otherwise
+            leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
+            state = replace(state, slot_leases=leases)
+        elif (
+            lease.until <= now
+            and t.phase in _BEFORE_APPROVAL
+            and event_id not in state.approvals.posting
+        ):
+            state = _slot_lost(state, t, lease, out)
+    for event_id, t in state.events.items():
+        # Lost by any path (the timer above, etcd saying the lease expired or the slot is
+        # another VM's) once the event had been decided: an approval not sent is never sent.
+        if (
+            t.slot is Slot.MISSING
+            and t.phase in (Phase.COORDINATING, Phase.APPROVING)
+            and event_id not in state.approvals.posting
+        ):
+            state = _not_approved_without_slot(state, t, out)
+    return state
+
+
+def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) -> State:
+    event_id = t.event.event_id
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_LOST,
+            t.event,
+            reason="etcd did not confirm the slot within its ttl (its lease may have expired)"
+            if lease.confirmed
+            else "the slot was not taken back within its ttl after the restart",
+        )
+    )
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_UNAVAILABLE,
+            t.event,
+            reason="its slot was lost: its hooks go on, and it is not approved early (it "
+            "proceeds at NotBefore)",
+        )
+    )
+    out.append(ReleaseSlot(event_id))
+    leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
+    state = replace(state, slot_leases=leases)
+    return _with(state, event_id, replace(t, slot=Slot.MISSING))
+
+
+def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
+    """A shared event waiting for its peers, or an approval not sent yet, whose slot went.
+    A shared event's `ready` in etcd is taken back (`failed`: nobody approves it early), or
+    another VM could approve, for this one too, once every VM said ready."""
+    if t.phase is Phase.COORDINATING:
+        state, t = peers._stop_asking(state, t, out)
+        if peers._etcd(state):
+            out.append(Coordinate(t.event, t.vm_name or state.vm_name, False, t.incarnation))
+    out.append(
+        _note(
+            Level.WARNING,
+            What.EVENT_NOT_APPROVED,
+            t.event,
+            cause=Cause.SLOT_UNAVAILABLE.value,
+            reason="its concurrency slot was lost: it proceeds at NotBefore",
+        )
+    )
+    return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
+
+
+def _slot_pending(state: State, event_id: str, now: float) -> bool:
+    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
+    approval waits for etcd's next answer (or is lost at the lease's end)."""
+    lease = state.slot_leases.get(event_id)
+    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
+
+
+def _needs_slot(state: State, tracked: Tracked) -> bool:
+    """Concurrency slots bound early maintenance: the types that obey windows (planned
+    maintenance), once per event (not again once held, given up or missed)."""
+    concurrency = state.config.concurrency
+    rule = state.config.events.get(tracked.event.event_type)
+    if concurrency is None or rule is None or not rule.obeys_windows(tracked.event.event_type):
+        return False
+    return tracked.slot is Slot.NONE
+
+
+def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[float]:
+    """The monotonic instant its hooks start without a slot: its lead before NotBefore.
+    None: no NotBefore, or no clock yet (no time to wait)."""
+    if event.not_before is None or state.wall_offset is None:
+        return None
+    return event.not_before.timestamp() - window.lead(rule) - state.wall_offset
+
+
+def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+    """`deadline` is inf after a restart until the next document places it: no instant then
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
+    wall = deadline + (state.wall_offset or 0.0)
+    concurrency = state.config.concurrency
+    return _note(
+        Level.INFO,
+        What.EVENT_WAITING,
+        event,
+        reason="slot",
+        group=concurrency.group if concurrency else None,
+        holders=list(holders),
+        hooks_start_at=_iso_wall(wall),
+    )
+
+
+# Phases in which an event's slot is given back: it is over, or it never will be prepared.
+_SLOT_ENDS = frozenset({Phase.OVER, Phase.GONE, Phase.MISSED, Phase.UNHANDLED})
+
+
+def _release_slots(before: State, after: State, out: list[Effect]) -> State:
+    """A held or asked-for slot is given back once its event is over (after-hooks ended)."""
+    for event_id, old in before.events.items():
+        if old.slot not in (Slot.ASKED, Slot.HELD):
+            continue
+        now_ = after.events.get(event_id)
+        if now_ is not None and now_.phase not in _SLOT_ENDS:
+            continue
+        out.append(ReleaseSlot(event_id))
+        if old.slot is Slot.HELD:
+            # The VM's events share its one slot (slots.SlotKeeper): it stays the VM's while
+            # another of them holds it.
+            kept = sorted(
+                k for k, t in after.events.items() if k != event_id and t.slot is Slot.HELD
+            )
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event, kept_for=kept))
+        if now_ is not None:
+            after = _with(after, event_id, replace(now_, slot=Slot.NONE))
+    return after
+
+
+def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+    """A reload that changes `concurrency` or etcd gives the daemon a new slot keeper (the old
+    one hands its held slots over): every slot asked for or held is asked for again through
+    it, held ones taken back under its own renewed lease. Without `concurrency` any more,
+    held slots are given back (the keeper is gone), and no slot is needed."""
+    new = state.config
+    if (new.coordination, new.concurrency) == (old.coordination, old.concurrency):
+        return state  # the daemon keeps its keeper (the same test as its _use_config)
+    etcd = new.coordination.etcd if new.coordination is not None else None
+    for event_id, t in state.events.items():
+        if t.slot not in (Slot.ASKED, Slot.HELD) or t.phase in _SLOT_ENDS:
+            continue
+        if new.concurrency is not None and etcd is not None:
+            out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
+        elif t.slot is Slot.HELD:
+            out.append(ReleaseSlot(event_id))
+            out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
+            state = _with(state, event_id, replace(t, slot=Slot.NONE))
+    return state
