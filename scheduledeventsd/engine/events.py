@@ -366,5 +366,6 @@ def _judge_reboot(
         # Marked before the boot: watched again until drained (the worker finds the mark set).
         out.append(drain._drain_effect(state, tracked))
         deadline = drain._drain_deadline(state, event, now)
-        return state, _move(tracked, on, Phase.DRAINING, drain=Drain.ASKED, start_at=deadline)
+        marked = drain.move(tracked, drain.DrainOn.REMARK, Drain.ASKED)
+        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
     return _resume(state, tracked, on, now, out)

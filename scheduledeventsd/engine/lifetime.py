@@ -74,7 +74,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
         if tracked.slot in (Slot.ASKED, Slot.HELD):  # asked for again; a held one taken back
             if tracked.phase in slot._SLOT_ENDS:
-                tracked = replace(tracked, slot=Slot.NONE)
+                tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
             else:
                 out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
                 if tracked.slot is Slot.HELD:

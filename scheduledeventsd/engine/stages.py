@@ -133,7 +133,7 @@ def _start_stage(
         restore = None  # the node stays marked for the other event; restored at its end
         if tracked.drain is Drain.ASKED:  # a mark set after this comes back: _cluster_marked
             out.append(StopDraining(tracked.event.event_id))
-        tracked = replace(tracked, drain=Drain.NONE)
+        tracked = drain.move(tracked, drain.DrainOn.UNMARKED, Drain.NONE)
     if not hooks:
         if restore is not None:
             out.append(RestoreNode(tracked.event.event_id, restore))

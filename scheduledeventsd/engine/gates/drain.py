@@ -3,6 +3,7 @@ and the node is restored once the event is over."""
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import replace
 from typing import Optional
@@ -12,6 +13,7 @@ from ...model import Event
 from ...records import Level, Record, What
 from .. import stages
 from ..lifecycle import Drain, On, Phase
+from ..machine import Table, row
 from ..notes import _note, event_fields
 from ..state import State, Tracked, _with, mark_of
 from ..vocabulary.constants import CLUSTER_CHECK
@@ -24,6 +26,41 @@ from ..vocabulary.messages import (
     ClusterMarked,
     ClusterRestored,
 )
+
+
+class DrainOn(str, enum.Enum):
+    """What happens to this node's drain for an event: the triggers of its table."""
+
+    MARK = "the event drains this node"
+    DRAINED = "its resources left"
+    HELD = "the cluster cannot spare it, or the drain timed out"
+    REMARK = "a new boot, the event still Scheduled"
+    RESTORED = "the node is back"
+    UNMARKED = "over: another event keeps the mark, or it is not ours"
+
+
+_ = Drain
+_MARKED = (_.ASKED, _.DONE, _.HELD)
+TABLE = Table(
+    "drain",
+    "this node in its Pacemaker cluster for an event (cluster: pacemaker): marked as going away "
+    "before the before-hooks, restored once the event is over, before its after-hooks",
+    (
+        row([_.NONE], DrainOn.MARK, _.ASKED, "DrainNode: cluster_draining; the event is draining"),
+        row([_.ASKED], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
+        row([_.ASKED], DrainOn.HELD, _.HELD, "cluster_hold: before-hooks, never approved early"),
+        row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
+        row(_MARKED, DrainOn.RESTORED, _.NONE, "cluster_restored"),
+        row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),
+    ),
+)
+del _
+
+
+def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
+    """The one place an event's drain changes: only as `TABLE` declares."""
+    TABLE.check(tracked.drain, on, target)
+    return replace(tracked, drain=target)
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
@@ -131,7 +168,7 @@ def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Ef
         return state
     out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
     state, tracked = stages._before_hooks(
-        state, replace(tracked, drain=Drain.DONE), On.DRAINED, now, out
+        state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
     )
     return _with(state, msg.event_id, tracked)
 
@@ -158,7 +195,8 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
             error=detail or None,
         )
     )
-    return stages._before_hooks(state, replace(tracked, drain=Drain.HELD), On.DRAIN_HELD, now, out)
+    held = move(tracked, DrainOn.HELD, Drain.HELD)
+    return stages._before_hooks(state, held, On.DRAIN_HELD, now, out)
 
 
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
@@ -179,7 +217,7 @@ def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[
         cluster_mark=None,
         restore_error="",
         events={
-            k: replace(t, drain=Drain.NONE)
+            k: move(t, DrainOn.RESTORED, Drain.NONE)
             if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
             else t
             for k, t in state.events.items()
@@ -193,7 +231,7 @@ def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[
         )
     )
     if tracked is not None and tracked.drain is not Drain.NONE:
-        state = _with(state, msg.event_id, replace(tracked, drain=Drain.NONE))
+        state = _with(state, msg.event_id, move(tracked, DrainOn.RESTORED, Drain.NONE))
     return state
 
 

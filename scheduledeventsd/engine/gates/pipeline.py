@@ -3,8 +3,6 @@ window holds it before: gates/window)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...config import EventRule
 from ...records import Level, What
 from .. import stages
@@ -27,7 +25,8 @@ def _prepare(
         if deadline is not None and deadline > now:
             out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
             out.append(slot._slot_waiting(event, deadline, (), state))
-            return state, _move(tracked, on, Phase.QUEUED, slot=Slot.ASKED, start_at=deadline)
+            asked = slot.move(tracked, slot.SlotOn.ASK, Slot.ASKED)
+            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
         out.append(
             _note(
                 Level.WARNING,
@@ -37,7 +36,7 @@ def _prepare(
                 "now, and it is not approved early",
             )
         )
-        tracked = replace(tracked, slot=Slot.MISSING)
+        tracked = slot.move(tracked, slot.SlotOn.TOO_LATE, Slot.MISSING)
     settings = drain._pacemaker(state)
     if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
         out.append(drain._drain_effect(state, tracked))
@@ -51,5 +50,6 @@ def _prepare(
             )
         )
         deadline = drain._drain_deadline(state, event, now)
-        return state, _move(tracked, on, Phase.DRAINING, drain=Drain.ASKED, start_at=deadline)
+        marked = drain.move(tracked, drain.DrainOn.MARK, Drain.ASKED)
+        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
     return stages._before_hooks(state, tracked, on, now, out)

@@ -3,6 +3,7 @@ event is over."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import replace
 from typing import Optional
 
@@ -12,11 +13,57 @@ from ...records import Cause, Level, Record, What
 from .. import peers
 from ..gates import pipeline, window
 from ..lifecycle import On, Phase, Slot
+from ..machine import Table, row
 from ..notes import _iso_wall, _note
 from ..state import SlotLease, State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_MARGIN
 from ..vocabulary.effects import AcquireSlot, Coordinate, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
+
+
+class SlotOn(str, enum.Enum):
+    """What happens to an event's slot: the triggers of its table."""
+
+    ASK = "its before-hooks are due"
+    TOO_LATE = "too close to NotBefore to wait"
+    GRANTED = "etcd granted it"
+    DEADLINE = "its deadline came first"
+    BUSY = "it went to another VM while the daemon was down"
+    LOST = "etcd did not confirm it within its ttl"
+    OVER = "its event is over or forgotten"
+    DROPPED = "a reload removed concurrency"
+    OVER_AT_BOOT = "the state file has its event over"
+
+
+_ = Slot
+TABLE = Table(
+    "slot",
+    "an event's concurrency slot (concurrency, etcd): held from before its before-hooks until "
+    "it is over; missing, it is never approved early",
+    (
+        row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
+        row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
+        row([_.ASKED, _.HELD], SlotOn.GRANTED, _.HELD, "slot_acquired (taken_back)"),
+        row([_.NONE, _.ASKED], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
+        row([_.HELD], SlotOn.BUSY, _.MISSING, "ReleaseSlot, slot_unavailable"),
+        row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
+        row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
+        row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
+        row(
+            [_.ASKED, _.HELD],
+            SlotOn.OVER_AT_BOOT,
+            _.NONE,
+            "nothing to give back",
+        ),
+    ),
+)
+del _
+
+
+def move(tracked: Tracked, on: SlotOn, target: Slot) -> Tracked:
+    """The one place an event's slot changes: only as `TABLE` declares."""
+    TABLE.check(tracked.slot, on, target)
+    return replace(tracked, slot=target)
 
 
 def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
@@ -27,7 +74,7 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     group = state.config.concurrency.group if state.config.concurrency else None
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
-    tracked = replace(tracked, slot=Slot.HELD)
+    tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
     state = _slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
@@ -55,7 +102,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
             )
         )
         out.append(ReleaseSlot(msg.event_id))
-        return _with(state, msg.event_id, replace(tracked, slot=Slot.MISSING))
+        return _with(state, msg.event_id, move(tracked, SlotOn.BUSY, Slot.MISSING))
     return state
 
 
@@ -165,7 +212,7 @@ def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) ->
     out.append(ReleaseSlot(event_id))
     leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
     state = replace(state, slot_leases=leases)
-    return _with(state, event_id, replace(t, slot=Slot.MISSING))
+    return _with(state, event_id, move(t, SlotOn.LOST, Slot.MISSING))
 
 
 def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
@@ -250,7 +297,7 @@ def _release_slots(before: State, after: State, out: list[Effect]) -> State:
             )
             out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event, kept_for=kept))
         if now_ is not None:
-            after = _with(after, event_id, replace(now_, slot=Slot.NONE))
+            after = _with(after, event_id, move(now_, SlotOn.OVER, Slot.NONE))
     return after
 
 
@@ -271,5 +318,5 @@ def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
-            state = _with(state, event_id, replace(t, slot=Slot.NONE))
+            state = _with(state, event_id, move(t, SlotOn.DROPPED, Slot.NONE))
     return state

@@ -131,7 +131,7 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
                     "is not approved early (it proceeds at NotBefore)",
                 )
             )
-            t = replace(t, slot=Slot.MISSING)  # noqa: PLW2901
+            t = slot.move(t, slot.SlotOn.DEADLINE, Slot.MISSING)  # noqa: PLW2901
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
         state, tracked = pipeline._prepare(state, t, On.LEAD_TIME, now, out)
