@@ -27,6 +27,7 @@ from .engine import (
     AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
+    AskCluster,
     AskGate,
     CancelFetch,
     CancelRuns,
@@ -96,6 +97,7 @@ Pretended = Union[
     Persist,
     Coordinate,
     AskGate,
+    AskCluster,
     AcquireSlot,
     ReleaseSlot,
     DrainNode,
@@ -251,7 +253,7 @@ class Daemon:
             self.inbox.put(_name_error(detail))
         elif isinstance(effect, SpawnHooks):
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
-        elif isinstance(effect, AskGate):
+        elif isinstance(effect, (AskGate, AskCluster)):
             self.inbox.put(GateAnswered(effect.run, None, detail=detail))
 
     def _fault(self, where: str, error: Exception, message: Optional[Message]) -> None:
@@ -292,7 +294,7 @@ class Daemon:
             self._coordinate(effect)
         elif isinstance(effect, (AcquireSlot, ReleaseSlot)):
             self._slot(effect)
-        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode)):
+        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster)):
             self._cluster(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
@@ -341,16 +343,22 @@ class Daemon:
         else:
             self._slots.acquire(effect)
 
-    def _cluster(self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode]) -> None:
+    def _cluster(
+        self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster]
+    ) -> None:
         if isinstance(effect, RestoreNode):
             if effect.mark is not None:
                 self._restorer_for(effect.mark).restore_later(effect.event_id, effect.mark)
             return
         drainer = self._drainer
         if drainer is None:
+            detail = "no coordination.pacemaker configured"
             if isinstance(effect, DrainNode):
-                detail = "no coordination.pacemaker configured"
                 self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
+            elif isinstance(effect, AskCluster):
+                self.inbox.put(GateAnswered(effect.run, None, detail=detail))
+        elif isinstance(effect, AskCluster):
+            drainer.ask(effect)
         elif isinstance(effect, CheckCluster):
             drainer.check()
         elif isinstance(effect, DrainNode):
@@ -390,7 +398,7 @@ class Daemon:
             if effect.ready:
                 names = {r.casefold(): "ready" for r in effect.event.resources}
                 self.inbox.put(PeersChanged(effect.event.event_id, names))
-        elif isinstance(effect, AskGate):
+        elif isinstance(effect, (AskGate, AskCluster)):
             self.log.info("would_ask_gate", **engine.event_fields(effect.event))
             self.inbox.put(GateAnswered(effect.run, 0))
         elif isinstance(effect, SpawnHooks):
@@ -479,9 +487,6 @@ class Daemon:
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
-        if self._drainer is not None:
-            self._drainer.ask(effect)
-            return
         gate = self.config.coordination.gate if self.config.coordination else None
         if gate is None:
             self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))

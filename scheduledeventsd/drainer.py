@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from .config import Pacemaker
 from .engine import (
     GATE_LATER,
-    AskGate,
+    AskCluster,
     ClusterChecked,
     ClusterDrained,
     ClusterDraining,
@@ -105,7 +105,7 @@ class Drainer:
         self.stop(event_id)
         self._restore_in_background(event_id, mark)
 
-    def ask(self, effect: AskGate) -> None:
+    def ask(self, effect: AskCluster) -> None:
         """A shared event's gate, on a thread: GateAnswered(run) comes back, also when the
         asking itself broke (then as a coordination failure, asked again with backoff)."""
 

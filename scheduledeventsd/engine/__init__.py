@@ -56,6 +56,7 @@ from .vocabulary.constants import (
 )
 from .vocabulary.effects import (
     AcquireSlot,
+    AskCluster,
     AskGate,
     CancelFetch,
     CancelRuns,
@@ -131,6 +132,7 @@ __all__ = [
     "ApprovalFailed",
     "ApprovalSent",
     "Approvals",
+    "AskCluster",
     "AskGate",
     "Boot",
     "CancelFetch",

@@ -11,7 +11,7 @@ from .lifecycle import On, Phase
 from .notes import _note, event_fields
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import CLUSTER_ASK, COORDINATION_BACKOFF, GATE_LATER
-from .vocabulary.effects import AskGate, Coordinate, Effect, StopCoordinating
+from .vocabulary.effects import AskCluster, AskGate, Coordinate, Effect, StopCoordinating
 from .vocabulary.messages import CoordinationFailed, GateAnswered, PeersChanged
 
 
@@ -198,7 +198,8 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
             out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
         else:
             state, run = stages._new_run(state, event_id)
-            out.append(AskGate(run, t.event, t.incarnation, vm_name))
+            ask = AskCluster if coordination.pacemaker is not None else AskGate
+            out.append(ask(run, t.event, t.incarnation, vm_name))
             state = _with(state, event_id, replace(t, run=run))
         state = replace(state, peers={**state.peers, event_id: replace(peers, asking=True)})
     return state

@@ -105,6 +105,18 @@ class AskGate:
 
 
 @dataclass(frozen=True)
+class AskCluster:
+    """Ask the Pacemaker cluster whether every node a shared event names is drained and done
+    (this node says it is, first); GateAnswered(run) comes back, as for AskGate. The engine
+    decides which is asked: the daemon routes nothing by its configuration."""
+
+    run: int
+    event: Event
+    incarnation: int
+    vm_name: str
+
+
+@dataclass(frozen=True)
 class AcquireSlot:
     """Ask for (or take back, after a restart) one of the group's slots for this event."""
 
@@ -180,6 +192,7 @@ Effect = Union[
     Coordinate,
     StopCoordinating,
     AskGate,
+    AskCluster,
     WakeAt,
     Exit,
 ]
