@@ -13,7 +13,7 @@ from .gates import slot
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
 from .poll import rate
-from .state import Approvals, State, Tracked, _move, _with
+from .state import NO_FAILURES, Approvals, State, Tracked, _move, _with
 from .vocabulary.constants import APPROVAL_BACKOFF
 from .vocabulary.effects import Effect, PostApproval
 from .vocabulary.messages import ApprovalFailed, ApprovalSent
@@ -170,3 +170,21 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
             other_resources=" ".join(others),
         )
     return Phase.APPROVING, None
+
+
+# ---- the approvals' timer: an APPROVING event's next POST
+
+DUE_PHASES = frozenset({Phase.APPROVING})
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """When its approval goes out: after a failure's backoff, when the rate limit allows; none
+    while it is on its way, or while its slot is being confirmed."""
+    if event_id in state.approvals.posting or slot._slot_pending(state, event_id, now):
+        return None
+    return max(state.approvals.failures.get(event_id, NO_FAILURES).retry_at, allowed)
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    state = rate._make_room(state, now, out)  # a poll ordered for later gives way to it
+    return _retry_approvals(state, now, out)

@@ -255,3 +255,15 @@ def _exit(state: State, out: list[Effect]) -> State:
     out.append(Record(Level.INFO, What.DAEMON_STOPPED, {}))
     out.append(Exit(0))
     return state
+
+
+# ---- the daemon's own timers: the watchdog's ping, the end of the stop's grace or kill wait
+
+
+def due(state: State, now: float, allowed: float) -> tuple[float, ...]:
+    times: tuple[float, ...] = () if state.watchdog_every is None else (state.watchdog_at,)
+    stopping = state.stopping
+    if stopping is not None:
+        end = stopping.kill_until if stopping.kill_until is not None else stopping.grace_until
+        times = (*times, end)
+    return times

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
@@ -203,3 +204,23 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
             state = _with(state, event_id, replace(t, run=run))
         state = replace(state, peers={**state.peers, event_id: replace(peers, asking=True)})
     return state
+
+
+# ---- the peers' timer: when a shared event's watch or gate is (re)started
+
+DUE_PHASES = frozenset({Phase.COORDINATING, Phase.HOOKS_FAILED})
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """Now for a shared event not asked yet; after a failure or a "not yet", its next ask. A
+    HOOKS_FAILED one only while its `failed` is being announced."""
+    if state.stopping is not None:
+        return None
+    asked = state.peers.get(event_id)
+    if asked is None:
+        return now if t.phase is Phase.COORDINATING else None
+    return None if asked.asking else asked.next_at
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    return _coordinate(state, now, out)

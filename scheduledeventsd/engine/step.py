@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
-from ..retry import Failures
 from . import approval, events, lifetime, peers, reload, stages
 from .gates import drain, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _durable_view, _persist, _status
 from .poll import names, rate, timing
-from .state import State
-from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP, STALL_MARGIN
-from .vocabulary.effects import Effect, Exit, Persist, ResolveName, SpawnHooks, WakeAt
+from .state import State, Tracked
+from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
+from .vocabulary.effects import Effect, Exit, Persist, SpawnHooks, WakeAt
 from .vocabulary.messages import (
     ApprovalFailed,
     ApprovalSent,
@@ -188,68 +187,66 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
 }
 
 
+# ---- timers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timers:
+    """One component's timers. `due` and `due_for` say when they are due (an instant for the
+    component, one for an event in `phases`), `fire` does what is due, in this table's order.
+    `next_wakeup` is derived from every `due`, so a timer cannot be fired and never waited for."""
+
+    name: str
+    fire: Optional[Callable[[State, float, list[Effect]], State]]
+    due: Optional[Callable[[State, float, float], tuple[float, ...]]] = None
+    due_for: Optional[Callable[[State, str, Tracked, float, float], Optional[float]]] = None
+    phases: frozenset[Phase] = frozenset()
+
+
+# In the order they fire after every message. The daemon's own (the watchdog, the stop) fire
+# first, in `_timers`: while stopping nothing else does.
+TIMERS: tuple[Timers, ...] = (
+    Timers("lifetime", None, lifetime.due),
+    Timers("slot", slot.fire, None, slot.due_for, slot.DUE_PHASES),
+    Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
+    Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
+    Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
+    Timers("approval", approval.fire, None, approval.due_for, approval.DUE_PHASES),
+    Timers("names", names.fire, names.due),
+    Timers("poll", timing.fire, timing.due),
+)
+_DUE = tuple(t.due for t in TIMERS if t.due is not None)
+_DUE_BY_PHASE: Mapping[
+    Phase, tuple[Callable[[State, str, Tracked, float, float], Optional[float]], ...]
+] = {
+    phase: tuple(t.due_for for t in TIMERS if t.due_for is not None and phase in t.phases)
+    for phase in Phase
+}
+
+
 def _timers(state: State, now: float, out: list[Effect]) -> State:
     """Start whatever is due; runs after every message, so no timer waits for a Tick."""
     state = lifetime._watchdog(state, now, out)
     if state.stopping is not None:
         return lifetime._shutdown(state, now, out)
-    state = slot._slots_lost(state, now, out)
-    state = window._start_waiting(state, now, out)
-    state = drain._drain_timeouts(state, now, out)
-    state = drain._recheck_cluster(state, now, out)
-    state = peers._coordinate(state, now, out)
-    state = rate._make_room(state, now, out)
-    state = approval._retry_approvals(state, now, out)
-    if names._name_due(state, now) and rate._allowed_at(state, now) <= now:
-        out.append(ResolveName())
-        state = replace(rate._spend(state, now), resolving=True)
-    if state.ready and state.poll.in_flight_since is None and not rate._others_due(state, now):
-        state = timing._order_poll(state, state.poll, now, out)
+    for timers in TIMERS:
+        if timers.fire is not None:
+            state = timers.fire(state, now, out)
     return state
 
 
-def next_wakeup(state: State, now: float) -> float:  # noqa: PLR0912 - one branch per timer
-    """The earliest instant a timer of this state is due (never in the past)."""
-    times: list[float] = []
+def next_wakeup(state: State, now: float) -> float:
+    """The earliest instant a timer of this state is due (never in the past): the soonest of
+    every component's `due`."""
     allowed = rate._allowed_first(state, now)  # none is due before the rate limit allows it
-    if state.watchdog_every is not None:
-        times.append(state.watchdog_at)
-    if state.stopping is not None:
-        s = state.stopping
-        times.append(s.kill_until if s.kill_until is not None else s.grace_until)
-    else:
-        if state.ready and state.poll.in_flight_since is None:
-            times.append(max(state.poll.next_at, allowed))
-        if state.name_source == "hostname" and not state.resolving:
-            times.append(max(state.name_failures.retry_at, allowed))
-        md = state.config.metadata
-        if state.poll.in_flight_since is not None and state.watchdog_every is not None:
-            times.append(
-                state.poll.in_flight_since + md.first_call_timeout + md.timeout + STALL_MARGIN
-            )
-    if state.stopping is None:
-        times.append(state.cluster_check_at)
+    times: list[float] = []
+    for due in _DUE:
+        times.extend(due(state, now, allowed))
+    by_phase = _DUE_BY_PHASE
     for event_id, t in state.events.items():
-        phase = t.phase
-        if phase is Phase.NOT_OURS:  # most of them under churn, and never a timer
-            continue
-        if (
-            phase is Phase.APPROVING
-            and event_id not in state.approvals.posting
-            and not slot._slot_pending(state, event_id, now)
-        ):
-            times.append(max(state.approvals.failures.get(event_id, Failures()).retry_at, allowed))
-        lease = state.slot_leases.get(event_id)
-        if lease is not None and phase in slot._BEFORE_APPROVAL:
-            times.append(lease.until)
-        if phase in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) and state.stopping is None:
-            times.append(t.start_at)
-        asked = state.peers.get(event_id)
-        announce = phase is Phase.HOOKS_FAILED and asked is not None
-        if (phase is Phase.COORDINATING or announce) and state.stopping is None:
-            if asked is None:
-                times.append(now)
-            elif not asked.asking:
-                times.append(asked.next_at)
-    due = [t for t in times if math.isfinite(t)]  # an event waiting for a document is not
-    return max(now, min(due)) if due else now + 3600.0
+        for due_for in by_phase[t.phase]:
+            at = due_for(state, event_id, t, now, allowed)
+            if at is not None:
+                times.append(at)
+    due_at = [t for t in times if math.isfinite(t)]  # an event waiting for a document is not
+    return max(now, min(due_at)) if due_at else now + 3600.0

@@ -291,3 +291,21 @@ def _drain_moved(state: State, tracked: Tracked, moved: float) -> float:
     cap = not_before.timestamp() - offset
     was_cap = not_before.timestamp() - (offset - moved)
     return cap if abs(tracked.start_at - was_cap) <= 1.0 else min(tracked.start_at, cap)
+
+
+# ---- the drain gate's timers: the cluster's next check, a DRAINING event's deadline
+
+DUE_PHASES = frozenset({Phase.DRAINING})
+
+
+def due(state: State, now: float, allowed: float) -> tuple[float, ...]:
+    return () if state.stopping is not None else (state.cluster_check_at,)
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    return None if state.stopping is not None else t.start_at
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    state = _drain_timeouts(state, now, out)
+    return _recheck_cluster(state, now, out)

@@ -320,3 +320,44 @@ def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
             state = _with(state, event_id, move(t, SlotOn.DROPPED, Slot.NONE))
     return state
+
+
+def _deadlines(state: State, now: float, out: list[Effect]) -> State:
+    """QUEUED events whose deadline came without a slot: prepared anyway, never approved early."""
+    for event_id, t in state.events.items():
+        if t.phase is not Phase.QUEUED or t.start_at > now:
+            continue
+        out.append(ReleaseSlot(event_id))
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                t.event,
+                reason="no concurrency slot by its deadline: its hooks start now, and it "
+                "is not approved early (it proceeds at NotBefore)",
+            )
+        )
+        missing = move(t, SlotOn.DEADLINE, Slot.MISSING)
+        if t.event.event_type not in state.config.events:
+            continue  # a reload removed it (handled there); never an empty run by accident
+        state, tracked = pipeline._prepare(state, missing, On.LEAD_TIME, now, out)
+        state = _with(state, event_id, tracked)
+    return state
+
+
+# ---- the slot gate's timers: a QUEUED event's deadline, a held slot's lease
+
+DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
+    if t.phase is Phase.QUEUED:
+        return None if state.stopping is not None else t.start_at
+    lease = state.slot_leases.get(event_id)
+    return None if lease is None else lease.until
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    state = _slots_lost(state, now, out)
+    return _deadlines(state, now, out)

@@ -13,10 +13,10 @@ from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
 from ..gates import drain, pipeline, slot
-from ..lifecycle import On, Phase, Slot
+from ..lifecycle import On, Phase
 from ..notes import _iso_wall, _note
 from ..state import State, Tracked, _with
-from ..vocabulary.effects import Effect, ReleaseSlot
+from ..vocabulary.effects import Effect
 
 # Where windows hold an event back and no start_before is set, the before-hooks start this long
 # before NotBefore at the latest: a window that opens late never makes preparation too late.
@@ -118,25 +118,27 @@ def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
     for event_id, t in state.events.items():
-        if t.phase not in (Phase.WAITING, Phase.QUEUED) or t.start_at > now:
+        if t.phase is not Phase.WAITING or t.start_at > now:
             continue
-        if t.phase is Phase.QUEUED:  # no slot by its deadline: prepare anyway, no early approval
-            out.append(ReleaseSlot(event_id))
-            out.append(
-                _note(
-                    Level.WARNING,
-                    What.SLOT_UNAVAILABLE,
-                    t.event,
-                    reason="no concurrency slot by its deadline: its hooks start now, and it "
-                    "is not approved early (it proceeds at NotBefore)",
-                )
-            )
-            t = slot.move(t, slot.SlotOn.DEADLINE, Slot.MISSING)  # noqa: PLW2901
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
         state, tracked = pipeline._prepare(state, t, On.LEAD_TIME, now, out)
         state = _with(state, event_id, tracked)
     return state
+
+
+# ---- the window gate's timer: when a WAITING event's before-hooks start
+
+DUE_PHASES = frozenset({Phase.WAITING})
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """A WAITING event's start instant (none while stopping)."""
+    return None if state.stopping is not None else t.start_at
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    return _start_waiting(state, now, out)
 
 
 def _replace_waiting(

@@ -10,8 +10,9 @@ from ..lifecycle import On, Phase
 from ..notes import status_text
 from ..state import State, _move
 from ..vocabulary.constants import NAME_BACKOFF
-from ..vocabulary.effects import Effect, Notify
+from ..vocabulary.effects import Effect, Notify, ResolveName
 from ..vocabulary.messages import NameResolved
+from . import rate
 
 
 def _name_resolved(state: State, msg: NameResolved, now: float, out: list[Effect]) -> State:
@@ -62,9 +63,26 @@ def _name_known(state: State, msg: NameResolved, now: float, out: list[Effect]) 
     return state
 
 
+def _name_pending(state: State) -> bool:
+    """The hostname stands in for the name, and no lookup is under way."""
+    return state.name_source == "hostname" and not state.resolving
+
+
 def _name_due(state: State, now: float) -> bool:
-    return (
-        state.name_source == "hostname"
-        and not state.resolving
-        and now >= state.name_failures.retry_at
-    )
+    return _name_pending(state) and now >= state.name_failures.retry_at
+
+
+# ---- the name lookup's timer: asked again while the hostname stands in
+
+
+def due(state: State, now: float, allowed: float) -> tuple[float, ...]:
+    if state.stopping is None and _name_pending(state):
+        return (max(state.name_failures.retry_at, allowed),)
+    return ()
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    if _name_due(state, now) and rate._allowed_at(state, now) <= now:
+        out.append(ResolveName())
+        state = replace(rate._spend(state, now), resolving=True)
+    return state

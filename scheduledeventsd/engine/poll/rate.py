@@ -6,10 +6,10 @@ import bisect
 from dataclasses import replace
 from typing import Optional
 
-from ..gates import slot
+from .. import approval
 from ..lifecycle import Phase
 from ..poll import names, timing
-from ..state import NO_FAILURES, State
+from ..state import State
 from ..vocabulary.constants import IMDS_RATE, RATE_WINDOW
 from ..vocabulary.effects import Effect
 
@@ -54,12 +54,14 @@ def _make_room(state: State, now: float, out: list[Effect]) -> State:
 
 
 def _others_due(state: State, now: float) -> bool:
-    """An approval or a name lookup waits for its turn (not for a retry's backoff)."""
-    posting, failures = state.approvals.posting, state.approvals.failures
-    return names._name_due(state, now) or any(
-        t.phase is Phase.APPROVING
-        and event_id not in posting
-        and now >= failures.get(event_id, NO_FAILURES).retry_at
-        and not slot._slot_pending(state, event_id, now)
-        for event_id, t in state.events.items()
-    )
+    """An approval or a name lookup waits for its turn (not for a retry's backoff): due by
+    their own `due`, the rate limit aside."""
+    if any(at <= now for at in names.due(state, now, now)):
+        return True
+    due_for = approval.due_for
+    for event_id, t in state.events.items():
+        if t.phase is Phase.APPROVING:
+            at = due_for(state, event_id, t, now, now)
+            if at is not None and at <= now:
+                return True
+    return False

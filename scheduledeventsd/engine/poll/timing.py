@@ -10,7 +10,7 @@ from ...records import Level, Record, What
 from ...retry import Backoff
 from ..poll import rate
 from ..state import Poll, State
-from ..vocabulary.constants import POLL_BACKOFF_CAP, TAKE_BACK
+from ..vocabulary.constants import POLL_BACKOFF_CAP, STALL_MARGIN, TAKE_BACK
 from ..vocabulary.effects import CancelFetch, Effect, Fetch
 from ..vocabulary.messages import PollFailed
 
@@ -123,3 +123,27 @@ def _take_back(state: State, out: list[Effect]) -> State:
     out.append(CancelFetch())
     sent = tuple(t for t in state.sent if t != ordered)
     return replace(state, sent=sent, poll=replace(state.poll, in_flight_since=None))
+
+
+# ---- the poll's timers: the next GET, and when one in flight counts as stalled
+
+
+def due(state: State, now: float, allowed: float) -> tuple[float, ...]:
+    """The next poll, when the rate limit allows it; while one is in flight and systemd
+    watches, the instant it counts as stalled (the watchdog stops). None while stopping."""
+    poll = state.poll
+    if state.stopping is not None:
+        return ()
+    if poll.in_flight_since is None:
+        return (max(poll.next_at, allowed),) if state.ready else ()
+    if state.watchdog_every is None:
+        return ()
+    md = state.config.metadata
+    return (poll.in_flight_since + md.first_call_timeout + md.timeout + STALL_MARGIN,)
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    """Ordered last, once whatever goes before it (an approval, a name lookup) has gone."""
+    if state.ready and state.poll.in_flight_since is None and not rate._others_due(state, now):
+        state = _order_poll(state, state.poll, now, out)
+    return state
