@@ -303,6 +303,19 @@ def test_a_queued_event_that_leaves_or_starts_gives_its_place_back():
     assert set(of(m.effects, ReleaseSlot)) == {ReleaseSlot("E1"), ReleaseSlot("E2")}
 
 
+def test_a_queued_event_whose_resources_drop_this_vm_stops_asking_for_a_slot():
+    """Forgotten as not ours (judged anew: not_ours) while its slot was asked for: the slot
+    is given back (the old before/after diff saw the same EventId again, not_ours, and the
+    keeper went on asking for a slot for an event of another VM)."""
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    other = dataclasses.replace(due_in(3 * 86400), resources=("vm-b",))
+    seen(m, other, incarnation=3, at=MONO0 + 1)
+    assert m.phase() is Phase.NOT_OURS
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
 def test_types_that_do_not_obey_windows_take_no_slot():
     m = slotted()
     seen(m, due_in(3 * 86400, "F", "Freeze"))

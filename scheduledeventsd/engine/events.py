@@ -14,7 +14,7 @@ from .gates import drain, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
-from .state import State, Tracked, _move
+from .state import State, Tracked, _forget, _move
 from .vocabulary.constants import CLOCK_STEP
 from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import DocumentFetched
@@ -102,11 +102,15 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             state, tracked = _listed(state, before, event, doc.incarnation, now, out)
         if tracked.phase is not Phase.GONE:
             events[event.event_id] = tracked
+        else:
+            state = _forget(state, tracked)
     for event_id, gone in known.items():
         if event_id not in listed:
             state, tracked = _left(state, gone, out)
             if tracked.phase is not Phase.GONE:
                 events[event_id] = tracked
+            else:
+                state = _forget(state, tracked)
     state = replace(state, events=events)
     failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
     return replace(state, approvals=replace(state.approvals, failures=failures))
@@ -136,7 +140,9 @@ def _resources_changed(
     )
     # Its stage's hooks get the event as it was when it named this VM.
     state, tracked = _left(state, before, out)
-    return state, None if tracked.phase is Phase.GONE else tracked
+    if tracked.phase is Phase.GONE:
+        return _forget(state, tracked), None
+    return state, tracked
 
 
 def _listed(  # noqa: PLR0917 - one call site, in the document loop

@@ -129,6 +129,9 @@ class State:
     cluster_problems: Optional[tuple[str, ...]] = None  # the last check (None: none yet)
     cluster_check_at: float = math.inf  # when the cluster is checked again
     restore_error: str = ""  # the last restore of cluster_mark failed (retried): why
+    # Events forgotten in this step that still asked for or held a concurrency slot: the slot
+    # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
+    forgotten: tuple[Tracked, ...] = ()
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
@@ -144,5 +147,14 @@ def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # no
 
 def _with(state: State, event_id: str, tracked: Tracked) -> State:
     if tracked.phase is Phase.GONE:
+        state = _forget(state, tracked)
         return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
     return replace(state, events={**state.events, event_id: tracked})
+
+
+def _forget(state: State, gone: Tracked) -> State:
+    """An event is forgotten (GONE): one that still asked for or held a slot is kept in
+    `forgotten` until the slot gate has given it back, after this step's handler."""
+    if gone.slot in (Slot.ASKED, Slot.HELD):
+        return replace(state, forgotten=(*state.forgotten, gone))
+    return state

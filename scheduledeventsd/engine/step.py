@@ -97,7 +97,7 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
             new, refused = _timers_after_fault(new, now, out)
         else:
             new = _timers(new, now, out)
-        new = slot._release_slots(state, new, out)
+        new = _couple(new, out)
     except IllegalTransitionError as e:
         if state.strict:
             raise
@@ -126,6 +126,25 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
             wake = max(wake, now + POLL_BACKOFF_CAP)
         out.append(WakeAt(wake))
     return new, tuple(out)
+
+
+# Couplings between the machines: rules on the state alone, declared here once and run after
+# every message until none changes anything (h11's state-triggered transitions).
+COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
+    slot._release_when_over,  # the slot is given back once its event is over or forgotten
+)
+_ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
+
+
+def _couple(state: State, out: list[Effect]) -> State:
+    for _ in range(_ROUNDS):
+        new = state
+        for coupling in COUPLINGS:
+            new = coupling(new, out)
+        if new is state:
+            break
+        state = new
+    return state
 
 
 def _timers_after_fault(state: State, now: float, out: list[Effect]) -> tuple[State, bool]:

@@ -280,25 +280,33 @@ def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state
 _SLOT_ENDS = frozenset({Phase.OVER, Phase.GONE, Phase.MISSED, Phase.UNHANDLED})
 
 
-def _release_slots(before: State, after: State, out: list[Effect]) -> State:
-    """A held or asked-for slot is given back once its event is over (after-hooks ended)."""
-    for event_id, old in before.events.items():
-        if old.slot not in (Slot.ASKED, Slot.HELD):
-            continue
-        now_ = after.events.get(event_id)
-        if now_ is not None and now_.phase not in _SLOT_ENDS:
-            continue
-        out.append(ReleaseSlot(event_id))
-        if old.slot is Slot.HELD:
-            # The VM's events share its one slot (slots.SlotKeeper): it stays the VM's while
-            # another of them holds it.
-            kept = sorted(
-                k for k, t in after.events.items() if k != event_id and t.slot is Slot.HELD
-            )
-            out.append(_note(Level.INFO, What.SLOT_RELEASED, old.event, kept_for=kept))
-        if now_ is not None:
-            after = _with(after, event_id, move(now_, SlotOn.OVER, Slot.NONE))
-    return after
+def _release_when_over(state: State, out: list[Effect]) -> State:
+    """A coupling (step.COUPLINGS): a slot asked for or held is given back once its event is
+    over, will never be prepared, or is forgotten. Read from the state alone: an event forgotten
+    in this step waits in `state.forgotten` for it."""
+    forgotten = state.forgotten
+    if forgotten:
+        state = replace(state, forgotten=())
+        for gone in forgotten:
+            current = state.events.get(gone.event.event_id)
+            if current is None or current.slot not in (Slot.ASKED, Slot.HELD):
+                state = _give_back(state, gone, out)
+    for event_id, t in state.events.items():
+        if t.slot in (Slot.ASKED, Slot.HELD) and t.phase in _SLOT_ENDS:
+            state = _give_back(state, t, out)
+            state = _with(state, event_id, move(t, SlotOn.OVER, Slot.NONE))
+    return state
+
+
+def _give_back(state: State, t: Tracked, out: list[Effect]) -> State:
+    event_id = t.event.event_id
+    out.append(ReleaseSlot(event_id))
+    if t.slot is Slot.HELD:
+        # The VM's events share its one slot (slots.SlotKeeper): it stays the VM's while
+        # another of them holds it.
+        kept = sorted(k for k, o in state.events.items() if k != event_id and o.slot is Slot.HELD)
+        out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event, kept_for=kept))
+    return state
 
 
 def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
