@@ -63,3 +63,47 @@ def _shown(state: enum.Enum) -> str:
 
 def row(sources: Iterable[S], on: T, target: S, does: str) -> Row[S, T]:
     return Row(tuple(sources), on, target, does)
+
+
+# ---- what is generated from a table (docs/lifecycle.py, beside the phase's) ---------------
+
+
+def markdown(table: Table[S, T]) -> str:
+    """The table as the README shows it, under the phase's."""
+    lines = [
+        f"The `{table.name}` gate: {table.what}.",
+        "",
+        f"| {table.name} | what happened | next | what the daemon does |",
+        "|---|---|---|---|",
+    ]
+    for r in table.rows:
+        sources = ", ".join(f"`{_shown(s)}`" for s in r.sources)
+        lines.append(f"| {sources} | {r.on.value} | `{_shown(r.target)}` | {r.does} |")
+    return "\n".join(lines)
+
+
+def troff(table: Table[S, T]) -> str:
+    """The table as the man page shows it: one paragraph per row."""
+    out = [f".TP\n.B {table.name} gate\n{table.what}."]
+    for r in table.rows:
+        sources = ", ".join(_shown(s) for s in r.sources)
+        out.append(f".br\n{sources}: {r.on.value} \\(-> {_shown(r.target)}: {r.does}")
+    return "\n".join(out)
+
+
+def dot(table: Table[S, T]) -> str:
+    """The table as a Graphviz cluster, drawn beside the phase's in docs/lifecycle.svg."""
+    name = table.name
+    lines = [f"  subgraph cluster_{name} {{", f'    label="{name} gate"; fontsize=10;']
+    states = dict.fromkeys(s for r in table.rows for s in (*r.sources, r.target))
+    for s in states:
+        lines.append(f'    {name}_{_shown(s)} [label="{_shown(s)}"];')
+    edges: dict[tuple[str, str], list[str]] = {}
+    for r in table.rows:
+        for s in r.sources:
+            edges.setdefault((_shown(s), _shown(r.target)), []).append(r.on.value)
+    for (source, target), ons in edges.items():
+        label = "\\n".join(dict.fromkeys(ons))
+        lines.append(f'    {name}_{source} -> {name}_{target} [label="{label}", fontsize=8];')
+    lines.append("  }")
+    return "\n".join(lines)

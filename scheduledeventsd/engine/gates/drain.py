@@ -43,8 +43,8 @@ _ = Drain
 _MARKED = (_.ASKED, _.DONE, _.HELD)
 TABLE = Table(
     "drain",
-    "this node in its Pacemaker cluster for an event (cluster: pacemaker): marked as going away "
-    "before the before-hooks, restored once the event is over, before its after-hooks",
+    "this node in its Pacemaker cluster for an event (coordination.pacemaker): marked as going "
+    "away before the before-hooks, restored once the event is over, before its after-hooks",
     (
         row([_.NONE], DrainOn.MARK, _.ASKED, "DrainNode: cluster_draining; the event is draining"),
         row([_.ASKED], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
