@@ -32,8 +32,10 @@ from .engine import (
     CancelFetch,
     CancelRuns,
     CheckCluster,
+    ClusterChecked,
     ClusterDrained,
     ClusterHeld,
+    ClusterRestored,
     Coordinate,
     CoordinationFailed,
     DocumentFetched,
@@ -255,6 +257,18 @@ class Daemon:
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
         elif isinstance(effect, (AskGate, AskCluster)):
             self.inbox.put(GateAnswered(effect.run, None, detail=detail))
+        elif isinstance(effect, Coordinate):
+            self.inbox.put(CoordinationFailed(effect.event.event_id, "internal", detail))
+        elif isinstance(effect, AcquireSlot):
+            self.inbox.put(SlotFailed(effect.event.event_id, "internal", detail))
+        elif isinstance(effect, CheckCluster):
+            self.inbox.put(ClusterChecked((detail,)))
+        elif isinstance(effect, DrainNode):
+            self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
+        elif isinstance(effect, RestoreNode):
+            self.inbox.put(ClusterRestored(effect.event_id, detail))
+        elif isinstance(effect, Persist):
+            self.inbox.put(Persisted(detail))
 
     def _fault(self, where: str, error: Exception, message: Optional[Message]) -> None:
         """Logged once per distinct failure with its traceback, counted, shown as degraded;

@@ -8,13 +8,15 @@ clock, so every rule, backoff and retry is tested with a fake clock in milliseco
 
 The package is laid out by concern (docs/ARCHITECTURE.md): `vocabulary` (messages, effects,
 constants), `state`, `lifecycle` (the phase table), `events`, `stages`, `approval`, `peers`,
-`lifetime` and `reload`, `poll/`, `gates/` (window, slot, drain) and `step`, which composes them.
+`lifetime` and `reload`, `poll/`, `gates/` (window, slot, drain) and `compose`, whose `step`
+composes them.
 This module re-exports what the daemon, its observers and the tests use.
 """
 
 from __future__ import annotations
 
 from ..records import Level, Record, What
+from .compose import _HANDLERS, full_step, next_wakeup, step
 from .lifecycle import Drain, IllegalTransitionError, On, Phase, Rule, Slot, Stage
 from .notes import durable_events, event_fields, status_text
 from .poll.rate import _allowed_at
@@ -34,7 +36,6 @@ from .state import (
     initial,
     mark_of,
 )
-from .step import _HANDLERS, full_step, next_wakeup, step
 from .vocabulary.constants import (
     APPROVAL_BACKOFF,
     CLOCK_STEP,

@@ -281,7 +281,7 @@ _SLOT_ENDS = frozenset({Phase.OVER, Phase.GONE, Phase.MISSED, Phase.UNHANDLED})
 
 
 def _release_when_over(state: State, out: list[Effect]) -> State:
-    """A coupling (step.COUPLINGS): a slot asked for or held is given back once its event is
+    """A coupling (compose.COUPLINGS): a slot asked for or held is given back once its event is
     over, will never be prepared, or is forgotten. Read from the state alone: an event forgotten
     in this step waits in `state.forgotten` for it."""
     forgotten = state.forgotten

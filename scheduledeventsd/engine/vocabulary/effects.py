@@ -11,6 +11,19 @@ from ...model import Event
 from ...records import Record
 from ..lifecycle import Stage
 from ..state import ClusterMark, Known
+from .messages import (
+    ApprovalFailed,
+    ClusterChecked,
+    ClusterHeld,
+    ClusterRestored,
+    CoordinationFailed,
+    GateAnswered,
+    HooksFinished,
+    NameResolved,
+    Persisted,
+    PollFailed,
+    SlotFailed,
+)
 
 
 @dataclass(frozen=True)
@@ -196,3 +209,31 @@ Effect = Union[
     WakeAt,
     Exit,
 ]
+
+# The message that reports an effect's failure: the daemon sends it when carrying the effect out
+# raised, so the engine's own rules (a backoff, a failed run, a hold) take it from there and
+# nothing waits for an answer that never comes. None: nothing waits for this effect's answer.
+FAILURE: Mapping[type, Optional[type]] = {
+    Fetch: PollFailed,
+    PostApproval: ApprovalFailed,
+    ResolveName: NameResolved,  # the hostname stands in, asked again with backoff
+    SpawnHooks: HooksFinished,  # FAILED
+    AskGate: GateAnswered,  # no exit status: a coordination failure, asked again
+    AskCluster: GateAnswered,
+    Coordinate: CoordinationFailed,
+    AcquireSlot: SlotFailed,
+    CheckCluster: ClusterChecked,  # the error is the problem shown, checked again later
+    DrainNode: ClusterHeld,  # tool_failed: its before-hooks run, never approved early
+    RestoreNode: ClusterRestored,  # with the error: asked again until it works
+    Persist: Persisted,  # with the error: state_degraded
+    CancelFetch: None,
+    CancelRuns: None,
+    ReleaseSlot: None,
+    StopCoordinating: None,
+    StopDraining: None,
+    Record: None,
+    Notify: None,
+    UseConfig: None,
+    WakeAt: None,
+    Exit: None,
+}

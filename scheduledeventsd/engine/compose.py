@@ -1,5 +1,7 @@
-"""The step function: one message in, the new state and the effects out, and the timers that run
-after every message."""
+"""The composition: `step` (re-exported as `engine.step`) takes one message and returns the new
+state and the effects; after every message the components' timers fire (`TIMERS`) and the
+couplings between the machines run (`COUPLINGS`). Named `compose`, not `step`, so the module is
+never shadowed by the function the package re-exports."""
 
 from __future__ import annotations
 
