@@ -14,11 +14,11 @@ from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
 from .gates import drain, slot, window
 from .lifecycle import IllegalTransitionError, Phase
-from .notes import _durable_view, _persist, _status
+from .notes import _persist_on_change, _status
 from .poll import names, rate, timing
 from .state import State, Tracked
 from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
-from .vocabulary.effects import Effect, Exit, Persist, SpawnHooks, WakeAt
+from .vocabulary.effects import Effect, Exit, WakeAt
 from .vocabulary.messages import (
     ApprovalFailed,
     ApprovalSent,
@@ -112,15 +112,7 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
         ]
         new = _refused(state, message, now, out)
         refused = True
-    changed = new.events is not state.events and _durable_view(new.events) != _durable_view(
-        state.events
-    )
-    changed = changed or new.cluster_mark != state.cluster_mark
-    if changed and not any(isinstance(e, Persist) for e in out):
-        # Written ahead of any hook it starts, so a crash mid-hook is always known after the
-        # restart (hooks_interrupted); written after an approval's POST, which need not wait.
-        spawn = [i for i, e in enumerate(out) if isinstance(e, SpawnHooks)]
-        out.insert(spawn[0] if spawn else len(out), _persist(new))
+    _persist_on_change(state, new, out)
     new = _status(new, out)
     if not any(isinstance(e, Exit) for e in out):
         wake = next_wakeup(new, now)
@@ -135,6 +127,7 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
 COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
     slot._release_when_over,  # the slot is given back once its event is over or forgotten
 )
+# After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
 
 

@@ -10,7 +10,7 @@ from ..model import Event, iso_utc
 from ..records import Level, Record, What
 from .lifecycle import DURABLE, Phase
 from .state import Known, State
-from .vocabulary.effects import Effect, Notify, Persist
+from .vocabulary.effects import Effect, Notify, Persist, SpawnHooks
 
 
 def event_fields(event: Event) -> dict[str, object]:
@@ -74,6 +74,20 @@ def durable_events(events: Known) -> Known:
 
 def _persist(state: State) -> Persist:
     return Persist(durable_events(state.events), state.cluster_mark)
+
+
+def _persist_on_change(before: State, after: State, out: list[Effect]) -> None:
+    """Run by compose.full_step after the couplings: what the state file keeps changed in this
+    step, so it is written, ahead of any hook the step starts, so a crash mid-hook is always
+    known after the restart (hooks_interrupted); after an approval's POST, which need not wait.
+    A comparison with the step before, which is what "on change" means; it changes no state."""
+    events = after.events
+    changed = after.cluster_mark != before.cluster_mark or (
+        events is not before.events and _durable_view(events) != _durable_view(before.events)
+    )
+    if changed and not any(isinstance(e, Persist) for e in out):
+        spawn = [i for i, e in enumerate(out) if isinstance(e, SpawnHooks)]
+        out.insert(spawn[0] if spawn else len(out), _persist(after))
 
 
 def status_text(state: State) -> str:
