@@ -84,7 +84,7 @@ def run_method(
                 "approve": "always",
                 "hooks": {"before": [{"command": [str(hook)]}]},
                 "events": {"Preempt": ["before"]},
-                "coordination": {"pacemaker": {"method": method}},
+                "cluster": {"pacemaker": {"method": method}},
             }
         )
     )

@@ -366,7 +366,7 @@ class Daemon:
             return
         drainer = self._drainer
         if drainer is None:
-            detail = "no coordination.pacemaker configured"
+            detail = "no cluster.pacemaker configured"
             if isinstance(effect, DrainNode):
                 self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
             elif isinstance(effect, AskCluster):
@@ -383,7 +383,7 @@ class Daemon:
             drainer.restore_later(effect.event_id, effect.mark)
 
     def _restorer_for(self, mark: engine.ClusterMark) -> Drainer:
-        """The drainer, or (`coordination.pacemaker` reloaded away) one made for the mark."""
+        """The drainer, or (`cluster.pacemaker` reloaded away) one made for the mark."""
         if self._drainer is not None:
             return self._drainer
         if self._restorer is None:
@@ -453,6 +453,7 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = _coordinator(new, self.inbox.put)
+        if new.cluster != old.cluster:
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
             for drainer in (self._drainer, self._restorer):
@@ -680,10 +681,9 @@ def _slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[Sl
 def _drainer(
     config: Config, runner: ProcessRunner, send: Callable[[Message], None]
 ) -> Optional[Drainer]:
-    settings = config.coordination.pacemaker if config.coordination else None
-    if settings is None:
+    if config.cluster is None:
         return None
-    return _drainer_for(settings, runner, send)
+    return _drainer_for(config.cluster, runner, send)
 
 
 def _drainer_for(

@@ -1,4 +1,4 @@
-"""Carries out the engine's cluster effects on a Pacemaker node (`coordination.pacemaker`).
+"""Carries out the engine's cluster effects on a Pacemaker node (`cluster.pacemaker`).
 
 The engine decides when a node is drained and restored, and how long a drain may take
 (DrainNode, StopDraining, RestoreNode, CheckCluster); this module does it through `pacemaker.Cli`,
@@ -161,7 +161,7 @@ class Drainer:
                         return
                     # Reported first, so the state file has it (nearly always) before the
                     # cluster does; a command that failed (timed out) may be applied all the same.
-                    self._send(ClusterMarked(event_id, ours=True))
+                    self._send(ClusterMarked(event_id, ours=True, mark=mark_of(self.settings)))
                     self.cli.mark(me, away=True)
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))

@@ -8,10 +8,20 @@ import dataclasses
 import datetime as dt
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import ApprovePolicy, Coordination, DrainMethod, EventRule, Pacemaker
+from scheduledeventsd.config import (
+    ApprovePolicy,
+    Concurrency,
+    Coordination,
+    DrainMethod,
+    Etcd,
+    EventRule,
+    Pacemaker,
+)
+from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.engine import (
     CLUSTER_CHECK,
     GATE_LATER,
+    AcquireSlot,
     ApprovalSent,
     Boot,
     CheckCluster,
@@ -31,15 +41,16 @@ from scheduledeventsd.engine import (
     Persist,
     Phase,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
     RestoreNode,
+    SlotGranted,
     SpawnHooks,
     StopDraining,
     Tracked,
     initial,
 )
 from scheduledeventsd.records import Level, Record, What
-from scheduledeventsd.schema import WEBHOOK_EVENTS
 from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of
@@ -66,8 +77,9 @@ def machine(
     **pacemaker,
 ):
     """`mark`: what the state file says this daemon set on its node."""
+    overrides = pacemaker.pop("config", {})
     settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
-    cfg = config(events=EVENTS, approve=approve, coordination=Coordination(pacemaker=settings))
+    cfg = config(events=EVENTS, approve=approve, cluster=settings, **overrides)
     m = Machine.__new__(Machine)
     m.now = MONO0
     m.state = initial(cfg, None, strict=True)
@@ -403,7 +415,7 @@ def test_a_failed_restore_keeps_the_mark_and_a_restart_takes_it_off():
 
 
 def test_a_reload_removing_pacemaker_still_takes_our_mark_off_at_the_event_end():
-    """Issue 26 #8b: with `coordination.pacemaker` reloaded away, the mark is taken off the way
+    """Issue 26 #8b: with `cluster.pacemaker` reloaded away, the mark is taken off the way
     it was set (the effect carries it), not forgotten."""
     m = machine()
     seen(m, due_in(600))
@@ -445,3 +457,54 @@ def test_a_drained_event_from_a_state_file_older_than_marks_is_taken_as_our_mark
     assert m.state.cluster_mark == MARK
     seen(m, incarnation=3)  # over
     assert of(m.effects, SpawnHooks)[0].restore == MARK
+
+
+def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_approval():
+    """Issue 27: `cluster` beside `coordination` lets a node take a concurrency slot and be
+    drained. The engine does both in order: the slot, holding it the drain, then the hooks and
+    the early approval; once over, the node is restored before the after-hooks, and the slot
+    given back after them."""
+    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
+    seen(m, due_in(3 * 86400))
+    (ask,) = of(m.effects, AcquireSlot)
+    assert ask.event.event_id == "E1"
+    assert not of(m.effects, DrainNode), "no drain before the slot"
+    assert m.phase() is Phase.QUEUED
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (drain,) = of(m.effects, DrainNode)
+    assert drain.event.event_id == "E1"
+    assert not of(m.effects, SpawnHooks), "no hook before the cluster agrees"
+    assert m.phase() is Phase.DRAINING
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval), "slot held and node drained: approved early"
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore == MARK
+    assert not of(m.effects, ReleaseSlot), "the slot is held through the after-hooks"
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 4)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_a_mark_reported_after_a_reload_removed_pacemaker_is_kept_and_taken_off_at_the_end():
+    """The drainer reports its mark just before its command runs; a SIGHUP removing
+    coordination.pacemaker can be handled in between (the daemon stops the old drainer, too
+    late for a command under way). The engine ignored a mark reported with no pacemaker
+    configured: the node stayed marked, in no state file, never taken off. The report carries
+    how the drainer set it, so it is kept, written, and taken off at the event's end."""
+    m = machine(method=DrainMethod.STANDBY)
+    seen(m, due_in(600))
+    assert of(m.effects, DrainNode)
+    m.send(Reloaded(config(events=EVENTS)))
+    m.send(ClusterMarked("E1", ours=True, mark=STANDBY))
+    assert m.state.cluster_mark == STANDBY
+    assert of(m.effects, Persist)[0].mark == STANDBY, "in the state file"
+    m.tick(m.now + 61)  # the drain's deadline: held, the hooks run
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    assert not of(m.effects, PostApproval), "held: never approved early"
+    seen(m, incarnation=3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore == STANDBY, "taken off the way it was set"

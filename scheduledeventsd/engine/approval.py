@@ -150,13 +150,13 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
             reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
     others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
-    coordination = state.config.coordination
-    if policy is ApprovePolicy.ALL and others and coordination is not None:
+    via = state.config.ready_via
+    if policy is ApprovePolicy.ALL and others and via is not None:
         return Phase.COORDINATING, _note(
             Level.INFO,
             What.EVENT_COORDINATING,
             event,
-            via=coordination.via,
+            via=via,
             other_resources=" ".join(others),
             reason="shared: approved once every VM it names is ready",
         )

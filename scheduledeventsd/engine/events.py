@@ -139,7 +139,15 @@ def _resources_changed(
         )
     )
     # Its stage's hooks get the event as it was when it named this VM.
-    state, tracked = _left(state, before, out)
+    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
+        # No longer naming this VM proves nothing of that boot (what is listed now is another
+        # VM's): cancelled-hooks, as without a boot.
+        stage = Stage.CANCELLED
+        fields = {"phase": before.phase.value, "stage": stage.value}
+        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+        state, tracked = stages._start_stage(state, before, On.LEFT, stage, out)
+    else:
+        state, tracked = _left(state, before, out)
     if tracked.phase is Phase.GONE:
         return _forget(state, tracked), None
     return state, tracked
@@ -171,10 +179,7 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
             return state, _move(tracked, on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
-        deadline = slot._slot_deadline(
-            event, state.config.events.get(event.event_type, EventRule()), state
-        )
-        return state, _move(tracked, on, phase, start_at=now if deadline is None else deadline)
+        return state, _move(tracked, on, phase, start_at=slot._queued_until(tracked, state, now))
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
     if phase is Phase.REBOOTED:

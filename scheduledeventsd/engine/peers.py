@@ -184,8 +184,8 @@ def _etcd(state: State) -> bool:
 
 def _coordinate(state: State, now: float, out: list[Effect]) -> State:
     """Shared events waiting for the other VMs: start (or restart) the watch or the gate."""
-    coordination = state.config.coordination
-    if coordination is None:
+    via = state.config.ready_via
+    if via is None:
         return state
     for event_id, t in state.events.items():
         announce = t.phase is Phase.HOOKS_FAILED and event_id in state.peers
@@ -195,11 +195,11 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
         if peers.asking or now < peers.next_at:
             continue
         vm_name = t.vm_name or state.vm_name
-        if coordination.etcd is not None:
+        if via == "etcd":
             out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
-        else:
+        else:  # the gate command, or the cluster alone: its drains say
             state, run = stages._new_run(state, event_id)
-            ask = AskCluster if coordination.pacemaker is not None else AskGate
+            ask = AskCluster if via == "pacemaker" else AskGate
             out.append(ask(run, t.event, t.incarnation, vm_name))
             state = _with(state, event_id, replace(t, run=run))
         state = replace(state, peers={**state.peers, event_id: replace(peers, asking=True)})

@@ -40,8 +40,8 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
             out,
         )
     out.append(UseConfig(new))
-    if new.coordination != old.coordination:
-        # Shared events still waiting ask again, through the new etcd or gate.
+    if (new.coordination, new.cluster) != (old.coordination, old.cluster):
+        # Shared events still waiting ask again, through the new etcd, gate or cluster.
         for event_id, t in state.events.items():
             if t.phase is Phase.COORDINATING:
                 state, t = peers._stop_asking(state, t, out)  # noqa: PLW2901

@@ -43,7 +43,7 @@ _ = Drain
 _MARKED = (_.ASKED, _.DONE, _.HELD)
 TABLE = Table(
     "drain",
-    "this node in its Pacemaker cluster for an event (coordination.pacemaker): marked as going "
+    "this node in its Pacemaker cluster for an event (cluster.pacemaker): marked as going "
     "away before the before-hooks, restored once the event is over, before its after-hooks",
     (
         row([_.NONE], DrainOn.MARK, _.ASKED, "DrainNode: cluster_draining; the event is draining"),
@@ -64,8 +64,8 @@ def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
-    coordination = state.config.coordination
-    return coordination.pacemaker if coordination is not None else None
+    """`cluster.pacemaker` (an older file's `coordination.pacemaker` loads the same)."""
+    return state.config.cluster
 
 
 def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
@@ -102,11 +102,11 @@ def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
 
 
 def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
-    """A reload may change or remove `coordination.pacemaker`: the cluster is checked again,
+    """A reload may change or remove `cluster.pacemaker`: the cluster is checked again,
     and a mark of ours that no event wants any more is taken off (the old configuration's
     restore stopped with it), the way it was set."""
     settings = _pacemaker(state)
-    old_settings = old.coordination.pacemaker if old.coordination is not None else None
+    old_settings = old.cluster
     if settings != old_settings:
         state = replace(state, cluster_problems=None, cluster_check_at=math.inf)
         if settings is not None:
@@ -130,8 +130,9 @@ def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effe
     by someone else is left as it is."""
     settings = _pacemaker(state)
     tracked = state.events.get(msg.event_id)
-    if msg.ours and settings is not None:
-        state = replace(state, cluster_mark=mark_of(settings))
+    mark = msg.mark if msg.mark is not None else mark_of(settings) if settings else None
+    if msg.ours and mark is not None:
+        state = replace(state, cluster_mark=mark)
         _restore_unwanted(state, out)  # its event ended while the mark was being set
         return state
     if not msg.ours and tracked is not None and state.cluster_mark is None:

@@ -10,6 +10,7 @@ from ..gates import drain, slot
 from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move
+from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect
 
 
@@ -22,7 +23,8 @@ def _prepare(
     rule = state.config.events.get(event.event_type, EventRule())
     if slot._needs_slot(state, tracked):
         deadline = slot._slot_deadline(event, rule, state)
-        if deadline is not None and deadline > now:
+        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
+            deadline = max(deadline, now + SLOT_GRACE)
             out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
             out.append(slot._slot_waiting(event, deadline, (), state))
             asked = slot.move(tracked, slot.SlotOn.ASK, Slot.ASKED)

@@ -16,7 +16,7 @@ from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
 from ..state import SlotLease, State, Tracked, _move, _with
-from ..vocabulary.constants import SLOT_MARGIN
+from ..vocabulary.constants import SLOT_GRACE, SLOT_MARGIN
 from ..vocabulary.effects import AcquireSlot, Coordinate, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
 
@@ -90,7 +90,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
         out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
-        return state
+        return _no_grace(state, tracked, now)
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -149,7 +149,17 @@ def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -
             "deadline its hooks start and it is not approved early",
         )
     )
-    return state
+    return _no_grace(state, tracked, now) if tracked.phase is Phase.QUEUED else state
+
+
+def _no_grace(state: State, tracked: Tracked, now: float) -> State:
+    """Past its lead, a queued event waits only for etcd's answer (SLOT_GRACE): an answer
+    that gives no slot (every one taken, etcd unreachable) starts its hooks now, without one."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    lead_at = _slot_deadline(tracked.event, rule, state)
+    if lead_at is None or lead_at > now or tracked.start_at <= now:
+        return state
+    return _with(state, tracked.event.event_id, replace(tracked, start_at=now))
 
 
 # Phases in which an event may still be approved early: a slot lost then means it is not.
@@ -253,11 +263,24 @@ def _needs_slot(state: State, tracked: Tracked) -> bool:
 
 
 def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[float]:
-    """The monotonic instant its hooks start without a slot: its lead before NotBefore.
-    None: no NotBefore, or no clock yet (no time to wait)."""
+    """The monotonic instant its hooks start without a slot: its lead before NotBefore (a slot
+    asked for at the lead or later gets SLOT_GRACE from then). None: no NotBefore, or no clock
+    yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
     return event.not_before.timestamp() - window.lead(rule) - state.wall_offset
+
+
+def _queued_until(tracked: Tracked, state: State, now: float) -> float:
+    """A queued event's slot deadline placed again (a document, a clock step, a reload): its
+    lead before NotBefore as the wall clock now says, but never less than SLOT_GRACE after the
+    slot was asked (`start_at` keeps that instant, so a document does not push it on; inf after
+    a restart: the grace counts from now). Now, with no NotBefore or clock."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    deadline = _slot_deadline(tracked.event, rule, state)
+    if deadline is None:
+        return now
+    return max(deadline, min(tracked.start_at, now + SLOT_GRACE))
 
 
 def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:

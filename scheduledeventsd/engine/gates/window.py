@@ -151,11 +151,7 @@ def _replace_waiting(
         if t.phase is Phase.WAITING:
             state = _with(state, event_id, _still_waiting(t, state, now, out))
         elif t.phase is Phase.QUEUED and math.isfinite(t.start_at):
-            rule = state.config.events.get(t.event.event_type, EventRule())
-            deadline = slot._slot_deadline(t.event, rule, state)
-            state = _with(
-                state, event_id, replace(t, start_at=now if deadline is None else deadline)
-            )
+            state = _with(state, event_id, replace(t, start_at=slot._queued_until(t, state, now)))
         elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
             state = _with(state, event_id, replace(t, start_at=drain._drain_moved(state, t, moved)))
     return state

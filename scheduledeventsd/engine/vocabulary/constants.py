@@ -55,3 +55,8 @@ CLUSTER_CHECK = 60.0
 # reaches IMDS before the lease can expire and the slot go to another VM. Renewed every third
 # of its ttl (5 s at least), a healthy lease always has more than 3 s left.
 SLOT_MARGIN = 1.0
+# A slot asked for when the hooks are due (at start_before's lead, a window's lead) gets this
+# long for etcd's answer before they start without it: a healthy cluster answers within
+# milliseconds, a leader election within a second or two. An answer that every slot is taken
+# (or that etcd cannot be asked) ends the wait at once.
+SLOT_GRACE = 5.0

@@ -135,6 +135,9 @@ class ClusterMarked:
 
     event_id: str
     ours: bool
+    # How the drainer set it (its own settings): a reload that removed or changed
+    # cluster.pacemaker while the command ran must not make the mark go unrecorded.
+    mark: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
