@@ -332,7 +332,7 @@ class Daemon:
         else:
             event_id = effect.event.event_id
             self._approver.submit(
-                functools.partial(_approve, event_id=event_id),
+                functools.partial(_approve, event_id=event_id, deadline=effect.deadline),
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 
@@ -626,13 +626,20 @@ def _poll_error(detail: str) -> Message:
     return PollFailed("internal", detail)
 
 
-def _approve(client: MetadataClient, *, event_id: str) -> Message:
+def _approve(client: MetadataClient, *, event_id: str, deadline: Optional[float]) -> Message:
+    """Sent only before its deadline (its slot's lease; it may have queued behind another
+    POST) and answered by then, or given up: an answer proves IMDS had it in time."""
     started = time.monotonic()
+    if deadline is not None and started >= deadline:
+        return ApprovalFailed(
+            event_id, "deadline", "not sent: its slot's lease could expire before an answer"
+        )
     try:
-        client.approve([event_id])
+        client.approve([event_id], deadline=deadline)
     except ImdsError as e:
         return ApprovalFailed(event_id, e.kind, e.detail)
-    return ApprovalSent(event_id, time.monotonic() - started)
+    answered = time.monotonic()
+    return ApprovalSent(event_id, answered - started, answered)
 
 
 def _resolve(client: MetadataClient) -> Message:

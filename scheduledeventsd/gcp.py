@@ -299,7 +299,7 @@ class GcpClient:
         self._seen.last = {e.event_id: e for e in saved}  # kept if the next answer is unreadable
         self._last = Document(0, saved)
 
-    def approve(self, event_ids: Iterable[str]) -> None:
+    def approve(self, event_ids: Iterable[str], *, deadline: Optional[float] = None) -> None:
         raise ImdsError("request", "Google Cloud takes no approval through its metadata server")
 
     def fetch_vm_name(self) -> str:

@@ -90,7 +90,7 @@ def test_a_gate_move_its_table_does_not_declare_raises_as_a_phase_move_does():
     with pytest.raises(IllegalTransitionError, match="only to"):
         slot.move(tracked, slot.SlotOn.ASK, Slot.HELD)
     with pytest.raises(IllegalTransitionError, match="drain none: nothing is declared"):
-        drain.move(tracked, drain.DrainOn.DRAINED, Drain.DONE)
+        drain.move(tracked, drain.DrainOn.RESTORED, Drain.NONE)
     assert slot.move(tracked, slot.SlotOn.ASK, Slot.ASKED).slot is Slot.ASKED
 
 

@@ -9,7 +9,7 @@ from ..config import ApprovePolicy
 from ..model import SCHEDULED, Event
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
-from .gates import slot
+from .gates import lease
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
 from .poll import rate
@@ -32,16 +32,38 @@ def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.phase is not Phase.APPROVING:
         return state
+    late = tracked.slot is Slot.MISSING or _answered_late(state, msg, now)
+    if late:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_LOST,
+                tracked.event,
+                reason="the approval was answered after its slot's lease could expire: IMDS "
+                "has it, and another VM may have taken the slot and been approved meanwhile",
+            )
+        )
     out.append(
         _note(
-            Level.INFO,
+            Level.INFO if not late else Level.WARNING,
             What.EVENT_APPROVED,
             tracked.event,
             attempts=attempts,
             duration_s=round(msg.duration_s, 3),
+            **({"slot_lost": True} if late else {}),
         )
     )
     return _with(state, msg.event_id, _move(tracked, On.ACCEPTED, Phase.APPROVED))
+
+
+def _answered_late(state: State, msg: ApprovalSent, now: float) -> bool:
+    """An approval of an event holding a slot answered after the lease etcd last confirmed
+    could expire (or the slot was found lost while it was under way): the daemon's lane gives
+    up before that (PostApproval.deadline), so only an answer read just then, or a carrier
+    that does not keep the deadline, is late."""
+    lease_ = state.slot_leases.get(msg.event_id)
+    answered = msg.answered if msg.answered is not None else now
+    return lease_ is not None and lease_.until < answered
 
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
@@ -79,13 +101,14 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
         if t.phase is Phase.APPROVING
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at
-        and not slot._slot_pending(state, event_id, now)
+        and not lease._slot_pending(state, event_id, now)
     ]
     posting = set()
     for event in due:
         if rate._allowed_at(state, now) > now:
             break  # the rest when the rate limit allows (next_wakeup)
-        out.append(PostApproval(event))
+        held = state.slot_leases.get(event.event_id)
+        out.append(PostApproval(event, held.until if held is not None else None))
         state = rate._spend(state, now)
         posting.add(event.event_id)
     if posting:
@@ -180,7 +203,7 @@ DUE_PHASES = frozenset({Phase.APPROVING})
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
     """When its approval goes out: after a failure's backoff, when the rate limit allows; none
     while it is on its way, or while its slot is being confirmed."""
-    if event_id in state.approvals.posting or slot._slot_pending(state, event_id, now):
+    if event_id in state.approvals.posting or lease._slot_pending(state, event_id, now):
         return None
     return max(state.approvals.failures.get(event_id, NO_FAILURES).retry_at, allowed)
 

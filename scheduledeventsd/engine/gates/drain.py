@@ -47,8 +47,9 @@ TABLE = Table(
     "away before the before-hooks, restored once the event is over, before its after-hooks",
     (
         row([_.NONE], DrainOn.MARK, _.ASKED, "DrainNode: cluster_draining; the event is draining"),
-        row([_.ASKED], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
-        row([_.ASKED], DrainOn.HELD, _.HELD, "cluster_hold: before-hooks, never approved early"),
+        # none: a restore (of another event's mark, the same node) answered while it drained
+        row([_.ASKED, _.NONE], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
+        row([_.ASKED, _.NONE], DrainOn.HELD, _.HELD, "cluster_hold: before-hooks, not early"),
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
         row(_MARKED, DrainOn.RESTORED, _.NONE, "cluster_restored"),
         row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),

@@ -11,7 +11,7 @@ from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move
 from ..vocabulary.constants import SLOT_GRACE
-from ..vocabulary.effects import AcquireSlot, Effect
+from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 
 
 def _prepare(
@@ -21,6 +21,18 @@ def _prepare(
     are left; with no hooks to run, approval per policy at once."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
+    if slot._slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = slot._slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(slot._slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = slot.move(tracked, slot.SlotOn.GIVEN_UP, Slot.NONE)
     if slot._needs_slot(state, tracked):
         deadline = slot._slot_deadline(event, rule, state)
         if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too

@@ -9,16 +9,15 @@ from typing import Optional
 
 from ...config import Config, EventRule
 from ...model import Event
-from ...records import Cause, Level, Record, What
-from .. import peers
-from ..gates import pipeline, window
+from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import SlotLease, State, Tracked, _move, _with
-from ..vocabulary.constants import SLOT_GRACE, SLOT_MARGIN
-from ..vocabulary.effects import AcquireSlot, Coordinate, Effect, ReleaseSlot
+from ..state import State, Tracked, _with
+from ..vocabulary.constants import SLOT_GRACE
+from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
+from . import lease, pipeline, window
 
 
 class SlotOn(str, enum.Enum):
@@ -29,6 +28,8 @@ class SlotOn(str, enum.Enum):
     GRANTED = "etcd granted it"
     DEADLINE = "its deadline came first"
     BUSY = "it went to another VM while the daemon was down"
+    TAKEN = "it went to another VM before its hooks ran again"
+    GIVEN_UP = "its lead passed while it waited to be taken back"
     LOST = "etcd did not confirm it within its ttl"
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
@@ -44,8 +45,10 @@ TABLE = Table(
         row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
         row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
         row([_.ASKED, _.HELD], SlotOn.GRANTED, _.HELD, "slot_acquired (taken_back)"),
-        row([_.NONE, _.ASKED], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
+        row([_.NONE, _.ASKED, _.HELD], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
         row([_.HELD], SlotOn.BUSY, _.MISSING, "ReleaseSlot, slot_unavailable"),
+        row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
+        row([_.ASKED], SlotOn.GIVEN_UP, _.NONE, "ReleaseSlot: prepared without it"),
         row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
@@ -76,7 +79,7 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
-    state = _slot_confirmed(state, msg.event_id, confirmed)
+    state = lease._slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)
     state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
@@ -90,7 +93,16 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
         out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
+            state = _without_lease(state, msg.event_id)
+            tracked = move(tracked, SlotOn.TAKEN, Slot.ASKED)
+            state = _with(state, msg.event_id, tracked)
         return _no_grace(state, tracked, now)
+    if tracked.slot is Slot.HELD and tracked.phase in (Phase.INTERRUPTED, Phase.REBOOTED):
+        # Its slot went to another VM while the daemon was down, before its before-hooks ran
+        # again: asked for anew, they wait in the queue (`_prepare`).
+        state = _without_lease(state, msg.event_id)
+        return _with(state, msg.event_id, move(tracked, SlotOn.TAKEN, Slot.ASKED))
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -106,32 +118,24 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     return state
 
 
+def _without_lease(state: State, event_id: str) -> State:
+    return replace(state, slot_leases={k: v for k, v in state.slot_leases.items() if k != event_id})
+
+
+def _slot_awaited(state: State, tracked: Tracked) -> bool:
+    """A slot asked for and not granted, or held before a restart and not confirmed by etcd
+    since (being taken back)."""
+    held = state.slot_leases.get(tracked.event.event_id)
+    taking_back = tracked.slot is Slot.HELD and held is not None and not held.confirmed
+    return taking_back or tracked.slot is Slot.ASKED
+
+
 def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> State:
     tracked = state.events.get(msg.event_id)
-    lease = state.slot_leases.get(msg.event_id)
-    if tracked is None or tracked.slot is not Slot.HELD or lease is None or not lease.confirmed:
+    held = state.slot_leases.get(msg.event_id)
+    if tracked is None or tracked.slot is not Slot.HELD or held is None or not held.confirmed:
         return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
-    return _slot_confirmed(state, msg.event_id, msg.confirmed)
-
-
-def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
-    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
-    concurrency = state.config.concurrency
-    ttl = concurrency.ttl if concurrency is not None else 0
-    lease = state.slot_leases.get(event_id)
-    until = confirmed + ttl
-    if lease is not None and lease.confirmed and lease.until >= until:
-        return state
-    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
-
-
-def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
-    """A held slot asked for again (a restart, a reload): no early approval until etcd says
-    it is still ours, and lost if that takes longer than `ttl`."""
-    concurrency = state.config.concurrency
-    ttl = concurrency.ttl if concurrency is not None else 0
-    lease = SlotLease(now + ttl, confirmed=False)
-    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
+    return lease._slot_confirmed(state, msg.event_id, msg.confirmed)
 
 
 def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
@@ -160,96 +164,6 @@ def _no_grace(state: State, tracked: Tracked, now: float) -> State:
     if lead_at is None or lead_at > now or tracked.start_at <= now:
         return state
     return _with(state, tracked.event.event_id, replace(tracked, start_at=now))
-
-
-# Phases in which an event may still be approved early: a slot lost then means it is not.
-_BEFORE_APPROVAL = frozenset(
-    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
-)
-
-
-def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
-    """A slot etcd has not confirmed for `ttl` may be another VM's by now (its lease expired
-    in a partition, or was not taken back after a restart): its event is not approved early.
-    Counted from the last acknowledged keep-alive on the monotonic clock, not from when a
-    failure is noticed (a keep-alive that hangs would notice it late). Hooks go on; an
-    approval already under way is judged when it ends. After the approval the slot is kept
-    asked for: it guards the undrain, and etcd says if it went (SlotBusy)."""
-    for event_id, lease in list(state.slot_leases.items()):
-        t = state.events.get(event_id)
-        if t is None or t.slot is not Slot.HELD:  # over, given back, or lost otherwise
-            leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
-            state = replace(state, slot_leases=leases)
-        elif (
-            lease.until <= now
-            and t.phase in _BEFORE_APPROVAL
-            and event_id not in state.approvals.posting
-        ):
-            state = _slot_lost(state, t, lease, out)
-    for event_id, t in state.events.items():
-        # Lost by any path (the timer above, etcd saying the lease expired or the slot is
-        # another VM's) once the event had been decided: an approval not sent is never sent.
-        if (
-            t.slot is Slot.MISSING
-            and t.phase in (Phase.COORDINATING, Phase.APPROVING)
-            and event_id not in state.approvals.posting
-        ):
-            state = _not_approved_without_slot(state, t, out)
-    return state
-
-
-def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) -> State:
-    event_id = t.event.event_id
-    out.append(
-        _note(
-            Level.WARNING,
-            What.SLOT_LOST,
-            t.event,
-            reason="etcd did not confirm the slot within its ttl (its lease may have expired)"
-            if lease.confirmed
-            else "the slot was not taken back within its ttl after the restart",
-        )
-    )
-    out.append(
-        _note(
-            Level.WARNING,
-            What.SLOT_UNAVAILABLE,
-            t.event,
-            reason="its slot was lost: its hooks go on, and it is not approved early (it "
-            "proceeds at NotBefore)",
-        )
-    )
-    out.append(ReleaseSlot(event_id))
-    leases = {k: v for k, v in state.slot_leases.items() if k != event_id}
-    state = replace(state, slot_leases=leases)
-    return _with(state, event_id, move(t, SlotOn.LOST, Slot.MISSING))
-
-
-def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> State:
-    """A shared event waiting for its peers, or an approval not sent yet, whose slot went.
-    A shared event's `ready` in etcd is taken back (`failed`: nobody approves it early), or
-    another VM could approve, for this one too, once every VM said ready."""
-    if t.phase is Phase.COORDINATING:
-        state, t = peers._stop_asking(state, t, out)
-        if peers._etcd(state):
-            out.append(Coordinate(t.event, t.vm_name or state.vm_name, False, t.incarnation))
-    out.append(
-        _note(
-            Level.WARNING,
-            What.EVENT_NOT_APPROVED,
-            t.event,
-            cause=Cause.SLOT_UNAVAILABLE.value,
-            reason="its concurrency slot was lost: it proceeds at NotBefore",
-        )
-    )
-    return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
-
-
-def _slot_pending(state: State, event_id: str, now: float) -> bool:
-    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
-    approval waits for etcd's next answer (or is lost at the lease's end)."""
-    lease = state.slot_leases.get(event_id)
-    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
 
 
 def _needs_slot(state: State, tracked: Tracked) -> bool:
@@ -376,6 +290,12 @@ def _deadlines(state: State, now: float, out: list[Effect]) -> State:
     return state
 
 
+# Phases in which an event may still be approved early: a slot lost then means it is not.
+_BEFORE_APPROVAL = frozenset(
+    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
+)
+
+
 # ---- the slot gate's timers: a QUEUED event's deadline, a held slot's lease
 
 DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
@@ -385,10 +305,10 @@ def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float)
     """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
     if t.phase is Phase.QUEUED:
         return None if state.stopping is not None else t.start_at
-    lease = state.slot_leases.get(event_id)
-    return None if lease is None else lease.until
+    held = state.slot_leases.get(event_id)
+    return None if held is None else held.until
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    state = _slots_lost(state, now, out)
+    state = lease._slots_lost(state, now, out)
     return _deadlines(state, now, out)

@@ -69,6 +69,11 @@ class CancelRuns:
 @dataclass(frozen=True)
 class PostApproval:
     event: Event
+    # Monotonic: an event holding a slot must be answered by then, the end of its lease as
+    # etcd last confirmed it (an answer proves IMDS had the approval before the slot could
+    # go to another VM). The lane does not send it once this has passed (it may have queued
+    # behind another POST) and gives up on an answer not back by then.
+    deadline: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class HooksFinished:
 class ApprovalSent:
     event_id: str
     duration_s: float = 0.0
+    answered: Optional[float] = None  # monotonic: when IMDS' answer came (None: now)
 
 
 @dataclass(frozen=True)
