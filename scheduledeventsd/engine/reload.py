@@ -48,7 +48,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
     state = drain._cluster_reloaded(state, old, out)
-    state = slot._slots_reloaded(state, old, out)
+    state = slot._slots_reloaded(state, old, now, out)
     for event_id, t in state.events.items():
         if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
             out.append(

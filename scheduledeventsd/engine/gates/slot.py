@@ -246,11 +246,12 @@ def _give_back(state: State, t: Tracked, out: list[Effect]) -> State:
     return state
 
 
-def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) -> State:
     """A reload that changes `concurrency` or etcd gives the daemon a new slot keeper (the old
     one hands its held slots over): every slot asked for or held is asked for again through
-    it, held ones taken back under its own renewed lease. Without `concurrency` any more,
-    held slots are given back (the keeper is gone), and no slot is needed."""
+    it, held ones taken back under its own renewed lease, and unconfirmed until then (the new
+    keeper may find the slot is no slot any more, e.g. `max` lowered). Without `concurrency`
+    any more, held slots are given back (the keeper is gone), and no slot is needed."""
     new = state.config
     if (new.coordination, new.concurrency) == (old.coordination, old.concurrency):
         return state  # the daemon keeps its keeper (the same test as its _use_config)
@@ -260,6 +261,8 @@ def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
             continue
         if new.concurrency is not None and etcd is not None:
             out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
+            if t.slot is Slot.HELD:
+                state = lease._slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
