@@ -66,7 +66,13 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
+    p = sub.add_parser(
+        "run",
+        help="run the daemon in the foreground (what systemd runs)",
+        description="Run the daemon in the foreground; this is what the systemd unit starts. "
+        "SIGTERM or SIGINT stop it after running hooks finish (at most shutdown_grace seconds); "
+        "SIGHUP reloads the configuration and keeps the old one if the new one is invalid.",
+    )
     _add_config(p)
     _add_logging(p)
     p.add_argument(
@@ -75,23 +81,53 @@ def parser() -> argparse.ArgumentParser:
         help="log every decision, run no hook, post no approval, write no state, take no lock",
     )
 
-    p = sub.add_parser("check-config", help="validate the configuration and summarise it")
+    p = sub.add_parser(
+        "check-config",
+        help="validate the configuration and summarise it",
+        description="Validate the configuration and print what was read, one line per section, "
+        "also for a section left unset: the provider and why it was chosen, the endpoint, the "
+        "events and hooks, the windows, concurrency, coordination (etcd or the gate), the "
+        "Pacemaker cluster, the HTTP endpoint, health and each webhook (by its host). It refuses "
+        "what run refuses, a state directory another user owns or group or others can write "
+        "included. Exit status 0 if valid, 2 if not, with every problem named by file and key "
+        "path.",
+    )
     _add_config(p)
-    p.add_argument("--quiet", action="store_true", help="print only problems")
+    p.add_argument(
+        "--quiet", action="store_true", help="print only problems (as the unit's ExecStartPre)"
+    )
 
-    p = sub.add_parser("events", help="query IMDS once and show the scheduled events")
+    p = sub.add_parser(
+        "events",
+        help="query IMDS once and show the scheduled events",
+        description="Query IMDS once and show the events: whether each affects this VM, its "
+        "type, status, NotBefore in local time and a countdown. Exit 1 if IMDS could not be "
+        "queried.",
+    )
     _add_config(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser(
         "status",
         help="what the daemon on this machine knows, without asking IMDS; exit 1 if unhealthy",
+        description="What the daemon on this machine knows, without asking IMDS: the last poll, "
+        "each event of this VM with its phase, hook results, times and a countdown to NotBefore. "
+        "From /status when http.listen is set, else from status.json in the state directory. "
+        "Exit 0 if healthy; 1 if IMDS has been unreachable for over 5 minutes, a hook failed on "
+        "an event still pending, on a Pacemaker node (cluster.pacemaker) the cluster cannot drain "
+        "this node (shown as cluster_unready, read at start and every minute) or a mark the "
+        "daemon set fails to come off, the status is over 5 minutes old, or no daemon is running.",
     )
     _add_config(p)
     p.add_argument("--json", action="store_true", help="the status document as JSON")
 
     p = sub.add_parser(
-        "test-hooks", help="run the hooks of one stage for a synthetic event (a rehearsal)"
+        "test-hooks",
+        help="run the hooks of one stage for a synthetic event (a rehearsal)",
+        description="Run the configured hooks of one stage for a synthetic event of that type "
+        "naming this VM, with the environment and standard input a real event gets; print their "
+        "output. Exit 0 if all succeeded, 1 if one failed, 2 if none are configured. No IMDS "
+        "call, no state.",
     )
     p.add_argument(
         "event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES, help="the event to rehearse"
@@ -99,7 +135,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", choices=config.STAGES, default="before", help="whose hooks run")
     _add_config(p)
 
-    p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
+    p = sub.add_parser(
+        "simulate",
+        help="run the built-in IMDS simulator",
+        description="Run the built-in IMDS simulator, for testing hooks and configurations: "
+        "Azure's Scheduled Events, or with --provider aws or gcp that cloud's metadata service, "
+        "playing a sequence of its notices.",
+    )
     p.add_argument(
         "--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="where to answer"
     )
@@ -115,7 +157,11 @@ def parser() -> argparse.ArgumentParser:
         "--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s"
     )
 
-    p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
+    p = sub.add_parser(
+        "demo",
+        help="the daemon against the simulator, playing a scenario",
+        description="Run the daemon against the simulator playing a scenario.",
+    )
     p.add_argument(
         "--scenario", type=Path, metavar="FILE", help="default: the bundled demo scenario"
     )

@@ -8,6 +8,7 @@ A shell block a test cannot run (it needs a cloud VM, or installs the package) i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -300,3 +301,56 @@ def test_the_command_line_reference_and_the_man_synopsis_are_the_parsers(monkeyp
     assert "A changed description." in generator.markdown()
     monkeypatch.setattr(generator, "_roman", lambda text: text.upper())
     assert ".B scheduledeventsd RUN" in generator.troff()
+
+
+def test_the_man_pages_commands_are_the_parsers_and_nothing_else(monkeypatch):
+    """The man page's COMMANDS section is only what docs/cli.py writes between its markers:
+    every subcommand with its description and every option with its help, from the parser; a
+    new option or a changed help makes the page stale (the check is not vacuous)."""
+    generator = _cli_generator()
+    man = generator.MAN.read_text()
+    commands = man.split(".SH COMMANDS\n", 1)[1].split("\n.SH ", 1)[0]
+    assert commands.startswith(generator.MAN_COMMANDS_BEGIN + "\n")
+    assert commands.endswith(generator.MAN_COMMANDS_END), "hand-written text after the markers"
+    assert commands == f"{generator.MAN_COMMANDS_BEGIN}\n{generator.troff_commands()}\n" + (
+        generator.MAN_COMMANDS_END
+    ), "stale: run docs/cli.py"
+    flat = commands.replace("\\-", "-")
+    for name, _, sub in generator._commands(generator.cli.parser()):
+        assert f".B {name}\n{sub.description}" in flat, name
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in {"-h", "--help"} or option in flat, option
+    parser = generator.cli.parser
+
+    def changed():
+        top = parser()
+        action = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+        action.choices["status"].add_argument("--brand-new", help="a new option")
+        return top
+
+    monkeypatch.setattr(generator.cli, "parser", changed)
+    render = generator.rendered()[generator.MAN]
+    assert "\\-\\-brand\\-new" in render(man)
+    assert render(man) != man
+
+
+def lint_man(path: Path) -> str:
+    """What groff says of the man page with every warning on (lintian runs the same check)."""
+    done = subprocess.run(
+        ["groff", "-man", "-ww", "-z", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return done.stdout + done.stderr + ("" if done.returncode == 0 else f"rc {done.returncode}")
+
+
+def test_the_man_page_has_no_troff_warning(tmp_path):
+    """The generated sections included; a line troff takes for an unknown request is caught."""
+    page = ROOT / "packaging" / "man" / "scheduledeventsd.8"
+    assert lint_man(page) == ""
+    broken = tmp_path / "broken.8"
+    broken.write_text(page.read_text().replace(".SH FILES\n", ".SH FILES\n.nosuchrequest\n"))
+    assert "nosuchrequest" in lint_man(broken)
