@@ -77,6 +77,18 @@ def test_the_readme_demo_handles_two_events_and_ignores_the_other_vms():
     assert "approvals the simulator received: 6F2B0F41" in result.stderr
 
 
+def test_the_readme_demo_prints_what_the_readme_shows():
+    """The README's sample of `make demo` (its console log) is what the demo prints."""
+    from .test_docs_pages import README, blocks, matches  # noqa: PLC0415
+
+    marker = "checked by tests/test_cli.py::test_the_readme_demo_prints_what_the_readme_shows"
+    (sample,) = [b for b in blocks(README.read_text()) if marker in b.marker]
+    result = cli("demo", "--hooks-dir", "etc/scheduledeventsd/hooks", timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = (result.stdout + result.stderr).splitlines()
+    assert matches(sample.text, printed) == [], result.stderr[-4000:]
+
+
 def _rehearsal_config(tmp_path, hooks_body):
     hook = tmp_path / "drain"
     hook.write_text(f"#!/bin/sh\n{hooks_body}\n")
