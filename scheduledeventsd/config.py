@@ -25,7 +25,7 @@ import yaml
 
 from . import schema
 from .model import EVENT_TYPES
-from .providers import DEFAULT_URLS, Provider, detect
+from .providers.detect import DEFAULT_URLS, Provider, detect
 from .schema import WEBHOOK_EVENTS
 from .windows import DAYS, Window
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Union
 
 from .config import ApprovePolicy, Config, DrainMethod, EventRule, Pacemaker, UserEvents
-from .hooks import GATE_LATER, KILL_GRACE, Outcome
+from .host.hooks import GATE_LATER, KILL_GRACE, Outcome
 from .lifecycle import (
     DURABLE,
     PREPARED,

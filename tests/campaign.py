@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from scheduledeventsd.host.store import StateStore
 from scheduledeventsd.lifecycle import PREPARED, Rule
-from scheduledeventsd.simulator import Scenario, Simulator
-from scheduledeventsd.state import StateStore
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 VM = "campaign-vm"
 ROOT = Path(__file__).resolve().parents[1]

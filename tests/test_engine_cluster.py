@@ -37,10 +37,10 @@ from scheduledeventsd.engine import (
     Tracked,
     initial,
 )
-from scheduledeventsd.hooks import GATE_LATER
+from scheduledeventsd.host.hooks import GATE_LATER
+from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 from scheduledeventsd.schema import WEBHOOK_EVENTS
-from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of
 

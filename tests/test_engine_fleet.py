@@ -42,7 +42,7 @@ from scheduledeventsd.engine import (
     Tracked,
     status_text,
 )
-from scheduledeventsd.metrics import Metrics
+from scheduledeventsd.observe.metrics import Metrics
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
 from tests.test_engine_when import MONO0, due_in, seen
 from tests.test_engine_when import machine as when_machine

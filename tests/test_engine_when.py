@@ -28,7 +28,7 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
 )
-from scheduledeventsd.observer import Observer
+from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.when import WINDOW_LEAD
 from scheduledeventsd.windows import Window
 

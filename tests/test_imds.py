@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduledeventsd.imds import ImdsClient, ImdsError
-from scheduledeventsd.simulator import Fault, Scenario, Simulator
+from scheduledeventsd.providers.imds import ImdsClient, ImdsError
+from scheduledeventsd.simulators.azure import Fault, Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 
 @pytest.fixture

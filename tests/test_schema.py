@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config, schema
-from scheduledeventsd.providers import DEFAULT_URLS, Provider
+from scheduledeventsd.providers.detect import DEFAULT_URLS, Provider
 from scheduledeventsd.schema import Key, Kind
 
 ROOT = Path(__file__).parents[1]

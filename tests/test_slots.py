@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
+from scheduledeventsd.coordination.slots import SlotKeeper
 from scheduledeventsd.engine import AcquireSlot, SlotGranted
-from scheduledeventsd.simulator import Simulator
-from scheduledeventsd.slots import SlotKeeper
+from scheduledeventsd.simulators.azure import Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
 from tests.tcp_proxy import ProxySet

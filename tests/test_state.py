@@ -9,8 +9,8 @@ import os
 import pytest
 
 from scheduledeventsd.engine import Phase, Tracked
+from scheduledeventsd.host.store import STATE_FILE, StateError, StateStore
 from scheduledeventsd.model import Event
-from scheduledeventsd.state import STATE_FILE, StateError, StateStore
 
 EVENT = Event(
     "E1",

@@ -11,9 +11,9 @@ import socket
 import uuid
 from typing import Callable
 
-from .config import Config
-from .hooks import CommandResult, ProcessRunner, run_hooks
-from .model import SCHEDULED, STARTED, Event
+from ..config import Config
+from ..host.hooks import CommandResult, ProcessRunner, run_hooks
+from ..model import SCHEDULED, STARTED, Event
 
 Printer = Callable[[str], None]
 

@@ -16,14 +16,13 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Callable, Optional, Union, get_args
 
-from . import config as config_mod
-from . import engine, log
-from .config import Config, Hook, Pacemaker
-from .engine import (
+from .. import config as config_mod
+from .. import engine
+from ..config import Config, Hook, Pacemaker
+from ..engine import (
     AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
@@ -35,7 +34,6 @@ from .engine import (
     ClusterHeld,
     Coordinate,
     CoordinationFailed,
-    DocumentFetched,
     DrainNode,
     Effect,
     Exit,
@@ -44,12 +42,10 @@ from .engine import (
     GateAnswered,
     HooksFinished,
     Message,
-    NameResolved,
     Notify,
     PeersChanged,
     Persist,
     Persisted,
-    PollFailed,
     PostApproval,
     Record,
     ReleaseSlot,
@@ -62,31 +58,31 @@ from .engine import (
     UseConfig,
     WakeAt,
 )
-from .hooks import CommandResult, Outcome, ProcessRunner, run_hooks
-from .identity import hostname, resolve
-from .imds import ImdsError, MetadataClient
-from .lanes import Lane, PollLane
-from .model import Event
+from ..host import boot
+from ..host.hooks import CommandResult, Outcome, ProcessRunner, run_hooks
+from ..host.store import StateError, StateStore
+from ..model import Event
+from ..observe.telemetry import Telemetry
+from . import log, wiring
+from .lanes import (
+    Inbound,
+    Lane,
+    PollLane,
+    Signalled,
+    approve,
+    fetch,
+    name_error,
+    poll_error,
+    resolve_name,
+)
 from .notify import Notifier
-from .providers import client_for
-from .state import StateError, StateStore
-from .telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from .coordination import EtcdCoordinator
-    from .drainer import Drainer
-    from .slots import SlotKeeper
+    from ..coordination.drainer import Drainer
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
 
 
-@dataclass(frozen=True)
-class Signalled:
-    signo: int
-
-
-Inbound = Union[Message, Signalled]
 # What --dry-run skips. It takes no slot and marks no cluster node: it logs what it would do,
 # stays QUEUED until the deadline, and takes a drain as done.
 Pretended = Union[
@@ -118,13 +114,13 @@ class Daemon:
         self.telemetry = Telemetry(config, self.store, self._report, publish=not dry_run)
         interval = self.notifier.watchdog_interval
         self.state = engine.initial(config, None if interval is None else int(interval * 1e6))
-        self._polling = client_for(config)  # told what was saved, before its first poll
+        self._polling = wiring.client_for(config)  # told what was saved, before its first poll
         self._poller = PollLane("imds-poll", self.inbox, self._polling)
-        self._approver = Lane("imds-approve", self.inbox, client_for(config))
-        self._namer = Lane("imds-name", self.inbox, client_for(config))
-        self._coordinator = _coordinator(config, self.inbox.put)
-        self._slots = _slot_keeper(config, self.inbox.put)
-        self._drainer = _drainer(config, self.runner, self.inbox.put)
+        self._approver = Lane("imds-approve", self.inbox, wiring.client_for(config))
+        self._namer = Lane("imds-name", self.inbox, wiring.client_for(config))
+        self._coordinator = wiring.coordinator(config, self.inbox.put)
+        self._slots = wiring.slot_keeper(config, self.inbox.put)
+        self._drainer = wiring.drainer(config, self.runner, self.inbox.put)
         self._restorer: Optional[Drainer] = None  # a mark of ours with no pacemaker configured
         self._wake_at = 0.0
         self._exit: Optional[int] = None
@@ -163,7 +159,7 @@ class Daemon:
                 engine.Boot(
                     loaded,
                     problem or load_problem,
-                    boot_id(),
+                    boot.boot_id(),
                     store.cluster_mark,
                     mark_unrecorded=store.mark_unrecorded,
                 )
@@ -243,11 +239,11 @@ class Daemon:
         """An effect that raised still ends in the message its failure sends, so the engine's
         own rules (backoff, retry, a failed run) take it from there."""
         if isinstance(effect, Fetch):
-            self.inbox.put(_poll_error(detail))
+            self.inbox.put(poll_error(detail))
         elif isinstance(effect, PostApproval):
             self.inbox.put(ApprovalFailed(effect.event.event_id, "internal", detail))
         elif isinstance(effect, ResolveName):
-            self.inbox.put(_name_error(detail))
+            self.inbox.put(name_error(detail))
         elif isinstance(effect, SpawnHooks):
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
         elif isinstance(effect, AskGate):
@@ -309,13 +305,13 @@ class Daemon:
     def _ask_imds(self, effect: Union[Fetch, PostApproval, ResolveName]) -> None:
         """Each on its own lane, so a GET hanging for its timeout delays no approval."""
         if isinstance(effect, Fetch):
-            self._poller.order(effect.at, _fetch, _poll_error)
+            self._poller.order(effect.at, fetch, poll_error)
         elif isinstance(effect, ResolveName):
-            self._namer.submit(_resolve, _name_error)
+            self._namer.submit(resolve_name, name_error)
         else:
             event_id = effect.event.event_id
             self._approver.submit(
-                functools.partial(_approve, event_id=event_id),
+                functools.partial(approve, event_id=event_id),
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 
@@ -365,7 +361,7 @@ class Daemon:
             return self._drainer
         if self._restorer is None:
             settings = Pacemaker(method=mark.method, attribute=mark.attribute)
-            self._restorer = _drainer_for(settings, self.runner, self.inbox.put)
+            self._restorer = wiring.drainer_for(settings, self.runner, self.inbox.put)
         return self._restorer
 
     def _pretend(self, effect: Pretended) -> None:
@@ -421,21 +417,21 @@ class Daemon:
         old, self.config = self.config, new
         self.telemetry.use(new)
         if (new.metadata, new.provider) != (old.metadata, old.provider):
-            self._polling = client_for(new)
+            self._polling = wiring.client_for(new)
             self._polling.recall(tracked.event for tracked in self.state.events.values())
             self._poller.use(self._polling)
             for lane in (self._approver, self._namer):
-                lane.use(client_for(new))
+                lane.use(wiring.client_for(new))
         if new.coordination != old.coordination:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
-            self._coordinator = _coordinator(new, self.inbox.put)
+            self._coordinator = wiring.coordinator(new, self.inbox.put)
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
             for drainer in (self._drainer, self._restorer):
                 if drainer is not None:
                     drainer.stop_all()
-            self._drainer = _drainer(new, self.runner, self.inbox.put)
+            self._drainer = wiring.drainer(new, self.runner, self.inbox.put)
             self._restorer = None
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
             # The engine asks again through the new keeper for every slot asked for or held
@@ -445,7 +441,7 @@ class Daemon:
             # in keys the new settings do not use would block them for 15 minutes.
             if self._slots is not None:
                 self._slots.stop_all(hand_over=False)
-            self._slots = _slot_keeper(new, self.inbox.put)
+            self._slots = wiring.slot_keeper(new, self.inbox.put)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:
@@ -591,87 +587,9 @@ class Daemon:
             self.inbox.put(finish(None, f"cannot start a thread: {e}"))
 
 
-# ---- jobs for the worker threads (I/O, then one message) -----------------------------------
-
-
-def _fetch(client: MetadataClient) -> Message:
-    try:
-        return DocumentFetched(client.fetch_document(), time.time())
-    except ImdsError as e:
-        return PollFailed(e.kind, e.detail, e.status, e.retry_after)
-
-
-def _poll_error(detail: str) -> Message:
-    return PollFailed("internal", detail)
-
-
-def _approve(client: MetadataClient, *, event_id: str) -> Message:
-    started = time.monotonic()
-    try:
-        client.approve([event_id])
-    except ImdsError as e:
-        return ApprovalFailed(event_id, e.kind, e.detail)
-    return ApprovalSent(event_id, time.monotonic() - started)
-
-
-def _resolve(client: MetadataClient) -> Message:
-    identity = resolve(None, client)
-    return NameResolved(identity.name, identity.source, identity.problem)
-
-
-def _name_error(detail: str) -> Message:
-    identity = hostname(detail)
-    return NameResolved(identity.name, identity.source, identity.problem)
-
-
 def _traceback(error: Exception) -> str:
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     return "".join(lines)[-8000:]
-
-
-def boot_id(path: str = BOOT_ID) -> str:
-    """Which boot this is: a different one than when an event's hooks started means the VM
-    rebooted (or was redeployed) meanwhile."""
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
-
-
-def _coordinator(config: Config, send: Callable[[Message], None]) -> Optional[EtcdCoordinator]:
-    etcd = config.coordination.etcd if config.coordination else None
-    if etcd is None:
-        return None
-    from .coordination import EtcdCoordinator  # noqa: PLC0415 - only fleets need etcd's client
-
-    return EtcdCoordinator(etcd, send)
-
-
-def _slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[SlotKeeper]:
-    etcd = config.coordination.etcd if config.coordination else None
-    if etcd is None or config.concurrency is None:
-        return None
-    from .slots import SlotKeeper  # noqa: PLC0415 - only fleets need etcd's client
-
-    return SlotKeeper(etcd, config.concurrency, send)
-
-
-def _drainer(
-    config: Config, runner: ProcessRunner, send: Callable[[Message], None]
-) -> Optional[Drainer]:
-    settings = config.coordination.pacemaker if config.coordination else None
-    if settings is None:
-        return None
-    return _drainer_for(settings, runner, send)
-
-
-def _drainer_for(
-    settings: Pacemaker, runner: ProcessRunner, send: Callable[[Message], None]
-) -> Drainer:
-    from .drainer import Drainer  # noqa: PLC0415 - only cluster nodes need it
-
-    return Drainer(settings, runner, send)
 
 
 def run_daemon(config: Config, *, dry_run: bool = False) -> int:

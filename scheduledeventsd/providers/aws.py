@@ -24,8 +24,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from .imds import ImdsClient, ImdsError
-from .model import (
+from ..model import (
     MAX_EVENT_ID,
     SCHEDULED,
     STARTED,
@@ -36,6 +35,7 @@ from .model import (
     parse_not_before,
     short,
 )
+from .imds import ImdsClient, ImdsError
 
 TOKEN_TTL = 21600  # seconds: AWS's maximum
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret

@@ -9,11 +9,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .config import Config
-    from .imds import MetadataClient
 
 DMI_DIR = Path("/sys/class/dmi/id")
 # Azure's VMs carry this chassis asset tag (Hyper-V hosts elsewhere do not).
@@ -42,22 +37,6 @@ DOCUMENTATION = {
     Provider.AWS: "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html",
     Provider.GCP: "https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys",
 }
-
-
-def client_for(config: Config) -> MetadataClient:
-    """The provider's client; nothing else in the daemon knows which cloud it is in."""
-    md = config.metadata
-    if config.provider is Provider.AWS:
-        from .aws import AwsClient  # noqa: PLC0415 - providers.py stays below config.py
-
-        return AwsClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
-    if config.provider is Provider.GCP:
-        from .gcp import GcpClient  # noqa: PLC0415
-
-        return GcpClient(md.url, md.timeout, md.first_call_timeout, config.vm_name)
-    from .imds import ImdsClient  # noqa: PLC0415
-
-    return ImdsClient(md.url, md.api_version, md.timeout, md.first_call_timeout)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from .config import Listen
-from .deadline import shut_down
-from .model import Event
+from ..config import Listen
+from ..host.deadline import shut_down
+from ..model import Event
 
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing is dropped, it cannot hold a thread
 # At most this many connections are handled at once, so no number of clients can take the

@@ -1,4 +1,4 @@
-"""EC2's instance metadata service, simulated: IMDSv2 tokens and the notices aws.py reads.
+"""EC2's instance metadata service, simulated: IMDSv2 tokens and the notices providers/aws.py reads.
 
 `PUT /latest/api/token` (with `X-aws-ec2-metadata-token-ttl-seconds`) gives a token; every GET
 needs a valid one (401 otherwise: IMDSv2 only). `spot/instance-action` answers 404 until a spot
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
-from .simulator import Serving, reply
+from .serving import Serving, reply
 
 INSTANCE_ID = "i-0123456789abcdef0"
 MAX_TTL = 21600

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Callable, Optional
 
-from .config import Hook
-from .model import Event, encodable, iso_utc
+from ..config import Hook
+from ..model import Event, encodable, iso_utc
 
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -21,10 +21,10 @@ import time
 import urllib.parse
 from typing import Callable, Optional
 
-from .config import Concurrency, Etcd
-from .engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..config import Concurrency, Etcd
+from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..retry import Backoff
 from .etcd import EtcdClient, EtcdError, KeyValue
-from .retry import Backoff
 
 # A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
 # slot under a lease this long, so the next VM does not start before this one's undrain; taken

@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import DrainMethod
-from .engine import ClusterMark, Known, Tracked
-from .lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
-from .model import parse_event
+from ..config import DrainMethod
+from ..engine import ClusterMark, Known, Tracked
+from ..lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
+from ..model import parse_event
 
 STATE_FILE = "state.json"
 LOCK_TRIES = 10  # 0.1 s apart

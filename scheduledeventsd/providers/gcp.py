@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..model import SCHEDULED, STARTED, Document, Event, parse_not_before, short
 from .imds import ImdsClient, ImdsError
-from .model import SCHEDULED, STARTED, Document, Event, parse_not_before, short
 
 FLAVOR = {"Metadata-Flavor": "Google"}
 LONG_POLL = 30  # seconds a long-poll may wait for a change (timeout_sec)

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from .config import CLUSTER_TOOLS, TOOL_PATH, DrainMethod, Pacemaker
-from .hooks import OutputBudget, ProcessRunner
+from ..config import CLUSTER_TOOLS, TOOL_PATH, DrainMethod, Pacemaker
+from ..host.hooks import OutputBudget, ProcessRunner
 
 TOOL_TIMEOUT = 30.0  # seconds; crm_mon answers in well under one
 RED = -1000000  # Pacemaker's -INFINITY: no resource may run on the node

@@ -1,4 +1,4 @@
-"""The Compute Engine metadata server, simulated: the keys gcp.py reads, with long-polls.
+"""The Compute Engine metadata server, simulated: the keys providers/gcp.py reads, with long-polls.
 
 Every request needs `Metadata-Flavor: Google` (403 otherwise). `instance/?recursive=true`
 answers the instance directory with an ETag; with `wait_for_change=true&last_etag=E` it holds
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
-from .simulator import Serving, reply
+from .serving import Serving, reply
 
 INSTANCE_NAME = "gce-vm-1"
 PREFIX = "/computeMetadata/v1"

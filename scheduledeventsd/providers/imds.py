@@ -21,8 +21,8 @@ from typing import Literal, Optional, Protocol
 
 import httptools
 
-from . import __version__
-from .model import Document, DocumentError, Event, EventCache, parse_document
+from .. import __version__
+from ..model import Document, DocumentError, Event, EventCache, parse_document
 
 NAME_API_VERSION = "2021-02-01"
 # A real document is a few KiB; this leaves room for 10 000 events or a 1 MB Description (a

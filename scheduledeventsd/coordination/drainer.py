@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from .config import Pacemaker
-from .engine import (
+from ..config import Pacemaker
+from ..engine import (
     AskGate,
     ClusterChecked,
     ClusterDrained,
@@ -30,10 +30,10 @@ from .engine import (
     Message,
     mark_of,
 )
-from .hooks import GATE_LATER, ProcessRunner
-from .model import Event
+from ..host.hooks import GATE_LATER, ProcessRunner
+from ..model import Event
+from ..retry import Backoff
 from .pacemaker import Cli, ClusterError, is_ready, problems, still_here, why_not_drain
-from .retry import Backoff
 
 WATCH_EVERY = 0.5  # seconds between readings while resources leave
 # Settled only when two readings in a row say so: crm_mon shows a short gap after a stop

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import __version__
-from .config import Config, HealthFrom
-from .engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
-from .model import SCHEDULED, Event, iso_utc
-from .when import Held, hold
-from .windows import current_or_next
+from .. import __version__
+from ..config import Config, HealthFrom
+from ..engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
+from ..model import SCHEDULED, Event, iso_utc
+from ..when import Held, hold
+from ..windows import current_or_next
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires
 MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status without bound

@@ -14,12 +14,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .config import Config
-from .engine import Message, Phase, State
-from .model import Event
+from ..config import Config
+from ..engine import Message, Phase, State
+from ..host.store import StateStore
+from ..model import Event
+from ..records import Record
 from .observer import HookResult, Observer, unhealthy
-from .records import Record
-from .state import StateStore
 
 if TYPE_CHECKING:  # imported when configured: a daemon without them pays nothing for them
     from .metrics import Metrics

@@ -11,14 +11,31 @@ import math
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
-from .engine import Message, PollFailed, Tick
+from ..engine import (
+    ApprovalFailed,
+    ApprovalSent,
+    DocumentFetched,
+    Message,
+    NameResolved,
+    PollFailed,
+    Tick,
+)
+from ..providers.identity import hostname, resolve
+from ..providers.imds import ImdsError, MetadataClient
 
-if TYPE_CHECKING:
-    from .daemon import Inbound
-    from .imds import MetadataClient
 
+@dataclass(frozen=True)
+class Signalled:
+    """A signal the daemon received: its handler only puts this on the inbox."""
+
+    signo: int
+
+
+# What the daemon's one inbox carries: the lanes' answers, other threads' messages, signals.
+Inbound = Union[Message, Signalled]
 Job = Callable[[], Message]
 Call = Callable[["MetadataClient"], Message]
 OnError = Callable[[str], Message]
@@ -153,3 +170,36 @@ def _closed(client: MetadataClient) -> Message:
 
 def _internal(detail: str) -> Message:
     return PollFailed("internal", detail)
+
+
+# The IMDS calls the lanes carry, each turned into the message the engine gets.
+
+
+def fetch(client: MetadataClient) -> Message:
+    try:
+        return DocumentFetched(client.fetch_document(), time.time())
+    except ImdsError as e:
+        return PollFailed(e.kind, e.detail, e.status, e.retry_after)
+
+
+def poll_error(detail: str) -> Message:
+    return PollFailed("internal", detail)
+
+
+def approve(client: MetadataClient, *, event_id: str) -> Message:
+    started = time.monotonic()
+    try:
+        client.approve([event_id])
+    except ImdsError as e:
+        return ApprovalFailed(event_id, e.kind, e.detail)
+    return ApprovalSent(event_id, time.monotonic() - started)
+
+
+def resolve_name(client: MetadataClient) -> Message:
+    identity = resolve(None, client)
+    return NameResolved(identity.name, identity.source, identity.problem)
+
+
+def name_error(detail: str) -> Message:
+    identity = hostname(detail)
+    return NameResolved(identity.name, identity.source, identity.problem)

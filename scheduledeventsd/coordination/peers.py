@@ -18,10 +18,10 @@ import time
 import urllib.parse
 from typing import Callable, Optional
 
-from .config import Etcd
-from .engine import Coordinate, CoordinationFailed, Message, PeersChanged
+from ..config import Etcd
+from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged
+from ..model import Event
 from .etcd import EtcdClient, EtcdError, KeyValue
-from .model import Event
 
 # A watch that stays silent this long is checked with a linearizable read: a member cut off
 # from the quorum keeps a stream open but delivers nothing.

@@ -18,12 +18,12 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from . import __version__
-from .config import Webhook, WebhookFormat
-from .deadline import Watch
-from .imds import _retry_after  # Retry-After read as IMDS' is
-from .records import Cause, Record, What
-from .watched import WatchedAdapter, read_at_most
+from .. import __version__
+from ..config import Webhook, WebhookFormat
+from ..host.deadline import Watch
+from ..host.watched import WatchedAdapter, read_at_most
+from ..providers.imds import _retry_after  # Retry-After read as IMDS' is
+from ..records import Cause, Record, What
 
 QUEUE_SIZE = 200  # messages waiting per webhook; beyond it the oldest news is dropped
 BACKOFF = 0.5  # 0.5 s, 1 s, 2 s, ... between attempts

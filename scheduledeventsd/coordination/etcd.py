@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 import requests
 
-from .config import Etcd
-from .deadline import Watch, abort
-from .watched import WatchedAdapter, read_at_most
+from ..config import Etcd
+from ..host.deadline import Watch, abort
+from ..host.watched import WatchedAdapter, read_at_most
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
 _UNAUTHENTICATED = 16

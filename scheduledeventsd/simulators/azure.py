@@ -10,18 +10,17 @@ from __future__ import annotations
 import collections
 import email.utils
 import json
-import sys
 import threading
 import time
 import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Optional
 
-import yaml
+from .scenario import Scenario, Step
+from .serving import Serving, reply
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 NAME_PATH = "/metadata/instance/compute/name"
@@ -89,82 +88,8 @@ class _Event:
     started_at: Optional[float] = None
 
 
-@dataclass
-class Step:
-    at: float
-    action: str  # add | update | remove | fault
-    value: Any
-
-
-@dataclass
-class Scenario:
-    vm_name: str = "sim-vm"
-    incarnation: int = 1
-    start_after_approval: float = 1.0
-    started_for: Optional[float] = 3.0
-    duration: Optional[float] = None
-    steps: list[Step] = field(default_factory=list)
-
-
-class ScenarioError(ValueError):
-    pass
-
-
 def rfc1123(when: float) -> str:
     return email.utils.formatdate(when, usegmt=True)
-
-
-class Serving:
-    """A simulator's HTTP server on a thread of its own: Azure's, AWS's and Google Cloud's."""
-
-    PATH = ""  # what its URL ends with
-    _server: Optional[_Server] = None
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        raise NotImplementedError
-
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        """Serve in a background thread; returns the bound address (port 0 picks a free one)."""
-        self._server = _Server((host, port), self._handler())
-        name = type(self).__name__.lower()
-        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"  # noqa: S101 - programming error
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}{self.PATH}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-def reply(
-    handler: BaseHTTPRequestHandler,
-    status: int,
-    body: object,
-    content_type: str = "application/json; charset=utf-8",
-    headers: tuple[tuple[str, str], ...] = (),
-) -> None:
-    """One answer: bytes as they are, text as text, anything else as JSON."""
-    if isinstance(body, bytes):
-        data = body
-    elif isinstance(body, str):
-        data = body.encode()
-    else:
-        data = json.dumps(body, separators=(",", ":")).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", content_type)
-    for name, value in headers:
-        handler.send_header(name, value)
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
 
 
 class Simulator(Serving):
@@ -451,15 +376,6 @@ class Simulator(Serving):
         self.stop()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that hangs up mid-answer (a timed-out poll) is normal here, not an error."""
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            super().handle_error(request, client_address)  # type: ignore[arg-type]
-
-
 def _parse_rfc1123(text: Any) -> Optional[float]:  # noqa: ANN401
     if not isinstance(text, str) or not text:
         return None
@@ -655,55 +571,3 @@ def _start_requests(body: bytes) -> Optional[list[str]]:
     if len(ids) != len(requests) or not all(isinstance(i, str) and i for i in ids):
         return None
     return [str(i) for i in ids]
-
-
-_SCENARIO_KEYS = (
-    "vm_name",
-    "incarnation",
-    "start_after_approval",
-    "started_for",
-    "duration",
-    "steps",
-)
-_STEP_ACTIONS = ("add", "update", "remove", "fault")
-
-
-def load_scenario(path: Path) -> Scenario:
-    """Read a scenario file; errors name the file and the step."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ScenarioError(f"{path}: {e}") from None
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{path}: must be a mapping")
-    unknown = set(raw) - set(_SCENARIO_KEYS)
-    if unknown:
-        raise ScenarioError(f"{path}: unknown keys: {', '.join(sorted(map(str, unknown)))}")
-    steps = []
-    for i, entry in enumerate(raw.get("steps") or []):
-        actions = [k for k in _STEP_ACTIONS if isinstance(entry, dict) and k in entry]
-        if (
-            not isinstance(entry, dict)
-            or len(actions) != 1
-            or not isinstance(entry.get("at"), (int, float))
-        ):
-            raise ScenarioError(
-                f"{path}: steps[{i}]: needs `at` (seconds) and one of {', '.join(_STEP_ACTIONS)}"
-            )
-        steps.append(Step(float(entry["at"]), actions[0], entry[actions[0]]))
-    d = Scenario()
-    return Scenario(
-        vm_name=str(raw.get("vm_name", d.vm_name)),
-        incarnation=int(raw.get("incarnation", d.incarnation)),
-        start_after_approval=float(raw.get("start_after_approval", d.start_after_approval)),
-        # `started_for: null` keeps Started events in the document until a step removes them.
-        started_for=float(raw["started_for"])
-        if raw.get("started_for") is not None
-        else (None if "started_for" in raw else d.started_for),
-        duration=None if raw.get("duration") is None else float(raw["duration"]),
-        steps=steps,
-    )
-
-
-def bundled_scenario(name: str) -> Path:
-    return Path(__file__).with_name("scenarios") / f"{name}.yaml"

@@ -7,9 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .config import Config
-from .model import Document, Event, iso_utc
-from .when import Held, hold
+from ..config import Config
+from ..model import Document, Event, iso_utc
+from ..when import Held, hold
 
 
 def hooks_start(event: Event, config: Config, now: dt.datetime) -> Optional[Held]:

@@ -25,9 +25,9 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from . import __version__
-from .config import STAGES, Config
-from .engine import (
+from .. import __version__
+from ..config import STAGES, Config
+from ..engine import (
     ApprovalFailed,
     ApprovalSent,
     DocumentFetched,
@@ -38,11 +38,11 @@ from .engine import (
     PollFailed,
     State,
 )
-from .imds import Failure
-from .model import EVENT_TYPES
+from ..host.store import write_atomically
+from ..model import EVENT_TYPES
+from ..providers.imds import Failure
+from ..windows import Window, current_or_next
 from .observer import next_not_before, pending
-from .state import write_atomically
-from .windows import Window, current_or_next
 
 HOOK_RESULTS = ("ok", "failed", "timeout", "cancelled")
 DRAIN_STATES = tuple(d.value for d in Drain if d is not Drain.NONE)
