@@ -36,8 +36,9 @@ class Signalled:
 
 # What the daemon's one inbox carries: the lanes' answers, other threads' messages, signals.
 Inbound = Union[Message, Signalled]
+
 Job = Callable[[], Message]
-Call = Callable[["MetadataClient"], Message]
+Call = Callable[[MetadataClient], Message]
 OnError = Callable[[str], Message]
 
 
