@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,13 @@ KNOWN_EXCEPTIONS: Mapping[tuple[str, str], str] = {
     (f"{PACKAGE}.when", f"{PACKAGE}.config"): (
         "engine/config: when.py (the engine's) reads EventRule from config.py, as above"
     ),
+}
+
+# Folders whose insides are being rebuilt by another part of issue 27: cycles between their own
+# modules are not checked yet (cycles between them and other folders are). Empty it.
+INSIDE_NOT_YET_CHECKED: Mapping[str, str] = {
+    ENGINE: "engine: engine.py split into engine/ by concern, then into gates and machines",
+    f"{PACKAGE}.config": "config: config.py and schema.py becoming the config/ package",
 }
 
 MAX_LINES = 600
@@ -179,19 +186,25 @@ def engine_io(root: Path, exceptions: Iterable[tuple[str, str]] = KNOWN_EXCEPTIO
     return sorted(problems)
 
 
-def unit(module: str) -> str:
-    """The folder a module belongs to (or the top-level module itself)."""
-    parts = module.split(".")
-    return ".".join(parts[:2])
+def packages(root: Path) -> list[str]:
+    """Every package (folder with an `__init__.py`) of the package, itself first."""
+    return [m for m, path in modules(root).items() if _is_package(path)]
 
 
-def cycles(edges: Iterable[Import], key: Callable[[str], str] = unit) -> list[list[str]]:
-    """The groups of nodes (by `key`: folders, or modules with `str`) that import each other,
-    each listed with the imports that tie it, in a readable order."""
+def cycles(edges: Iterable[Import], package: str = PACKAGE) -> list[list[str]]:
+    """The groups of `package`'s children (its modules and folders, a folder standing for all
+    it holds) that import each other, each with the imports that tie it. A module's own
+    packages are not counted: Python loads them before it, whatever it imports, and a
+    package's `__init__` importing its modules to give them one face is the usual way."""
+    depth = package.count(".") + 2
     graph: dict[str, dict[str, Import]] = {}
     for e in edges:
-        a, b = key(e.importer), key(e.target)
-        if b not in (a, PACKAGE):
+        if not (_within(e.importer, package) and _within(e.target, package)):
+            continue
+        if e.importer.startswith(e.target + "."):
+            continue
+        a, b = (".".join(m.split(".")[:depth]) for m in (e.importer, e.target))
+        if a != b:
             graph.setdefault(a, {}).setdefault(b, e)
             graph.setdefault(b, {})
     found = []
@@ -204,6 +217,20 @@ def cycles(edges: Iterable[Import], key: Callable[[str], str] = unit) -> list[li
                 if b in group
             ]
             found.append(ties)
+    return found
+
+
+def cycles_inside(root: Path, exceptions: Iterable[tuple[str, str]]) -> dict[str, list[list[str]]]:
+    """Each folder below the top with modules or folders importing each other (the top's are
+    `cycles`'), but for those whose insides are being rebuilt."""
+    edges = internal(imports(root), exceptions)
+    found = {}
+    for package in packages(root):
+        skipped = any(_within(package, prefix) for prefix in INSIDE_NOT_YET_CHECKED)
+        if package != PACKAGE and not skipped:
+            inside = cycles(edges, package)
+            if inside:
+                found[package] = inside
     return found
 
 
@@ -270,10 +297,23 @@ def test_no_two_folders_of_the_package_import_each_other():
     assert not found, "import cycles between folders:\n" + _shown(found)
 
 
-def test_no_two_modules_import_each_other():
-    """Not even inside one folder (the daemon and its lanes did, through a type)."""
-    found = cycles(internal(imports(ROOT), KNOWN_EXCEPTIONS), key=str)
-    assert not found, "import cycles between modules:\n" + _shown(found)
+def test_no_two_modules_or_folders_inside_a_folder_import_each_other():
+    """The same one level down, and below (the daemon and its lanes did, through a type)."""
+    found = cycles_inside(ROOT, KNOWN_EXCEPTIONS)
+    shown = "\n\n".join(f"in {package}:\n{_shown(ties)}" for package, ties in found.items())
+    assert not found, "import cycles:\n" + shown
+
+
+def test_every_folder_not_yet_checked_inside_still_needs_it():
+    """Once a folder listed in INSIDE_NOT_YET_CHECKED has no cycle inside, it leaves the list."""
+    edges = internal(imports(ROOT), KNOWN_EXCEPTIONS)
+    done = [
+        prefix
+        for prefix in INSIDE_NOT_YET_CHECKED
+        if prefix in packages(ROOT)
+        and not any(cycles(edges, p) for p in packages(ROOT) if _within(p, prefix))
+    ]
+    assert not done, f"remove from INSIDE_NOT_YET_CHECKED in tests/test_layers.py: {done}"
 
 
 def test_every_known_exception_is_still_needed():
@@ -348,6 +388,7 @@ def test_the_copy_passes_as_the_package_does(copy: Path):
     """So a failure below comes from what was planted, not from copying."""
     assert engine_io(copy) == engine_io(ROOT)
     assert cycles(internal(imports(copy), KNOWN_EXCEPTIONS)) == []
+    assert cycles_inside(copy, KNOWN_EXCEPTIONS) == {}
 
 
 @pytest.mark.parametrize(
@@ -405,8 +446,11 @@ def test_a_cycle_planted_between_two_modules_of_one_folder_fails_the_check(copy:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .daemon import Daemon",
     )
     assert cycles(internal(imports(copy), KNOWN_EXCEPTIONS)) == []  # one folder
-    found = cycles(internal(imports(copy), KNOWN_EXCEPTIONS), key=str)
-    assert f"{PACKAGE}.runtime.lanes -> {PACKAGE}.runtime.daemon" in _shown(found)
+    found = cycles_inside(copy, KNOWN_EXCEPTIONS)
+    assert list(found) == [f"{PACKAGE}.runtime"]
+    assert f"{PACKAGE}.runtime.lanes -> {PACKAGE}.runtime.daemon" in _shown(
+        found[f"{PACKAGE}.runtime"]
+    )
 
 
 def test_without_the_known_exceptions_the_engine_and_its_cycles_are_found(copy: Path):
