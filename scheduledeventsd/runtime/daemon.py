@@ -522,35 +522,10 @@ class Daemon:
             bound.info("hook_started", hook=hook, command=" ".join(argv), run=run)
 
         def finished(hook: str, result: CommandResult) -> None:
-            fields = {
-                "hook": hook,
-                "exit_status": result.exit_status,
-                "duration_s": round(result.duration_s, 3),
-                "run": run,
-            }
             self.telemetry.hook_finished(
                 event.event_id, hook, stage, result.label(stage), result.duration_s
             )
-            if result.dropped_lines:
-                bound.warning(
-                    "hook_output_truncated",
-                    hook=hook,
-                    run=run,
-                    lines_dropped=result.dropped_lines,
-                    bytes_dropped=result.dropped_bytes,
-                    reason="past the run's logging budget; drained, not logged",
-                )
-            outcome = result.outcome
-            if outcome is Outcome.SUCCEEDED:
-                bound.info("hook_finished", **fields)
-            elif result.timed_out:
-                bound.error("hook_timed_out", **fields, error="killed with its process group")
-            elif outcome is Outcome.CANCELLED:
-                bound.warning("hook_cancelled", **fields, error=result.error or None)
-            elif stage == "gate":
-                bound.info("gate_answered", **fields, error=result.error or None)
-            else:
-                bound.error("hook_failed", **fields, error=result.error or None)
+            log.hook_result(bound, hook, stage, run, result)
 
         def output(hook: str, stream: str, line: str) -> None:
             bound.info("hook_output", hook=hook, stream=stream, line=line)

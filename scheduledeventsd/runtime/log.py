@@ -18,6 +18,8 @@ import structlog
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from ..host.hooks import CommandResult
+
 IDENTIFIER = "scheduledeventsd"
 LEVELS = ("debug", "info", "warning", "error")
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
@@ -146,3 +148,35 @@ def emit(logger: FilteringBoundLogger, level: str, name: str, fields: Mapping[st
         "error": logger.error,
     }.get(level, logger.error)
     method(name, **fields)
+
+
+def hook_result(
+    bound: FilteringBoundLogger, hook: str, stage: str, run: int, result: CommandResult
+) -> None:
+    """How a hook's (or the gate's) end is logged: its outcome by name and level, and what of
+    its output the run's logging budget dropped."""
+    fields = {
+        "hook": hook,
+        "exit_status": result.exit_status,
+        "duration_s": round(result.duration_s, 3),
+        "run": run,
+    }
+    if result.dropped_lines:
+        bound.warning(
+            "hook_output_truncated",
+            hook=hook,
+            run=run,
+            lines_dropped=result.dropped_lines,
+            bytes_dropped=result.dropped_bytes,
+            reason="past the run's logging budget; drained, not logged",
+        )
+    if result.succeeded:
+        bound.info("hook_finished", **fields)
+    elif result.timed_out:
+        bound.error("hook_timed_out", **fields, error="killed with its process group")
+    elif result.cancelled:
+        bound.warning("hook_cancelled", **fields, error=result.error or None)
+    elif stage == "gate":
+        bound.info("gate_answered", **fields, error=result.error or None)
+    else:
+        bound.error("hook_failed", **fields, error=result.error or None)
