@@ -11,16 +11,21 @@ the hooks themselves logged. Needs root (namespaces, bind mounts).
 
     python -m tests.campaign --kills 500              # `make crash-campaign`
     python -m tests.campaign --kills 200 --fleet      # and three VMs through etcd
+    python -m tests.campaign --group --seconds 600 --vms 5   # a concurrency group under faults
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import os
 import random
+import selectors
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,8 +39,9 @@ from typing import Any, Optional
 
 from scheduledeventsd.host.store import StateStore
 from scheduledeventsd.lifecycle import PREPARED, Rule
-from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.azure import SCHEDULED_EVENTS_PATH, Simulator, rfc1123
 from scheduledeventsd.simulators.scenario import Scenario
+from scheduledeventsd.when import WINDOW_LEAD
 
 VM = "campaign-vm"
 ROOT = Path(__file__).resolve().parents[1]
@@ -520,6 +526,567 @@ class FleetCampaign:
                     r.violations.append(f"3: after-hooks ran {after} times on {vm} for {event_id}")
 
 
+# ---- A group under faults: one concurrency group, partitions from etcd, member and daemon kills --
+
+
+class Proxy:
+    """A TCP proxy of one daemon's own, one listening port per target: it forwards, holds
+    (stops forwarding: connections stay open, bytes wait in the kernel's buffers and flow
+    again when healed, as across a partition that heals before TCP gives up) or resets (every
+    connection, and each new one, ends with a RST). One selector thread; `last_request` is
+    when a client last sent anything (time.time()), which tells a daemon that still polls."""
+
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        self.mode = "forward"
+        self.last_request = 0.0
+        self._want = "forward"
+        self._selector = selectors.DefaultSelector()
+        self._ports: list[int] = []
+        self._pairs: dict[socket.socket, socket.socket] = {}  # each end -> the other end
+        self._clients: set[socket.socket] = set()  # the ends that face the daemon
+        self._pending: list[tuple[socket.socket, tuple[str, int]]] = []  # accepted while held
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        for target in targets:
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(64)
+            self._selector.register(listener, selectors.EVENT_READ, ("accept", target))
+            self._ports.append(listener.getsockname()[1])
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self._ports]
+
+    def set(self, mode: str) -> None:
+        """forward | hold | reset; applied by the proxy's thread within a moment."""
+        self._want = mode
+        self._wake_w.send(b".")
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake_w.send(b".")
+        self._thread.join(5)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for sock in [*self._pairs, *(client for client, _ in self._pending)]:
+            sock.close()
+        self._selector.close()
+        self._wake_w.close()
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            for key, _ in self._selector.select(0.5):
+                kind, data = key.data
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                if kind == "wake":
+                    sock.recv(4096)
+                    self._apply()
+                elif kind == "accept":
+                    self._accept(sock, data)
+                elif sock in self._pairs:
+                    self._relay(sock, client=kind == "client")
+
+    def _apply(self) -> None:
+        want = self._want
+        if want == self.mode:
+            return
+        if want in ("reset", "hold") or self.mode == "reset":
+            for sock in list(self._pairs):
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(sock)
+        if want == "reset":
+            for sock in list(self._pairs):
+                _reset(sock)
+            self._pairs.clear()
+            self._clients.clear()
+            for client, _ in self._pending:
+                _reset(client)
+            self._pending.clear()
+        if want == "forward":
+            for sock in self._pairs:
+                self._selector.register(sock, selectors.EVENT_READ, self._role(sock))
+            pending, self._pending = self._pending, []
+            for client, target in pending:
+                self._connect(client, target)
+        self.mode = want
+
+    def _role(self, sock: socket.socket) -> tuple[str, None]:
+        return ("client" if sock in self._clients else "upstream", None)
+
+    def _accept(self, listener: socket.socket, target: tuple[str, int]) -> None:
+        client, _ = listener.accept()
+        if self.mode == "reset":
+            _reset(client)
+        elif self.mode == "hold":
+            self._pending.append((client, target))
+        else:
+            self._connect(client, target)
+
+    def _connect(self, client: socket.socket, target: tuple[str, int]) -> None:
+        try:
+            upstream = socket.create_connection(target, timeout=1)
+        except OSError:  # a member that is down: the client sees its connection reset
+            _reset(client)
+            return
+        client.settimeout(5)
+        upstream.settimeout(5)
+        self._clients.add(client)
+        self._pairs[client], self._pairs[upstream] = upstream, client
+        self._selector.register(client, selectors.EVENT_READ, ("client", None))
+        self._selector.register(upstream, selectors.EVENT_READ, ("upstream", None))
+
+    def _relay(self, sock: socket.socket, *, client: bool) -> None:
+        other = self._pairs[sock]
+        try:
+            data = sock.recv(65536)
+            if data:
+                other.sendall(data)
+                if client:
+                    self.last_request = time.time()
+                return
+        except OSError:
+            pass
+        for end in (sock, other):  # one side closed or failed: so does the other
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(end)
+            self._pairs.pop(end, None)
+            self._clients.discard(end)
+            end.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a RST (SO_LINGER 0), as a dropped path or a restarted middlebox does."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+GROUP_HOOK = """#!/bin/sh
+# $1: drain | undrain. Logs its start and end (as FLEET_HOOK); a drain takes the seconds its
+# event's Description names (drain=S), so the seed decides every drain's length.
+what="$SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $SCHEDULED_EVENT_VM_NAME"
+echo "start $what $(date +%s.%N)" >> "$CAMPAIGN_LOG"
+[ "$1" = drain ] && sleep "${SCHEDULED_EVENT_DESCRIPTION##*drain=}"
+echo "end $what $(date +%s.%N) 0" >> "$CAMPAIGN_LOG"
+"""
+GROUP_MAX = 1
+GROUP_TTL = 5  # concurrency.ttl's least: a lost lease expires soon after a partition begins
+
+
+@dataclass
+class GroupEvent:
+    event_id: str
+    vm: str
+    added: float
+    not_before: float  # wall clock; moved when the campaign brings NotBefore nearer
+    drain: float
+    warped: Optional[float] = None  # when NotBefore was brought to now (see bring_not_before)
+
+
+@dataclass
+class GroupReport:
+    seed: int
+    vms: int
+    partitions: Counter[str] = field(default_factory=Counter)
+    member_kills: int = 0
+    quorum_losses: int = 0
+    daemon_kills: int = 0
+    events: int = 0
+    early: int = 0  # approved before NotBefore (with the slot)
+    at_not_before: int = 0  # prepared, not approved, started by the platform at NotBefore
+    most_at_once: int = 0
+    violations: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)  # around each overlap: what happened
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "daemons": self.vms,
+            "partitions from etcd": dict(self.partitions),
+            "etcd member kills": self.member_kills,
+            "of them quorum losses": self.quorum_losses,
+            "daemon kill -9s": self.daemon_kills,
+            "events": self.events,
+            "approved early": self.early,
+            "proceeded at NotBefore": self.at_not_before,
+            "most VMs at once between before-hooks and early approval": self.most_at_once,
+            "violations": self.violations,
+            "history": self.history,
+        }
+
+
+class GroupCampaign:
+    """`vms` daemons of one concurrency group (`max: 1`, ttl 5) against a real 3-member etcd,
+    each through a proxy of its own, so that one can be cut off from etcd alone; every VM gets
+    a Reboot of its own again and again (NotBefore a little over the 10-minute lead away, so a
+    slot is asked for at once), drains for seconds; meanwhile, at seeded random instants (and
+    half the time right after a drain started), one daemon is partitioned from etcd (held or
+    reset) and healed, etcd members (one, or two: the quorum) are killed and started again,
+    daemons are killed -9 and started again. Checked from the simulator's approvals and the
+    hooks' log: at no instant are more than `max` VMs between the start of their before-hooks
+    and an early approval; every event is approved early or prepared and started by the
+    platform at its NotBefore; every daemon up keeps polling; state files load; no daemon
+    reports a defect.
+
+    Time is compressed once: an event that got no slot by its lead prepares without one and
+    waits for NotBefore, ten minutes on; once its drain has ended, the campaign brings its
+    NotBefore to now (Azure's clock, fast-forwarded) and the simulator starts it."""
+
+    LIVENESS = 10.0  # seconds without a request to IMDS that count as "stopped polling"
+
+    def __init__(self, work: Path, seed: int, cluster: Any, vms: int = 3) -> None:
+        self.work = work
+        self.seed = seed
+        self.rng = random.Random(seed)  # noqa: S311 - a replayable campaign, not a secret
+        self.cluster = cluster
+        self.vms = [f"vm-{chr(ord('a') + i)}" for i in range(vms)]
+        self.sim = Simulator(
+            Scenario(vm_name=self.vms[0], start_after_approval=0.3, started_for=0.6),
+            rate_limit=False,
+        )
+        self.sim.start()
+        self.log = work / "hooks.log"
+        hook = work / "hook"
+        hook.write_text(GROUP_HOOK)
+        hook.chmod(0o755)
+        self.hook = str(hook)
+        self.boot = work / "boot_id"
+        self.boot.write_text(str(uuid.uuid4()) + "\n")
+        members = [("127.0.0.1", port) for port in cluster.client_ports]
+        sim_port = int(self.sim.url.split(":")[2].split("/")[0])
+        self.etcd_proxies = {vm: Proxy(members) for vm in self.vms}
+        self.imds_proxies = {vm: Proxy([("127.0.0.1", sim_port)]) for vm in self.vms}
+        self.daemons: dict[str, Optional[Daemon]] = {}
+        self.started_at: dict[str, float] = {}
+        self.records: list[tuple[str, dict[str, Any]]] = []  # (vm, log record), every run
+        self.events: dict[str, GroupEvent] = {}
+        self.free_at = {vm: 0.0 for vm in self.vms}  # when a VM may get its next event
+        self.current: dict[str, str] = {}  # each VM's latest event
+        self.faults: list[tuple[float, str]] = []  # (time.time(), what): the fault timeline
+        self.pending: list[tuple[float, str, Any]] = []  # (monotonic, heal|member|daemon, who)
+        self.report = GroupReport(seed, vms)
+
+    # ---- the fleet ----------------------------------------------------------------------
+
+    def config(self, vm: str) -> Path:
+        path = self.work / f"{vm}.json"
+        cmd = lambda name: [{"command": [self.hook, name], "timeout": 60}]  # noqa: E731
+        path.write_text(
+            json.dumps(
+                {
+                    "metadata": {
+                        "url": self.imds_proxies[vm].urls[0] + SCHEDULED_EVENTS_PATH,
+                        "poll_interval": 0.25,
+                        "timeout": 2,
+                    },
+                    "vm_name": vm,
+                    "state_dir": str(self.work / vm),
+                    "approve": "always",
+                    "coordination": {
+                        "etcd": {
+                            "endpoints": self.etcd_proxies[vm].urls,
+                            "prefix": "/campaign",
+                            "timeout": 2,
+                        }
+                    },
+                    "concurrency": {"group": "tier", "max": GROUP_MAX, "ttl": GROUP_TTL},
+                    "hooks": {"drain": cmd("drain"), "undrain": cmd("undrain")},
+                    "events": {"Reboot": {"before": ["drain"], "after": ["undrain"]}},
+                    "environment": {"CAMPAIGN_LOG": str(self.log)},
+                    "shutdown_grace": 5,
+                }
+            )
+        )
+        return path
+
+    def start(self, vm: str) -> None:
+        self.daemons[vm] = Daemon(self.config(vm), self.boot)
+        self.started_at[vm] = time.time()
+
+    def kill(self, vm: str, signo: int = signal.SIGKILL) -> None:
+        daemon = self.daemons.get(vm)
+        if daemon is None:
+            return
+        daemon.kill(signo)
+        self.records += [(vm, r) for r in daemon.records]
+        self.daemons[vm] = None
+        _, problem = StateStore(self.work / vm).load()
+        if problem:
+            self.report.violations.append(f"{vm}: the state file did not load: {problem}")
+
+    def note(self, what: str) -> None:
+        self.faults.append((time.time(), what))
+
+    # ---- events -------------------------------------------------------------------------
+
+    def inject(self, lead_extra: tuple[float, float]) -> None:
+        """A Reboot for each VM that has none open: mostly with NotBefore past the 10-minute
+        lead (a slot is asked for), some inside it (prepared at once without one)."""
+        now = time.time()
+        for vm in self.vms:
+            if self.free_at[vm] > now:
+                continue
+            near = self.rng.random() < 0.15
+            ahead = (
+                self.rng.uniform(15, 30) if near else WINDOW_LEAD + self.rng.uniform(*lead_extra)
+            )
+            drain = round(self.rng.uniform(3, 9), 1)
+            event_id = self.sim.add_from_spec(
+                {
+                    "EventType": "Reboot",
+                    "Resources": [vm],
+                    "not_before_in": ahead,
+                    "Description": f"maintenance drain={drain}",
+                }
+            )
+            self.events[event_id] = GroupEvent(event_id, vm, now, now + ahead, drain)
+            self.current[vm] = event_id
+            self.free_at[vm] = float("inf")  # set once this one is over
+            self.report.events += 1
+
+    def settle_events(self) -> None:
+        """Frees VMs whose event is over (after a pause), and brings NotBefore to now for an
+        event prepared without a slot: its lead has passed, its drain ended, no approval."""
+        now = time.time()
+        present = set(self.sim.event_ids())
+        ended = {(f[1], f[3]) for f in _hook_log(self.log) if f[0] == "end" and f[2] == "before"}
+        approved = {a.event_id for a in self.sim.approvals}
+        for vm, event_id in self.current.items():
+            if event_id not in present and self.free_at[vm] == float("inf"):
+                self.free_at[vm] = now + self.rng.uniform(1, 4)
+        for e in self.events.values():
+            if e.event_id not in present:
+                continue
+            lead_passed = now > e.not_before - WINDOW_LEAD
+            prepared = (e.event_id, e.vm) in ended and e.event_id not in approved
+            if e.warped is None and lead_passed and prepared:
+                e.warped = now
+                e.not_before = now + 1
+                self.sim.update_event(e.event_id, NotBefore=rfc1123(e.not_before))
+                self.note(f"NotBefore of {e.vm}'s {e.event_id[:8]} brought to now")
+
+    # ---- faults -------------------------------------------------------------------------
+
+    def draining(self) -> list[str]:
+        """VMs whose before-hooks have started and not ended (per the hooks' own log)."""
+        running: set[tuple[str, str]] = set()
+        for f in _hook_log(self.log):
+            if f[2] == "before":
+                (running.add if f[0] == "start" else running.discard)((f[1], f[3]))
+        up = {vm for vm, d in self.daemons.items() if d is not None}
+        return sorted({vm for _, vm in running} & up)
+
+    def fault(self) -> None:
+        """One fault at a random instant: a partition, etcd members or a daemon killed."""
+        kind = self.rng.choices(["partition", "member", "daemon"], [4, 2, 2])[0]
+        now = time.monotonic()
+        if kind == "partition":
+            busy = {who for _, what, who in self.pending if what == "heal"}
+            targets = [vm for vm in self.vms if vm not in busy]
+            if targets:
+                self.partition(self.rng.choice(targets), "at a random instant")
+        elif kind == "member":
+            up = [i for i, p in enumerate(self.cluster.procs) if p is not None and p.poll() is None]
+            if len(up) < 3:
+                return
+            victims = self.rng.sample(up, 2 if self.rng.random() < 0.25 else 1)
+            for i in victims:
+                self.cluster.kill(i)
+                self.pending.append((now + self.rng.uniform(2, 8), "member", i))
+            self.note(f"etcd member(s) {victims} killed")
+            self.report.member_kills += len(victims)
+            self.report.quorum_losses += len(victims) > 1
+        else:
+            up_vms = [vm for vm, d in self.daemons.items() if d is not None]
+            if not up_vms:
+                return
+            draining = self.draining()
+            vm = self.rng.choice(draining if draining and self.rng.random() < 0.5 else up_vms)
+            self.kill(vm)
+            self.note(f"{vm}'s daemon killed -9")
+            self.report.daemon_kills += 1
+            self.pending.append((now + self.rng.uniform(0.5, 4), "daemon", vm))
+
+    def partition(self, vm: str, why: str) -> None:
+        """Cut `vm` off from etcd (held or reset) for 3-14 s: often past its lease's ttl."""
+        mode = self.rng.choice(["hold", "reset"])
+        seconds = self.rng.uniform(3, 14)
+        self.etcd_proxies[vm].set(mode)
+        self.note(f"{vm} cut off from etcd ({mode}) {why} for {seconds:.1f} s")
+        self.report.partitions[mode] += 1
+        self.pending.append((time.monotonic() + seconds, "heal", vm))
+
+    def on_drain_started(self, seen: set[tuple[str, str, str]]) -> None:
+        """The chosen moment: half the drains are followed at once by a partition of their VM
+        from etcd (while it holds the slot, most likely)."""
+        for f in _hook_log(self.log):
+            if f[0] != "start" or f[2] != "before" or (f[1], f[3], f[4]) in seen:
+                continue
+            seen.add((f[1], f[3], f[4]))
+            busy = {who for _, what, who in self.pending if what == "heal"}
+            if f[3] not in busy and self.rng.random() < 0.5:
+                self.partition(f[3], f"right after its drain of {f[1][:8]} started")
+
+    def undo_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        due = [p for p in self.pending if everything or p[0] <= now]
+        self.pending = [p for p in self.pending if p not in due]
+        for _, what, who in due:
+            if what == "heal":
+                self.etcd_proxies[who].set("forward")
+                self.note(f"{who} healed")
+            elif what == "member":
+                self.cluster.start(who)
+                self.note(f"etcd member {who} started again")
+            else:
+                self.start(who)
+                self.note(f"{who}'s daemon started again")
+
+    def check_polling(self) -> None:
+        """Every daemon up for a while has sent IMDS something within LIVENESS seconds."""
+        now = time.time()
+        for vm, daemon in self.daemons.items():
+            if daemon is None or now - self.started_at[vm] < 2 * self.LIVENESS:
+                continue
+            quiet = now - self.imds_proxies[vm].last_request
+            if quiet > self.LIVENESS and not any(vm in v for v in self.report.violations):
+                self.report.violations.append(f"{vm}'s daemon stopped polling ({quiet:.0f} s)")
+
+    # ---- the run ------------------------------------------------------------------------
+
+    def run(self, seconds: float, lead_extra: tuple[float, float] = (10, 30)) -> GroupReport:
+        try:
+            for vm in self.vms:
+                self.start(vm)
+            for vm in self.vms:
+                _wait(lambda vm=vm: self.daemons[vm].seen("document_changed"), 20)  # type: ignore[union-attr]
+            end = time.monotonic() + seconds
+            next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
+            drains: set[tuple[str, str, str]] = set()
+            while time.monotonic() < end:
+                self.inject(lead_extra)
+                self.settle_events()
+                self.undo_due()
+                self.on_drain_started(drains)
+                if time.monotonic() >= next_fault:
+                    self.fault()
+                    next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
+                self.check_polling()
+                time.sleep(0.1)
+            self.undo_due(everything=True)
+            self.cluster.healthy()
+            limit = time.monotonic() + lead_extra[1] + 60
+            while time.monotonic() < limit and set(self.events) & set(self.sim.event_ids()):
+                self.settle_events()
+                self.check_polling()
+                time.sleep(0.1)
+            time.sleep(2)  # the last after-hooks
+        finally:
+            for vm in self.vms:
+                self.kill(vm, signal.SIGTERM)
+            for proxy in [*self.etcd_proxies.values(), *self.imds_proxies.values()]:
+                proxy.stop()
+            self.sim.stop()
+            with (self.work / "daemons.jsonl").open("w") as out:  # for whoever reads a failure
+                out.writelines(json.dumps(dict(r, vm=vm)) + "\n" for vm, r in self.records)
+        self.check()
+        return self.report
+
+    # ---- the invariants -----------------------------------------------------------------
+
+    def check(self) -> None:
+        r = self.report
+        fields = _hook_log(self.log)
+        starts = [(f[1], f[3], float(f[4])) for f in fields if f[0] == "start" and f[2] == "before"]
+        ends = [
+            (f[1], f[3], float(f[4]), f[5]) for f in fields if f[0] == "end" and f[2] == "before"
+        ]
+        approvals = _first_approvals(self.sim)
+        started = {e: t for t, e, what in self.sim.history if what == "started"}
+        spans: list[tuple[float, float, GroupEvent]] = []
+        for e in self.events.values():
+            at = approvals.get(e.event_id)
+            mine = [t for i, vm, t in starts if (i, vm) == (e.event_id, e.vm)]
+            if at is not None and at < e.not_before:  # an early approval
+                r.early += 1
+                before = [t for t in mine if t <= at]
+                ok = [t for i, vm, t, code in ends if (i, vm, code) == (e.event_id, e.vm, "0")]
+                if not before or not ok or min(ok) > at:
+                    r.violations.append(f"{e.vm}'s {e.event_id} approved before its drain ended")
+                    continue
+                spans.append((max(before), at, e))
+            elif e.event_id in started:
+                r.at_not_before += 1
+                if not [t for t in mine if t <= started[e.event_id]]:
+                    r.violations.append(f"{e.vm}'s {e.event_id} started unprepared")
+            else:
+                r.violations.append(f"{e.vm}'s {e.event_id} neither approved nor started: lost")
+        self._check_overlap(spans)
+        for vm, rec in self.records:
+            if rec.get("event") in ("transition_refused", "internal_error"):
+                r.violations.append(f"{vm} logged {rec.get('event')}: {rec}")
+
+    def _check_overlap(self, spans: list[tuple[float, float, GroupEvent]]) -> None:
+        """At no instant more than GROUP_MAX VMs between before-hooks start and early approval."""
+        edges = sorted(
+            [(s, 1, e) for s, _, e in spans] + [(a, -1, e) for _, a, e in spans],
+            key=lambda x: (x[0], x[1]),
+        )
+        inside: list[GroupEvent] = []
+        for _at, step, e in edges:
+            if step < 0:
+                inside.remove(e)
+                continue
+            inside.append(e)
+            self.report.most_at_once = max(self.report.most_at_once, len(inside))
+            if len(inside) > GROUP_MAX:
+                both = ", ".join(f"{x.vm} ({x.event_id[:8]})" for x in inside)
+                self.report.violations.append(
+                    f"{len(inside)} VMs between before-hooks and early approval at once "
+                    f"(max {GROUP_MAX}): {both}"
+                )
+                self._history([(s, a, x) for s, a, x in spans if x in inside])
+
+    def _history(self, spans: list[tuple[float, float, GroupEvent]]) -> None:
+        """The faults, approvals, drains and slot records around an overlap, in time order."""
+        lo = min(s for s, _, _ in spans) - 10
+        hi = max(a for _, a, _ in spans) + 1
+        vms = {e.vm for _, _, e in spans}
+        lines: list[tuple[float, str]] = [(t, f"fault: {what}") for t, what in self.faults]
+        for s, a, e in spans:
+            lines.append((s, f"{e.vm}: drain of {e.event_id[:8]} started ({e.drain} s)"))
+            lines.append((a, f"{e.vm}: {e.event_id[:8]} approved (NotBefore {e.not_before:.0f})"))
+        for vm, rec in self.records:
+            name = str(rec.get("event", ""))
+            if vm in vms and (name.startswith("slot_") or name in _TOLD):
+                at = _wall(rec.get("timestamp"))
+                detail = rec.get("cause") or rec.get("kind") or rec.get("reason") or ""
+                event = str(rec.get("event_id", ""))[:8]
+                lines.append((at, f"{vm}: {name} {event} {str(detail)[:80]}".rstrip()))
+        self.report.history.append(f"-- {' and '.join(sorted(vms))} at once:")
+        self.report.history += [f"{_clock(t)} {text}" for t, text in sorted(lines) if lo <= t <= hi]
+
+
+# The records a violation's history shows besides every slot_* one.
+_TOLD = ("event_detected", "event_approved", "event_not_approved", "daemon_starting")
+
+
+def _wall(text: Any) -> float:
+    """A record's ISO timestamp as time.time() (0 when it has none)."""
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _clock(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _hook_log(path: Path) -> list[list[str]]:
     """The hooks' own log, a line each: start|end, event, stage, ..., time[, exit status]."""
     text = path.read_text() if path.exists() else ""
@@ -550,16 +1117,27 @@ def main() -> int:
     parser.add_argument(
         "--fleet", action="store_true", help="three VMs sharing events through a real etcd"
     )
+    parser.add_argument(
+        "--group",
+        action="store_true",
+        help="one concurrency group (max 1) under etcd partitions, member and daemon kills",
+    )
+    parser.add_argument("--seconds", type=float, default=600, help="--group: faults this long")
+    parser.add_argument("--vms", type=int, default=3, help="--group: daemons of the group")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sed-campaign-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
-        if args.fleet:
+        if args.fleet or args.group:
             from tests.etcd_cluster import Cluster  # noqa: PLC0415 - only the fleet needs etcd
 
             with Cluster(work / "etcd") as cluster:
-                report = FleetCampaign(work, args.seed, cluster).run(args.kills)
+                report: Any = (
+                    GroupCampaign(work, args.seed, cluster, args.vms).run(args.seconds)
+                    if args.group
+                    else FleetCampaign(work, args.seed, cluster).run(args.kills)
+                )
         else:
             report = Campaign(work, args.seed).run(args.kills)
     summary = report.summary()
