@@ -265,7 +265,7 @@ def test_a_record_holding_a_name_the_os_decoded_with_surrogateescape_reaches_jou
     `\\udcff`): systemd.journal.send raised on it and the record was lost."""
     code = (
         "import os\n"
-        "from scheduledeventsd import log\n"
+        "from scheduledeventsd.runtime import log\n"
         "log.configure('journal')\n"
         "path = os.fsdecode(b'/etc/scheduledeventsd/conf-\\xff.yaml')\n"
         "log.get().warning('config_warning', warning=f'{path}: readable by others')\n"
