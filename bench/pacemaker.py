@@ -85,7 +85,7 @@ def run_method(
                 "approve": "always",
                 "hooks": {"before": [{"command": [str(hook)]}]},
                 "events": {"Preempt": ["before"]},
-                "coordination": {"pacemaker": {"method": method}},
+                "cluster": {"pacemaker": {"method": method}},
             }
         )
     )

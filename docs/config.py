@@ -1,6 +1,6 @@
 """Write every description of the configuration from its one declaration,
-scheduledeventsd/schema.py: the README's reference table, the man page's CONFIGURATION keys and
-the shipped etc/scheduledeventsd/config.yaml (its comments and its defaults).
+scheduledeventsd/config/schema.py: the README's reference table, the man page's CONFIGURATION
+keys and the shipped etc/scheduledeventsd/config.yaml (its comments and its defaults).
 
     .venv/bin/python docs/config.py          # rewrite them
     .venv/bin/python docs/config.py --check  # exit 1 if any is stale (the tests do this)
@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from generate import between, refresh
 
-from scheduledeventsd import schema
-from scheduledeventsd.schema import Key, Kind, Value
+from scheduledeventsd.config import schema
+from scheduledeventsd.config.schema import Key, Kind, Value
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -185,8 +185,10 @@ def _list_item(lines: list[str], indent: str) -> list[str]:
 
 
 def _needs_example(section: Key) -> bool:
-    """A section off by default that, once given, needs keys of its own: shown commented."""
-    return any(k.required for k in schema.KEYS if k.path.startswith(f"{section.path}."))
+    """A section off by default that, once given, needs keys of its own, or that holds
+    sections of which the one given is used (coordination, cluster): shown commented."""
+    below = [k for k in schema.KEYS if k.path.startswith(f"{section.path}.")]
+    return any(k.required or (k.parent == section.path and k.kind is Kind.SECTION) for k in below)
 
 
 _ENTRY = {"hooks": "Each command of a hook holds", "events": "Each event type's mapping holds"}
@@ -197,7 +199,7 @@ def shipped() -> str:
         "# scheduledeventsd configuration. Every key shown has its default; any may be omitted.",
         "# Check it with: scheduledeventsd check-config",
         "# Reference: man scheduledeventsd(8) or the README. Generated from",
-        "# scheduledeventsd/schema.py by docs/config.py: edit the schema, not this file.",
+        "# scheduledeventsd/config/schema.py by docs/config.py: edit the schema, not this file.",
         "# The shipped hooks only log what they would do: edit them before relying on them.",
     ]
     for key in schema.KEYS:

@@ -154,6 +154,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"  approve:   {cfg.approve.value}")
     print(f"  users:     {cfg.user_events.value} (user_events)")
     print(f"  state:     {cfg.state_dir}")
+    for line in _fleet_lines(cfg):
+        print(f"  {line}")
     for event_type, rule in cfg.events.items():
         chain = " -> ".join(rule.before) if rule.before else "(no hooks; approve at once)"
         extra = [
@@ -172,6 +174,26 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for cmd in hook.commands:
             print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
     return 0
+
+
+def _fleet_lines(cfg: config.Config) -> list[str]:
+    """What this VM shares with others: coordination, slots and the cluster it drains in."""
+    lines = []
+    if cfg.coordination is not None and cfg.coordination.etcd is not None:
+        lines.append(f"coordination: etcd {', '.join(cfg.coordination.etcd.endpoints)}")
+    elif cfg.coordination is not None and cfg.coordination.gate is not None:
+        lines.append(f"coordination: gate {' '.join(cfg.coordination.gate.command.argv)}")
+    if cfg.concurrency is not None:
+        slots = cfg.concurrency
+        lines.append(f"slots:     group {slots.group}, at most {slots.max} (ttl {slots.ttl}s)")
+    if cfg.cluster is not None:
+        node = cfg.cluster
+        lines.append(
+            f"cluster:   pacemaker, method {node.method.value}, drains for "
+            f"{', '.join(node.event_types) or 'no event type'} (timeout {node.drain_timeout:g}s, "
+            f"min_healthy {node.min_healthy})"
+        )
+    return lines
 
 
 def cmd_events(args: argparse.Namespace) -> int:

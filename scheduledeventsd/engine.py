@@ -1351,8 +1351,8 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
             out,
         )
     out.append(UseConfig(new))
-    if new.coordination != old.coordination:
-        # Shared events still waiting ask again, through the new etcd or gate.
+    if (new.coordination, new.cluster) != (old.coordination, old.cluster):
+        # Shared events still waiting ask again, through the new etcd, gate or cluster.
         for event_id, t in state.events.items():
             if t.phase is Phase.COORDINATING:
                 state, t = _stop_asking(state, t, out)  # noqa: PLW2901
@@ -1627,8 +1627,8 @@ def _etcd(state: State) -> bool:
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
-    coordination = state.config.coordination
-    return coordination.pacemaker if coordination is not None else None
+    """`cluster.pacemaker` (an older file's `coordination.pacemaker` loads the same)."""
+    return state.config.cluster
 
 
 def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
@@ -1665,11 +1665,11 @@ def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
 
 
 def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
-    """A reload may change or remove `coordination.pacemaker`: the cluster is checked again,
+    """A reload may change or remove `cluster.pacemaker`: the cluster is checked again,
     and a mark of ours that no event wants any more is taken off (the old configuration's
     restore stopped with it), the way it was set."""
     settings = _pacemaker(state)
-    old_settings = old.coordination.pacemaker if old.coordination is not None else None
+    old_settings = old.cluster
     if settings != old_settings:
         state = replace(state, cluster_problems=None, cluster_check_at=math.inf)
         if settings is not None:
@@ -2100,8 +2100,8 @@ def _spent(sent: tuple[float, ...], now: float, at: float) -> tuple[float, ...]:
 
 def _coordinate(state: State, now: float, out: list[Effect]) -> State:
     """Shared events waiting for the other VMs: start (or restart) the watch or the gate."""
-    coordination = state.config.coordination
-    if coordination is None:
+    via = state.config.ready_via
+    if via is None:
         return state
     for event_id, t in state.events.items():
         announce = t.phase is Phase.HOOKS_FAILED and event_id in state.peers
@@ -2111,7 +2111,7 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
         if peers.asking or now < peers.next_at:
             continue
         vm_name = t.vm_name or state.vm_name
-        if coordination.etcd is not None:
+        if via == "etcd":
             out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
         else:
             state, run = _new_run(state, event_id)
@@ -2845,13 +2845,13 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
             reason=f"approve: {policy.value}; it proceeds at NotBefore",
         )
     others = [r for r in event.resources if r.casefold() != state.vm_name.casefold()]
-    coordination = state.config.coordination
-    if policy is ApprovePolicy.ALL and others and coordination is not None:
+    via = state.config.ready_via
+    if policy is ApprovePolicy.ALL and others and via is not None:
         return Phase.COORDINATING, _note(
             Level.INFO,
             What.EVENT_COORDINATING,
             event,
-            via=coordination.via,
+            via=via,
             other_resources=" ".join(others),
             reason="shared: approved once every VM it names is ready",
         )

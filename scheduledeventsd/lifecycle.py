@@ -97,7 +97,7 @@ class Slot(str, enum.Enum):
 
 
 class Drain(str, enum.Enum):
-    """This node in its Pacemaker cluster for an event (`coordination.pacemaker`): marked as
+    """This node in its Pacemaker cluster for an event (`cluster.pacemaker`): marked as
     going away until the event is over, when it is restored before the after-hooks run."""
 
     NONE = ""  # never marked, or restored

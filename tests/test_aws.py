@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config
+from scheduledeventsd.config.provider import Provider, detect
 from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.host.store import StateStore, read_status
 from scheduledeventsd.model import SCHEDULED, STARTED
 from scheduledeventsd.providers import aws
-from scheduledeventsd.providers.detect import Provider, detect
 from scheduledeventsd.simulators.aws import INSTANCE_ID, AwsSimulator, aws_time
 from tests.conftest import DaemonFactory, Hooks, cli, wait_for
 

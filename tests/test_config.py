@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,7 @@ extra: 1
     assert all(p.startswith(f"{path}: ") for p in found)
     text = "\n".join(found)
     for expected in (
-        "metadata.url: must be an http:// URL",
+        "metadata.url: must be an http(s):// URL",
         "metadata.poll_interval: must be between 0.25 and 60",
         "metadata.timeout: must be a number of seconds, got a string",
         "metadata.retries: unknown key",
@@ -317,7 +319,7 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
     )
     assert any(
         p.endswith(
-            "approve: approve: all needs a coordination section (etcd, gate or pacemaker) "
+            "approve: approve: all needs coordination (etcd or gate) or cluster.pacemaker "
             "to learn when the other VMs an event names are ready"
         )
         for p in found
@@ -328,7 +330,7 @@ def test_approve_all_needs_a_coordination_section(tmp_path, hook):
         "events:\n  Reboot:\n    before: [h]\n    approve: all\n",
     )
     assert any(
-        "events.Reboot.approve: approve: all needs a coordination section" in p for p in found
+        "events.Reboot.approve: approve: all needs coordination (etcd or gate)" in p for p in found
     )
 
 
@@ -339,12 +341,14 @@ def test_coordination_takes_exactly_one_of_etcd_or_gate(tmp_path, hook):
         f"  gate:\n    command: [{hook}]\nhooks: {{}}\nevents: {{}}\n",
     )
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got etcd and gate" in p
+        "coordination: must set exactly one of etcd or gate (a Pacemaker cluster goes under "
+        "cluster.pacemaker), got etcd and gate" in p
         for p in found
     )
     found = problems(tmp_path, "coordination: {}\nhooks: {}\nevents: {}\n")
     assert any(
-        "coordination: must set exactly one of etcd, gate or pacemaker, got neither" in p
+        "coordination: must set exactly one of etcd or gate (a Pacemaker cluster goes under "
+        "cluster.pacemaker), got neither" in p
         for p in found
     )
 
@@ -638,3 +642,102 @@ def test_a_surrogate_escape_is_refused_where_it_is_written_not_at_the_hooks_star
     assert "Traceback" not in result.stderr
     cfg = load(tmp_path, 'hooks: {}\nevents: {}\nvm_name: "vm-\\u00e9\\U0001F600"\n')
     assert cfg.vm_name == "vm-\u00e9\U0001f600", "other escapes are characters"
+
+
+# ---- cluster: independent of coordination (issue 27) ----------------------------------------
+
+CLUSTER = "  pacemaker:\n    method: standby\n    nodes: {vm-a: node1}\n    drain_timeout: 30\n"
+
+
+def test_slots_and_a_pacemaker_drain_load_together(tmp_path, hook):
+    """Before issue 27 `coordination` took one of etcd, gate or pacemaker, and `concurrency`
+    needed etcd: a node could not both take a slot and be drained. Now it can."""
+    cfg = load(
+        tmp_path,
+        f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n"
+        "coordination:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n"
+        "concurrency:\n  group: web\n  max: 2\n"
+        f"cluster:\n{CLUSTER}",
+    )
+    assert cfg.coordination.etcd.endpoints == ("http://127.0.0.1:2379",)
+    assert cfg.concurrency == config.Concurrency("web", 2)
+    assert cfg.cluster.method is config.DrainMethod.STANDBY
+    assert cfg.cluster.node_of("VM-A") == "node1"
+    assert cfg.warnings == ()
+    shown = cli("check-config", "--config", str(tmp_path / "config.yaml"), check=True)
+    assert "coordination: etcd http://127.0.0.1:2379" in shown.stdout
+    assert "slots:     group web, at most 2" in shown.stdout
+    assert "cluster:   pacemaker, method standby, drains for Reboot, Redeploy" in shown.stdout
+
+
+def test_the_old_spelling_coordination_pacemaker_loads_the_same_cluster_with_a_warning(
+    tmp_path, hook
+):
+    """A file written before the split keeps working: the same settings, and check-config
+    names the new spelling (on stderr, exit 0)."""
+    rest = f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\napprove: all\n"
+    new = load(tmp_path, f"{rest}cluster:\n{CLUSTER}")
+    old = load(tmp_path, f"{rest}coordination:\n{CLUSTER}")
+    assert old.cluster == new.cluster
+    assert old.cluster is not None
+    assert (old.coordination, new.coordination) == (None, None)
+    (warning,) = old.warnings
+    assert warning.startswith("coordination.pacemaker: now spelled cluster.pacemaker")
+    assert new.warnings == ()
+    shown = cli("check-config", "--config", str(tmp_path / "config.yaml"), check=True)
+    assert "warning: coordination.pacemaker: now spelled cluster.pacemaker" in shown.stderr
+    assert "cluster:   pacemaker, method standby" in shown.stdout
+    # The old spelling beside etcd (refused before, as two engines) is etcd and a cluster now.
+    both = load(
+        tmp_path,
+        f"{rest}coordination:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n{CLUSTER}",
+    )
+    assert both.coordination.etcd is not None
+    assert both.cluster == new.cluster
+
+
+def test_the_old_spelling_is_checked_where_it_is_written_and_not_beside_the_new_one(tmp_path):
+    found = problems(
+        tmp_path, "hooks: {}\nevents: {}\ncoordination:\n  pacemaker:\n    method: x\n"
+    )
+    assert any(
+        p.endswith("coordination.pacemaker.method: must be one of health, standby, got 'x'")
+        for p in found
+    ), found
+    found = problems(
+        tmp_path,
+        f"hooks: {{}}\nevents: {{}}\ncoordination:\n{CLUSTER}cluster:\n{CLUSTER}",
+    )
+    assert any(
+        "coordination.pacemaker: given as well as cluster.pacemaker: keep only cluster.pacemaker"
+        in p
+        for p in found
+    ), found
+
+
+def test_a_gate_and_a_cluster_load_together(tmp_path, hook):
+    cfg = load(
+        tmp_path,
+        f"hooks: {{}}\nevents: {{}}\napprove: all\ncoordination:\n  gate:\n"
+        f"    command: [{hook}]\ncluster:\n{CLUSTER}",
+    )
+    assert cfg.coordination.gate.command.argv == (hook,)
+    assert cfg.cluster is not None
+
+
+def test_the_settings_and_their_checks_import_no_yaml():
+    """The engine takes its types from scheduledeventsd.config (issue 27: it imported config.py,
+    and with it PyYAML, for them): PyYAML is imported only where a file is read."""
+    code = (
+        "import sys\n"
+        "import scheduledeventsd.config as c\n"
+        "c.parse({'hooks': {}, 'events': {}}, 'x', check_files=False)\n"
+        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+        "c.parse_yaml('a: 1')\n"
+        "assert 'yaml' in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

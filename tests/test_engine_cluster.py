@@ -8,9 +8,19 @@ import dataclasses
 import datetime as dt
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import ApprovePolicy, Coordination, DrainMethod, EventRule, Pacemaker
+from scheduledeventsd.config import (
+    ApprovePolicy,
+    Concurrency,
+    Coordination,
+    DrainMethod,
+    Etcd,
+    EventRule,
+    Pacemaker,
+)
+from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.engine import (
     CLUSTER_CHECK,
+    AcquireSlot,
     ApprovalSent,
     Boot,
     CheckCluster,
@@ -30,8 +40,10 @@ from scheduledeventsd.engine import (
     Persist,
     Phase,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
     RestoreNode,
+    SlotGranted,
     SpawnHooks,
     StopDraining,
     Tracked,
@@ -40,7 +52,6 @@ from scheduledeventsd.engine import (
 from scheduledeventsd.host.hooks import GATE_LATER
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
-from scheduledeventsd.schema import WEBHOOK_EVENTS
 
 from .test_engine import VM, Machine, config, doc, event, logs, of
 
@@ -66,8 +77,9 @@ def machine(
     **pacemaker,
 ):
     """`mark`: what the state file says this daemon set on its node."""
+    overrides = pacemaker.pop("config", {})
     settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
-    cfg = config(events=EVENTS, approve=approve, coordination=Coordination(pacemaker=settings))
+    cfg = config(events=EVENTS, approve=approve, cluster=settings, **overrides)
     m = Machine.__new__(Machine)
     m.now = MONO0
     m.state = initial(cfg, None, strict=True)
@@ -403,7 +415,7 @@ def test_a_failed_restore_keeps_the_mark_and_a_restart_takes_it_off():
 
 
 def test_a_reload_removing_pacemaker_still_takes_our_mark_off_at_the_event_end():
-    """Issue 26 #8b: with `coordination.pacemaker` reloaded away, the mark is taken off the way
+    """Issue 26 #8b: with `cluster.pacemaker` reloaded away, the mark is taken off the way
     it was set (the effect carries it), not forgotten."""
     m = machine()
     seen(m, due_in(600))
@@ -445,3 +457,32 @@ def test_a_drained_event_from_a_state_file_older_than_marks_is_taken_as_our_mark
     assert m.state.cluster_mark == MARK
     seen(m, incarnation=3)  # over
     assert of(m.effects, SpawnHooks)[0].restore == MARK
+
+
+def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_approval():
+    """Issue 27: `cluster` beside `coordination` lets a node take a concurrency slot and be
+    drained. The engine does both in order: the slot, holding it the drain, then the hooks and
+    the early approval; once over, the node is restored before the after-hooks, and the slot
+    given back after them."""
+    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
+    seen(m, due_in(3 * 86400))
+    (ask,) = of(m.effects, AcquireSlot)
+    assert ask.event.event_id == "E1"
+    assert not of(m.effects, DrainNode), "no drain before the slot"
+    assert m.phase() is Phase.QUEUED
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (drain,) = of(m.effects, DrainNode)
+    assert drain.event.event_id == "E1"
+    assert not of(m.effects, SpawnHooks), "no hook before the cluster agrees"
+    assert m.phase() is Phase.DRAINING
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval), "slot held and node drained: approved early"
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore == MARK
+    assert not of(m.effects, ReleaseSlot), "the slot is held through the after-hooks"
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 4)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]

@@ -126,7 +126,7 @@ def test_a_failed_hook_on_a_pending_event_is_a_problem_but_not_once_it_is_over()
 
 
 def test_a_mark_of_ours_that_fails_to_come_off_is_shown_and_a_problem_even_unconfigured():
-    """Issue 26 #8b: `coordination.pacemaker` reloaded away, the restore failing: `status`
+    """Issue 26 #8b: `cluster.pacemaker` reloaded away, the restore failing: `status`
     still shows the mark and exits 1."""
     from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
     from scheduledeventsd.observe.report import status  # noqa: PLC0415

@@ -130,7 +130,7 @@ class Nodes:
                 t: {"before": ["before"], "after": ["after"], "cancelled": ["after"]}
                 for t in ("Reboot", "Preempt", "Freeze")
             },
-            coordination={"pacemaker": {"drain_timeout": 30, **pacemaker}},
+            cluster={"pacemaker": {"drain_timeout": 30, **pacemaker}},
             environment=environment or {},
             metrics_textfile=str(self.tmp_path / node.name / "metrics.prom"),
         )
@@ -438,7 +438,7 @@ def test_a_failed_restore_survives_a_restart_and_is_taken_off_then(nodes, sim, h
 
 
 def test_a_reload_that_removes_pacemaker_while_drained_still_restores_the_node(nodes, sim, healthy):
-    """Issue 26 #8b: SIGHUP without `coordination.pacemaker` while the node is drained: at the
+    """Issue 26 #8b: SIGHUP without `cluster.pacemaker` while the node is drained: at the
     event's end #health is set back (the way it was set), before the after-hooks."""
     cluster = healthy
     node1 = cluster.node("node1")
@@ -447,7 +447,7 @@ def test_a_reload_that_removes_pacemaker_while_drained_still_restores_the_node(n
     event_id = sim.add_event("Reboot", ["node1"], not_before_in=120)
     daemon.wait_log("cluster_drained", timeout=30)
     assert cluster.health("node1") == str(RED)
-    del cfg["coordination"]
+    del cfg["cluster"]
     nodes.factory(node1).write_config(cfg)
     daemon.signal(signal.SIGHUP)
     daemon.wait_log("config_reloaded", timeout=10)

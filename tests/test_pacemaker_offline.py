@@ -1,6 +1,8 @@
 """A daemon configured for Pacemaker on a machine whose cluster cannot be reached (the real
 cluster tools, no cluster in this network namespace): it says so at start, holds the drain
-(`tool_failed`), runs the before-hooks, never approves early, and keeps polling."""
+(`tool_failed`), runs the before-hooks, never approves early, and keeps polling. These configs
+keep the old spelling `coordination.pacemaker` on purpose: a file written before `cluster` was
+split from `coordination` still runs the daemon the same (tests/test_pacemaker.py uses the new)."""
 
 from __future__ import annotations
 
@@ -68,9 +70,36 @@ def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, mo
 
     raw = {"coordination": {"pacemaker": {}}, "hooks": {}, "events": {}}
     config.parse(raw, "t.yaml", check_files=True)  # installed: accepted
-    monkeypatch.setattr(config, "TOOL_PATH", str(tmp_path))  # a machine without them
+    monkeypatch.setattr(config.fleet, "TOOL_PATH", str(tmp_path))  # a machine without them
     with pytest.raises(config.ConfigError) as e:
         config.parse(raw, "t.yaml", check_files=True)
     (problem,) = e.value.problems
     assert problem.startswith("t.yaml: coordination.pacemaker: the cluster tools are missing")
     assert "pacemaker-cli-utils" in problem
+
+
+def test_with_a_gate_and_a_cluster_a_shared_event_asks_the_gate_not_the_cluster(
+    daemons, sim, hooks
+):
+    """Issue 27: `cluster` beside `coordination.gate`. A shared Freeze (a type the cluster does
+    not drain for) waits for the other VMs through the gate the file names: the daemon runs it
+    and approves on its 0. Before, with a drainer present, every gate question went to the
+    cluster (which, unreachable here, would never answer yes)."""
+    before = hooks.recorder("before")
+    gate = hooks.recorder("gate")
+    cfg = daemons.config(
+        vm_name="vm-a",
+        approve="all",
+        hooks={"before": [{"command": [before]}]},
+        events={"Freeze": ["before"]},
+        coordination={"gate": {"command": [gate], "interval": 1}},
+        cluster={"pacemaker": {}},
+    )
+    daemon = daemons.start(cfg)
+    daemon.wait_log("cluster_unready", timeout=20)
+    event_id = sim.add_event("Freeze", ["vm-a", "vm-b"], not_before_in=600)
+    coordinating = daemon.wait_log("event_coordinating", timeout=20)
+    assert coordinating["via"] == "gate"
+    wait_for(lambda: any(a.event_id == event_id for a in sim.approvals), 20, "the approval")
+    assert hooks.order() == ["before", "gate"]
+    assert "SCHEDULED_EVENT_STAGE=gate" in (hooks.out / "gate.env").read_text()

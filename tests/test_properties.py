@@ -12,7 +12,8 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config, engine, schema
+from scheduledeventsd import config, engine
+from scheduledeventsd.config import schema
 from scheduledeventsd.coordination.etcd import EtcdError
 from scheduledeventsd.coordination.etcd import _change as etcd_change
 from scheduledeventsd.coordination.etcd import _decode as etcd_decode

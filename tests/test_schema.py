@@ -4,21 +4,24 @@ declares (keys, kinds, ranges, choices, defaults) and the documents generated fr
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config, schema
-from scheduledeventsd.providers.detect import DEFAULT_URLS, Provider
-from scheduledeventsd.schema import Key, Kind
+from scheduledeventsd import config
+from scheduledeventsd.config import schema
+from scheduledeventsd.config.provider import DEFAULT_URLS, Provider
+from scheduledeventsd.config.schema import Key, Kind
+from scheduledeventsd.windows import Window
 
 ROOT = Path(__file__).parents[1]
 CONCRETE = {"NAME": "drain", "TYPE": "Reboot"}
@@ -50,12 +53,12 @@ def shown(key: Key) -> Any:
     return config.parse_yaml(key.example) if key.example is not None else key.default
 
 
-COORDINATIONS = ("etcd", "gate", "pacemaker")
+COORDINATIONS = ("etcd", "gate")
 
 
 def full(keep: str) -> dict[str, Any]:
     """Every declared key set, from its example or default (of the coordination engines only
-    `keep`; concurrency goes with etcd)."""
+    `keep`; concurrency goes with etcd; the Pacemaker cluster, independent of both, is in each)."""
     raw: dict[str, Any] = {"approve": "all"}
     others = [f"coordination.{c}" for c in COORDINATIONS if c != keep]
     for key in schema.KEYS:
@@ -77,7 +80,6 @@ def full(keep: str) -> dict[str, Any]:
 
 FULL_ETCD = full("etcd")
 FULL_GATE = full("gate")
-FULL_PACEMAKER = full("pacemaker")
 LEAVES = [k for k in schema.KEYS if k.kind is not Kind.SECTION]
 
 
@@ -92,23 +94,20 @@ def problems(raw: dict[str, Any]) -> list[str]:
 
 
 def base_for(path: str) -> dict[str, Any]:
-    for kind, raw in (("gate", FULL_GATE), ("pacemaker", FULL_PACEMAKER)):
-        if path.startswith(f"coordination.{kind}"):
-            return copy.deepcopy(raw)
-    return copy.deepcopy(FULL_ETCD)
+    return copy.deepcopy(FULL_GATE if path.startswith("coordination.gate") else FULL_ETCD)
 
 
 def test_a_config_of_every_declared_key_at_its_example_or_default_is_valid():
-    for raw in (FULL_ETCD, FULL_GATE, FULL_PACEMAKER):
+    """FULL_ETCD holds slots (concurrency) and a Pacemaker cluster together: before issue 27
+    split `cluster` from `coordination`, no configuration could."""
+    for raw in (FULL_ETCD, FULL_GATE):
         cfg = parse(raw)
         assert cfg.events["Reboot"].short_seconds == 9
         assert cfg.hooks["drain"].commands[0].argv[0] == "/usr/bin/python3"
+        assert cfg.cluster.nodes == {"sap-vm-1": "hana1", "sap-vm-2": "hana2"}
     assert parse(FULL_ETCD).coordination.etcd is not None
+    assert parse(FULL_ETCD).concurrency.group == "web"
     assert parse(FULL_GATE).coordination.gate is not None
-    assert parse(FULL_PACEMAKER).coordination.pacemaker.nodes == {
-        "sap-vm-1": "hana1",
-        "sap-vm-2": "hana2",
-    }
 
 
 @pytest.mark.parametrize(
@@ -141,7 +140,7 @@ def test_every_declared_range_is_enforced_at_its_key_path(key):
 
 @pytest.mark.parametrize("bound", ["low", "high"])
 def test_every_declared_range_includes_its_bounds(bound):
-    for base in (FULL_ETCD, FULL_GATE, FULL_PACEMAKER):
+    for base in (FULL_ETCD, FULL_GATE):
         raw = copy.deepcopy(base)
         for key in RANGED:
             chosen = raw["coordination"]
@@ -207,10 +206,68 @@ def test_the_defaults_the_daemon_uses_are_the_declared_ones():
 
 
 def test_the_enums_hold_exactly_the_declared_choices():
-    assert [p.value for p in config.ApprovePolicy] == list(schema.key("approve").values)
-    assert [p.value for p in config.UserEvents] == list(schema.key("user_events").values)
-    assert [p.value for p in config.HealthFrom] == list(schema.key("health.unhealthy_from").values)
-    assert [p.value for p in config.WebhookFormat] == list(schema.key("webhooks[].format").values)
+    """Every key with choices has its enum, and each enum holds exactly those choices."""
+    enums = {
+        "approve": config.ApprovePolicy,
+        "user_events": config.UserEvents,
+        "health.unhealthy_from": config.HealthFrom,
+        "webhooks[].format": config.WebhookFormat,
+        "cluster.pacemaker.method": config.DrainMethod,
+        "provider": config.ProviderSetting,
+        "events.TYPE.approve": config.ApprovePolicy,
+    }
+    assert set(enums) == {k.path for k in CHOICES}
+    for path, kind in enums.items():
+        assert [member.value for member in kind] == list(schema.key(path).values), path
+    assert ["auto", *(p.value for p in Provider)] == list(schema.key("provider").values)
+
+
+# Each section and the settings class its checked values build. `renamed`: a field that holds
+# another key (or none: set by the loader); `unheld`: a key that no field of it holds, and why.
+SETTINGS: dict[str, tuple[Optional[type], dict[str, Any], dict[str, str]]] = {
+    "": (
+        config.Config,
+        {
+            "listen": "http.listen",
+            "unhealthy_from": "health.unhealthy_from",
+            "cluster": "cluster.pacemaker",
+            "path": None,
+            "provider_why": None,
+            "warnings": None,
+        },
+        {"dmi_dir": "read to choose provider", "http": "listen", "health": "unhealthy_from"},
+    ),
+    "metadata": (config.Metadata, {}, {}),
+    "hooks.NAME[]": (config.HookCommand, {"argv": "hooks.NAME[].command"}, {"command": "argv"}),
+    "events.TYPE": (config.EventRule, {}, {}),
+    "windows[]": (Window, {"zone": "windows[].timezone"}, {"timezone": "zone"}),
+    "concurrency": (config.Concurrency, {}, {}),
+    "coordination": (config.Coordination, {}, {}),
+    "coordination.etcd": (config.Etcd, {}, {}),
+    "coordination.gate": (config.Gate, {}, {"timeout": "command.timeout"}),
+    "cluster": (None, {}, {"pacemaker": "Config.cluster"}),
+    "cluster.pacemaker": (config.Pacemaker, {}, {}),
+    "webhooks[]": (config.Webhook, {}, {}),
+}
+
+
+@pytest.mark.parametrize("section", SETTINGS, ids=lambda s: s or "top level")
+def test_every_settings_field_has_its_schema_key_and_every_key_its_field(section):
+    """A field no key sets is a setting no file can change; a key no field holds is read and
+    dropped. Either fails here, naming it."""
+    kind, renamed, unheld = SETTINGS[section]
+    fields = set() if kind is None else {f.name for f in dataclasses.fields(kind)}
+    keys = set(schema.children(section))
+    assert fields - set(renamed) - keys == set(), "fields without a schema key"
+    assert keys - set(unheld) - fields == set(), "schema keys without a field"
+    for path in renamed.values():
+        assert path is None or path in schema.BY_PATH, path
+
+
+def test_every_section_of_the_schema_has_its_settings_class():
+    sections = {k.path for k in schema.KEYS if k.kind is Kind.SECTION}
+    sections |= {"", "hooks.NAME[]", "events.TYPE", "windows[]", "webhooks[]"}
+    assert sections - {"http", "health"} == set(SETTINGS)
 
 
 def test_the_generated_reference_the_man_page_and_the_shipped_config_are_not_stale():

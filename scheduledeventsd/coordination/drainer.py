@@ -1,4 +1,4 @@
-"""Carries out the engine's cluster effects on a Pacemaker node (`coordination.pacemaker`).
+"""Carries out the engine's cluster effects on a Pacemaker node (`cluster.pacemaker`).
 
 The engine decides when a node is drained and restored, and how long a drain may take
 (DrainNode, StopDraining, RestoreNode, CheckCluster); this module does it through `pacemaker.Cli`,

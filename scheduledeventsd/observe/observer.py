@@ -165,7 +165,7 @@ class Observer:
 
 
 def _pacemaker(state: State) -> Optional[dict[str, Any]]:
-    settings = state.config.coordination.pacemaker if state.config.coordination else None
+    settings = state.config.cluster
     mark = state.cluster_mark
     marked = None if mark is None else {"method": mark.method.value, "attribute": mark.attribute}
     if settings is None:

@@ -344,7 +344,7 @@ class Daemon:
         drainer = self._drainer
         if drainer is None:
             if isinstance(effect, DrainNode):
-                detail = "no coordination.pacemaker configured"
+                detail = "no cluster.pacemaker configured"
                 self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
         elif isinstance(effect, CheckCluster):
             drainer.check()
@@ -356,7 +356,7 @@ class Daemon:
             drainer.restore_later(effect.event_id, effect.mark)
 
     def _restorer_for(self, mark: engine.ClusterMark) -> Drainer:
-        """The drainer, or (`coordination.pacemaker` reloaded away) one made for the mark."""
+        """The drainer, or (`cluster.pacemaker` reloaded away) one made for the mark."""
         if self._drainer is not None:
             return self._drainer
         if self._restorer is None:
@@ -426,6 +426,7 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = wiring.coordinator(new, self.inbox.put)
+        if new.cluster != old.cluster:
             # A drain under way stops being watched (its event is held at its deadline); the
             # mark stays until its event is over, restored by the new drainer (same node).
             for drainer in (self._drainer, self._restorer):
@@ -474,10 +475,10 @@ class Daemon:
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
-        if self._drainer is not None:
+        gate = self.config.coordination.gate if self.config.coordination else None
+        if gate is None and self._drainer is not None:  # a cluster alone: its drains say
             self._drainer.ask(effect)
             return
-        gate = self.config.coordination.gate if self.config.coordination else None
         if gate is None:
             self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))
             return

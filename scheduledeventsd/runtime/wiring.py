@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import Config, Pacemaker
+from ..config.provider import Provider
 from ..engine import Message
 from ..host.hooks import ProcessRunner
-from ..providers.detect import Provider
 
 if TYPE_CHECKING:
     from ..coordination.drainer import Drainer
@@ -59,10 +59,9 @@ def slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[Slo
 def drainer(
     config: Config, runner: ProcessRunner, send: Callable[[Message], None]
 ) -> Optional[Drainer]:
-    settings = config.coordination.pacemaker if config.coordination else None
-    if settings is None:
+    if config.cluster is None:
         return None
-    return drainer_for(settings, runner, send)
+    return drainer_for(config.cluster, runner, send)
 
 
 def drainer_for(

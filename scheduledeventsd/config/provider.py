@@ -1,7 +1,8 @@
-"""Which cloud this VM runs in, read from the machine's own DMI data, never from the network.
+"""Which cloud the configuration means: the `provider` setting, and `auto`'s answer read from the
+machine's own DMI data (never the network).
 
-Azure stays the reference: AWS and Google Cloud notices are mapped at the edge (aws.py, gcp.py)
-into the same events, so the engine only learns whether the provider can approve.
+Here, not in providers.py, so that the configuration imports nothing above it: providers.py
+builds the metadata client from a Config (issue 27: the two imported each other).
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ DEFAULT_URLS = {
     Provider.AZURE: "http://169.254.169.254/metadata/scheduledevents",
     Provider.AWS: "http://169.254.169.254",
     Provider.GCP: "http://metadata.google.internal/computeMetadata/v1",
-}
-DOCUMENTATION = {
-    Provider.AZURE: "https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events",
-    Provider.AWS: "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html",
-    Provider.GCP: "https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys",
 }
 
 
