@@ -70,6 +70,11 @@ CLUSTER_CHECK = 60.0
 # reaches IMDS before the lease can expire and the slot go to another VM. Renewed every third
 # of its ttl (5 s at least), a healthy lease always has more than 3 s left.
 SLOT_MARGIN = 1.0
+# A slot asked for when the hooks are due (at start_before's lead, a window's lead) gets this
+# long for etcd's answer before they start without it: a healthy cluster answers within
+# milliseconds, a leader election within a second or two. An answer that every slot is taken
+# (or that etcd cannot be asked) ends the wait at once.
+SLOT_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,9 @@ class ClusterMarked:
 
     event_id: str
     ours: bool
+    # How the drainer set it (its own settings): a reload that removed or changed
+    # coordination.pacemaker while the command ran must not make the mark go unrecorded.
+    mark: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
@@ -1002,11 +1010,7 @@ def _replace_waiting(
         if t.phase is Phase.WAITING:
             state = _with(state, event_id, _still_waiting(t, state, now, out))
         elif t.phase is Phase.QUEUED and math.isfinite(t.start_at):
-            rule = state.config.events.get(t.event.event_type, EventRule())
-            deadline = _slot_deadline(t.event, rule, state)
-            state = _with(
-                state, event_id, replace(t, start_at=now if deadline is None else deadline)
-            )
+            state = _with(state, event_id, replace(t, start_at=_queued_until(t, state, now)))
         elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
             state = _with(state, event_id, replace(t, start_at=_drain_moved(state, t, moved)))
     return state
@@ -1693,8 +1697,9 @@ def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effe
     by someone else is left as it is."""
     settings = _pacemaker(state)
     tracked = state.events.get(msg.event_id)
-    if msg.ours and settings is not None:
-        state = replace(state, cluster_mark=mark_of(settings))
+    mark = msg.mark if msg.mark is not None else mark_of(settings) if settings else None
+    if msg.ours and mark is not None:
+        state = replace(state, cluster_mark=mark)
         _restore_unwanted(state, out)  # its event ended while the mark was being set
         return state
     if not msg.ours and tracked is not None and state.cluster_mark is None:
@@ -1864,7 +1869,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
         out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
-        return state
+        return _no_grace(state, tracked, now)
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -1923,7 +1928,17 @@ def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -
             "deadline its hooks start and it is not approved early",
         )
     )
-    return state
+    return _no_grace(state, tracked, now) if tracked.phase is Phase.QUEUED else state
+
+
+def _no_grace(state: State, tracked: Tracked, now: float) -> State:
+    """Past its lead, a queued event waits only for etcd's answer (SLOT_GRACE): an answer
+    that gives no slot (every one taken, etcd unreachable) starts its hooks now, without one."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    lead_at = _slot_deadline(tracked.event, rule, state)
+    if lead_at is None or lead_at > now or tracked.start_at <= now:
+        return state
+    return _with(state, tracked.event.event_id, replace(tracked, start_at=now))
 
 
 _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
@@ -2452,10 +2467,7 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
             return state, _move(tracked, on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(_still_waiting(tracked, state, now, out), on, phase)
-        deadline = _slot_deadline(
-            event, state.config.events.get(event.event_type, EventRule()), state
-        )
-        return state, _move(tracked, on, phase, start_at=now if deadline is None else deadline)
+        return state, _move(tracked, on, phase, start_at=_queued_until(tracked, state, now))
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
     if phase is Phase.REBOOTED:
@@ -2585,7 +2597,8 @@ def _prepare(
     rule = state.config.events.get(event.event_type, EventRule())
     if _needs_slot(state, tracked):
         deadline = _slot_deadline(event, rule, state)
-        if deadline is not None and deadline > now:
+        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
+            deadline = max(deadline, now + SLOT_GRACE)
             out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
             out.append(_slot_waiting(event, deadline, (), state))
             return state, _move(tracked, on, Phase.QUEUED, slot=Slot.ASKED, start_at=deadline)
@@ -2658,11 +2671,24 @@ def _needs_slot(state: State, tracked: Tracked) -> bool:
 
 
 def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[float]:
-    """The monotonic instant its hooks start without a slot: its lead before NotBefore.
-    None: no NotBefore, or no clock yet (no time to wait)."""
+    """The monotonic instant its hooks start without a slot: its lead before NotBefore (a slot
+    asked for at the lead or later gets SLOT_GRACE from then). None: no NotBefore, or no clock
+    yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
     return event.not_before.timestamp() - lead(rule) - state.wall_offset
+
+
+def _queued_until(tracked: Tracked, state: State, now: float) -> float:
+    """A queued event's slot deadline placed again (a document, a clock step, a reload): its
+    lead before NotBefore as the wall clock now says, but never less than SLOT_GRACE after the
+    slot was asked (`start_at` keeps that instant, so a document does not push it on; inf after
+    a restart: the grace counts from now). Now, with no NotBefore or clock."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    deadline = _slot_deadline(tracked.event, rule, state)
+    if deadline is None:
+        return now
+    return max(deadline, min(tracked.start_at, now + SLOT_GRACE))
 
 
 def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:

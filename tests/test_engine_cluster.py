@@ -486,3 +486,25 @@ def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_a
     assert not of(m.effects, ReleaseSlot), "the slot is held through the after-hooks"
     m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 4)
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_a_mark_reported_after_a_reload_removed_pacemaker_is_kept_and_taken_off_at_the_end():
+    """The drainer reports its mark just before its command runs; a SIGHUP removing
+    coordination.pacemaker can be handled in between (the daemon stops the old drainer, too
+    late for a command under way). The engine ignored a mark reported with no pacemaker
+    configured: the node stayed marked, in no state file, never taken off. The report carries
+    how the drainer set it, so it is kept, written, and taken off at the event's end."""
+    m = machine(method=DrainMethod.STANDBY)
+    seen(m, due_in(600))
+    assert of(m.effects, DrainNode)
+    m.send(Reloaded(config(events=EVENTS)))
+    m.send(ClusterMarked("E1", ours=True, mark=STANDBY))
+    assert m.state.cluster_mark == STANDBY
+    assert of(m.effects, Persist)[0].mark == STANDBY, "in the state file"
+    m.tick(m.now + 61)  # the drain's deadline: held, the hooks run
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    assert not of(m.effects, PostApproval), "held: never approved early"
+    seen(m, incarnation=3)  # over
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.restore == STANDBY, "taken off the way it was set"

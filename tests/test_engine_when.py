@@ -505,3 +505,68 @@ def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
     (wake,) = of(m.effects, engine.WakeAt)
     assert wake.at >= at + engine.POLL_BACKOFF_CAP, "no busy loop"
     assert {"WATCHDOG": "1"} in [n.fields for n in of(m.effects, engine.Notify)]
+
+
+# ---- a slot asked for at the lead ----------------------------------------------------------
+
+LEAD_900 = {**EVENTS, "Reboot": EventRule(("drain",), ("undrain",), start_before=900)}
+
+
+def at_the_lead():
+    """start_before 900 and concurrency, NotBefore 1 h away: the event waits for its lead."""
+    m = slotted(events=LEAD_900)
+    seen(m, due_in(3600))
+    assert m.phase() is Phase.WAITING
+    lead_at = MONO0 + 3600 - 900
+    m.tick(lead_at)
+    return m, lead_at
+
+
+def test_with_start_before_the_slot_is_asked_for_at_the_lead_and_a_grant_approves_early():
+    """The slot deadline is the lead itself, so the old engine never asked (deadline > now was
+    false when the lead came): slot_unavailable at once, never approved early. Now the slot is
+    asked for at the lead, the hooks wait for etcd's answer, and a grant lets it be approved."""
+    m, lead_at = at_the_lead()
+    (ask,) = of(m.effects, AcquireSlot)
+    assert ask.event.event_id == "E1"
+    assert m.phase() is Phase.QUEUED
+    assert not logs(m.effects, "slot_unavailable")
+    assert not of(m.effects, SpawnHooks), "the hooks wait for etcd's answer"
+    m.send(SlotGranted("E1"), at=lead_at + 0.05)
+    (spawn,) = of(m.effects, SpawnHooks)
+    assert spawn.hooks == ("drain",)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=lead_at + 1)
+    assert of(m.effects, PostApproval), "holding its slot, it is approved early"
+
+
+def test_a_slot_asked_for_at_the_lead_waits_only_the_grace_and_documents_do_not_extend_it():
+    m, lead_at = at_the_lead()
+    assert m.state.events["E1"].start_at == lead_at + engine.SLOT_GRACE
+    for second in range(1, int(engine.SLOT_GRACE)):  # polls go on meanwhile
+        seen(m, due_in(3600), incarnation=2, at=lead_at + second)
+        assert not of(m.effects, SpawnHooks)
+    assert m.state.events["E1"].start_at == lead_at + engine.SLOT_GRACE
+    m.tick(lead_at + engine.SLOT_GRACE)
+    assert logs(m.effects, "slot_unavailable")
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=lead_at + 10)
+    assert not of(m.effects, PostApproval)
+    assert m.phase() is Phase.NOT_APPROVED
+
+
+def test_every_slot_taken_at_the_lead_starts_the_hooks_at_once_without_one():
+    m, lead_at = at_the_lead()
+    m.send(SlotBusy("E1", ("vm-b",)), at=lead_at + 0.05)
+    assert logs(m.effects, "slot_unavailable")
+    assert of(m.effects, SpawnHooks), "no wait for the rest of the grace"
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_a_slot_asked_for_long_before_the_lead_keeps_the_lead_as_deadline():
+    """Without start_before the slot is asked for at first sight; SlotBusy then changes
+    nothing: the deadline stays the lead (the grace is only for a slot asked at the lead)."""
+    m = slotted()
+    seen(m, due_in(3600))
+    m.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 1)
+    assert m.state.events["E1"].start_at == MONO0 + 3600 - WINDOW_LEAD
+    assert not of(m.effects, SpawnHooks)

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import math
 from pathlib import Path
+from typing import Optional
 from zoneinfo import ZoneInfo
 
 from hypothesis import HealthCheck, given, settings
@@ -20,12 +21,22 @@ from scheduledeventsd.coordination.etcd import _decode as etcd_decode
 from scheduledeventsd.coordination.etcd import _revision as etcd_revision
 from scheduledeventsd.coordination.peers import state_of
 from scheduledeventsd.engine import (
+    AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
+    AskGate,
     Boot,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
     CoordinationFailed,
     DocumentFetched,
+    DrainNode,
     Exit,
+    GateAnswered,
     HooksFinished,
     Outcome,
     PeersChanged,
@@ -34,9 +45,11 @@ from scheduledeventsd.engine import (
     PostApproval,
     Reloaded,
     ReloadRequested,
+    RestoreNode,
     SlotBusy,
     SlotFailed,
     SlotGranted,
+    SlotKept,
     SpawnHooks,
     StopRequested,
     Tick,
@@ -133,6 +146,45 @@ def step_through_the_engine(doc: Document) -> None:
     changed_under_it(queued, doc, cfg.vm_name or VM)
     state, _ = engine.step(state, Tick(), 3600.0)
     engine.step(state, DocumentFetched(Document(doc.incarnation + 1, ()), 1_800_003_600.0), 3601)
+    answered_after_a_restart(doc, cfg.vm_name or VM)
+
+
+def answered_after_a_restart(doc: Document, vm: str) -> None:
+    """Under slots through etcd and under Pacemaker: the state file of the first sight loaded
+    again, then every answer etcd's worker and the drainer can give, for every event, before
+    the first document (issue 26: SlotBusy after a restart raised, #14), then the document, and
+    a wait past the slot's ttl with no keep-alive. Every step strict; the poll goes on."""
+    for coordinated in (SLOTTED, paced(config.DrainMethod.STANDBY)):
+        cfg = dataclasses.replace(CONFIG, vm_name=vm, **coordinated)  # type: ignore[arg-type]
+        state, _ = engine.step(engine.initial(cfg, strict=True), Boot({}, "", "b"), 0.0)
+        state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_000.0), 1.0)
+        saved = [e for e in effects if isinstance(e, Persist)]
+        loaded = (
+            Boot(saved[-1].events, "", "b", mark=saved[-1].mark) if saved else Boot({}, "", "b")
+        )
+        state, _ = engine.step(engine.initial(cfg, strict=True), loaded, 2.0)
+        for event in doc.events:
+            for message in answers_for(event.event_id, 2.0):
+                state, _ = engine.step(state, message, 3.0)
+        state, effects = engine.step(state, DocumentFetched(doc, 1_800_000_004.0), 4.0)
+        polls_on(state, effects, 4.0)
+        state, _ = engine.step(state, Tick(), 4.0 + KEPT_TTL + 1)
+
+
+def answers_for(event_id: str, sent: float) -> tuple[engine.Message, ...]:
+    return (
+        SlotBusy(event_id, ("vm-b",)),
+        SlotFailed(event_id, "unreachable", "refused"),
+        SlotGranted(event_id, confirmed=sent),
+        SlotKept(event_id, sent + 0.5),
+        ClusterMarked(event_id, ours=True),
+        ClusterDraining(event_id, ("rsc-1",)),
+        ClusterHeld(event_id, "no_quorum"),
+        ClusterDrained(event_id),
+        ClusterRestored(event_id, "crm_attribute exited 102"),
+        ClusterRestored(event_id),
+        ClusterChecked(("no quorum",)),
+    )
 
 
 def polls_on(state: engine.State, effects: tuple[engine.Effect, ...], now: float) -> None:
@@ -528,7 +580,8 @@ class TimedHistory(History):
 
     def deadlines_follow_the_wall_clock(self) -> None:
         """A queued event's slot deadline is its lead before NotBefore on the wall clock as it
-        is now (#15: a step left it where the old clock put it)."""
+        is now (#15: a step left it where the old clock put it), or, past the lead, at most
+        SLOT_GRACE from now: etcd's time to answer a slot asked for when the hooks are due."""
         if self.state.stopping is not None or self.state.wall_offset is None:
             return
         for event_id, t in self.state.events.items():
@@ -536,7 +589,8 @@ class TimedHistory(History):
                 not_before = self.doc[event_id].not_before
                 assert not_before is not None
                 wall_deadline = not_before.timestamp() - lead(self.cfg.events["Reboot"])
-                assert abs(t.start_at + self.offset - wall_deadline) < 1.0, "deadline off"
+                latest = max(wall_deadline, self.now + self.offset + engine.SLOT_GRACE)
+                assert wall_deadline - 1.0 < t.start_at + self.offset < latest + 1.0, "deadline off"
 
     def check(self, effect) -> None:
         super().check(effect)
@@ -598,6 +652,336 @@ def test_no_history_of_clock_steps_windows_and_slot_answers_makes_a_step_raise(
     cuts, wall-clock steps both ways, NotBefore moves, slot answers before and after restarts:
     no step raises (strict mode), and the promises of History hold."""
     h = TimedHistory(*clock_and_windows)
+    for step in history:
+        h.apply(step)
+
+
+# ---- slot keep-alives and Pacemaker's answers, after restarts and reloads ------------------
+
+# A short ttl, so keep-alives that stop coming lose the slot within a few waits.
+KEPT_TTL = 10
+PACEMAKER = config.Pacemaker(event_types=("Reboot", "Preempt"))
+# Slots through etcd, or a Pacemaker drain (cluster.pacemaker): histories switch between them.
+SLOTTED = {
+    "coordination": config.Coordination(etcd=config.Etcd(endpoints=("http://127.0.0.1:2379",))),
+    "concurrency": config.Concurrency("web", 1, ttl=KEPT_TTL),
+    "cluster": None,
+}
+
+
+def paced(method: config.DrainMethod) -> dict[str, object]:
+    pacemaker = dataclasses.replace(PACEMAKER, method=method)
+    return {"coordination": None, "cluster": pacemaker, "concurrency": None}
+
+
+CLUSTER_ANSWERS = (
+    "marked_ours",
+    "marked_other",
+    "draining",
+    "drained",
+    "held",
+    "restored",
+    "restore_failed",
+    "restored_unwanted",
+    "checked_ok",
+    "checked_bad",
+)
+ANSWERS = ("granted", "busy", "failed", "kept", "granted_confirmed", *CLUSTER_ANSWERS)
+_answer = st.tuples(
+    st.just("answer"),
+    st.integers(0, 9),
+    st.sampled_from(ANSWERS),
+    st.sampled_from([0.0, 1.0, 4.0, 12.0]),
+)
+_finish = st.tuples(st.just("finish"), st.integers(0, 9), st.sampled_from(list(Outcome)))
+clustered_kinds = st.one_of(
+    timed_kinds,
+    *[_answer] * 6,
+    *[_finish] * 2,
+    st.tuples(st.just("leap"), st.sampled_from([60.0, 300.0, 3000.0]), st.booleans()),
+    *[
+        st.tuples(
+            st.just("serve"),
+            st.integers(1, 4),
+            st.sampled_from([0.0, 0.0, 4.0, 15.0]),
+            st.booleans(),
+        )
+    ]
+    * 4,
+    st.tuples(
+        st.just("restart_then"),
+        st.booleans(),
+        st.integers(0, 9),
+        st.sampled_from(ANSWERS),
+        st.sampled_from([0.0, 4.0]),
+    ),
+    st.tuples(
+        st.just("pacemaker"),
+        st.sampled_from([None, *config.DrainMethod]),
+        st.sampled_from(["reload", "restart", "reboot"]),
+    ),
+)
+# Every history starts with a Reboot of this VM due soon (its lead comes within a few
+# leaps), under Pacemaker or not: what the answers are about.
+clustered_start = st.tuples(
+    st.sampled_from([700.0, 1200.0, 3600.0]), st.sampled_from([None, *config.DrainMethod])
+)
+
+
+class ClusteredHistory(TimedHistory):
+    """TimedHistory, with the answers added for issue 26: keep-alives acknowledged (SlotKept,
+    SlotGranted(confirmed=...)), ones that stop coming (a slot lost by its ttl), slot answers
+    and Pacemaker's answers after restarts, and reloads and restarts that add or remove
+    `cluster.pacemaker`. Invariants, besides History's: the poll is always ordered, an
+    approval goes out only while the slot's lease is confirmed (the last acknowledged request
+    sent less than ttl ago), and a mark of ours on the cluster is never forgotten (nor left out
+    of the state file) until a restore of it succeeded."""
+
+    def __init__(self, wall: float, windows: tuple[Window, ...]) -> None:
+        self.confirmed: dict[str, float] = {}  # as etcd told this daemon run: lease sent at
+        self.saved_mark: Optional[engine.ClusterMark] = None
+        self.asked = False  # the engine asked for something since the leap began
+        self.pending: list[object] = []  # what it asked for, for "serve" to answer as asked
+        self.unslotted: set[str] = set()  # prepared while no concurrency was configured
+        # How the last drainer marks the node: its command may still run after a reload or a
+        # restart that removed cluster.pacemaker.
+        self.drainer_mark: Optional[engine.ClusterMark] = None
+        super().__init__(wall, windows)
+        self.cfg = dataclasses.replace(self.cfg, **SLOTTED)  # type: ignore[arg-type]
+        self.state = engine.initial(self.cfg, strict=True)
+        self.feed(Boot({}, "", self.boot))
+
+    def feed(self, message) -> None:
+        if isinstance(message, SlotGranted):  # what etcd told this run, before the step
+            self.confirmed[message.event_id] = (
+                self.now if message.confirmed is None else message.confirmed
+            )
+        elif isinstance(message, SlotKept) and message.event_id in self.confirmed:
+            was = self.confirmed[message.event_id]
+            self.confirmed[message.event_id] = max(was, message.confirmed)
+        held = self.state.cluster_mark
+        super().feed(message)
+        pacemaker = self.state.config.cluster
+        if pacemaker is not None:
+            self.drainer_mark = engine.mark_of(pacemaker)
+        if isinstance(message, ClusterMarked) and message.ours:
+            assert self.state.cluster_mark is not None, "a mark set on the node went unrecorded"
+        restored = isinstance(message, ClusterRestored) and not message.error
+        if held is not None and not restored and not isinstance(message, Boot):
+            assert self.state.cluster_mark is not None, f"our mark forgotten on {message}"
+        if self.state.stopping is None:
+            self.polls_on(message)
+
+    def apply(self, step) -> None:
+        """A run the engine started may be a gate's (approve: all under Pacemaker asks the
+        cluster whether the other nodes are drained): it ends with GateAnswered."""
+        if step[0] == "finish" and self.state.runs:
+            runs = sorted(self.state.runs)
+            run = runs[step[1] % len(runs)]
+            event_id, stage = self.run_of.get(run, ("", ""))
+            if stage == "gate":
+                ready = step[2] is Outcome.SUCCEEDED
+                tracked = self.state.events.get(event_id)
+                prepared = event_id in self.before_ok
+                if ready and tracked is not None and (prepared or not needs_before(tracked.event)):
+                    self.peers_ok.add(event_id)
+                self.feed(GateAnswered(run, 0 if ready else 1))
+                return
+        super().apply(step)
+
+    def polls_on(self, message) -> None:
+        """A poll is in flight, or ordered, and the engine wakes for it, at most the backoff's
+        cap away, or later only as the rate limit spreads the requests this history crowded
+        into one instant (documents fed without time passing)."""
+        poll, now = self.state.poll, self.now
+        if poll.in_flight_since is not None:
+            return
+        crowded = engine.RATE_WINDOW * len(self.state.sent)
+        assert poll.next_at <= now + 3.1 + crowded, f"no poll ordered after {message}"
+        assert engine.next_wakeup(self.state, now) <= now + 3.1 + crowded, (
+            f"no wake-up for the poll after {message}"
+        )
+
+    def check(self, effect) -> None:
+        if isinstance(effect, AskGate):
+            self.run_of[effect.run] = (effect.event.event_id, "gate")
+        if isinstance(effect, (AcquireSlot, DrainNode, RestoreNode, SpawnHooks, PostApproval)):
+            self.asked = True
+            self.pending.append(effect)
+        if isinstance(effect, (SpawnHooks, DrainNode)) and self.state.config.concurrency is None:
+            self.unslotted.add(effect.event.event_id)
+        if (
+            isinstance(effect, PostApproval)
+            and effect.event.event_type == "Reboot"
+            and self.state.config.concurrency is not None
+            and effect.event.event_id not in self.unslotted
+        ):
+            sent = self.confirmed.get(effect.event.event_id)
+            assert sent is not None, "approved early without etcd ever confirming the slot"
+            assert sent + KEPT_TTL > self.now, "approved early on a lease etcd did not confirm"
+        elif isinstance(effect, Persist):
+            if self.state.cluster_mark is not None:
+                assert effect.mark == self.state.cluster_mark, "the state file lacks our mark"
+            self.saved_mark = effect.mark
+        History.check(self, effect)  # TimedHistory's slot check, above, knows the config now
+
+    def boot_again(self, rebooted: bool, cfg: config.Config) -> None:
+        """A restart: what the state file holds, mark included; leases are etcd's news of the
+        run that ended (the slot is taken back first)."""
+        if rebooted:
+            self.boot = f"boot-{self.next_id}"
+        self.posting.clear()
+        self.pending.clear()
+        self.confirmed.clear()
+        held = self.state.cluster_mark
+        self.state = engine.initial(cfg, strict=True)
+        self.feed(Boot(self.saved, "", self.boot, mark=self.saved_mark))
+        if held is not None:
+            assert self.state.cluster_mark is not None, "our mark forgotten over a restart"
+
+    def restart(self, rebooted: bool) -> None:
+        self.boot_again(rebooted, self.state.config)
+        self.document()
+
+    def apply_other(self, step, ids) -> None:
+        kind = step[0]
+        if kind == "answer" and ids:
+            self.feed_answer(self.answered(ids, step[1]), step[2], step[3])
+        elif kind == "restart_then":  # etcd's or the cluster's answer before IMDS's
+            self.boot_again(step[1], self.state.config)
+            known = sorted(self.saved) or ids
+            if known:
+                self.feed_answer(known[step[2] % len(known)], step[3], step[4])
+            self.document()
+        elif kind == "serve":
+            self.serve(step[1], step[2], kept=step[3])
+        elif kind == "leap":
+            self.leap(step[1], kept=step[2])
+        elif kind in ("reload", "pacemaker"):
+            self.reconfigure(step)
+        elif kind == "restart_then_slot":
+            self.boot_again(step[1], self.state.config)
+            if self.saved:
+                saved = sorted(self.saved)
+                self.feed(self.slot_answer(saved[step[2] % len(saved)], step[3]))
+            self.document()
+        else:
+            super().apply_other(step, ids)
+
+    def answered(self, ids: list[str], pick: int) -> str:
+        """Mostly an event of ours still under way (what etcd and the drainer answer about),
+        else any listed one (an answer that comes late)."""
+        live = [
+            k
+            for k, t in self.state.events.items()
+            if t.phase not in (Phase.NOT_OURS, Phase.MISSED, Phase.OVER, Phase.GONE)
+        ]
+        return live[pick % len(live)] if live and pick < 7 else ids[pick % len(ids)]
+
+    def reconfigure(self, step) -> None:
+        """`reload`: the approval policy, nothing else. `pacemaker`: slots through etcd (None)
+        or Pacemaker with this method, by a reload, a restart or a reboot."""
+        if self.state.stopping is not None:
+            return
+        if step[0] == "reload":
+            policy = step[1]
+            if policy is config.ApprovePolicy.ALL and self.state.config.coordination is None:
+                policy = config.ApprovePolicy.SOLE
+            self.feed(ReloadRequested())
+            self.feed(Reloaded(dataclasses.replace(self.state.config, approve=policy)))
+            return
+        method, how = step[1], step[2]
+        settings = SLOTTED if method is None else paced(method)
+        cfg = dataclasses.replace(self.state.config, **settings)  # type: ignore[arg-type]
+        if how == "reload":
+            self.feed(ReloadRequested())
+            self.feed(Reloaded(cfg))
+        else:
+            self.boot_again(how == "reboot", cfg)
+            self.document()
+
+    def serve(self, count: int, after: float, *, kept: bool) -> None:
+        """The world answers the oldest `count` requests as asked, each `after` seconds (with
+        keep-alives acknowledged meanwhile, or none: a slot lost by its ttl): a slot granted,
+        the node marked and drained, hooks that succeed, approvals and restores that work.
+        Random steps between serves put faults in; this takes histories deep enough to
+        approve."""
+        for _ in range(count):
+            if not self.pending:
+                return
+            if after:
+                self.leap(after, kept=kept)
+            if not self.pending:
+                return
+            effect = self.pending.pop(0)
+            if isinstance(effect, AcquireSlot):
+                self.feed(SlotGranted(effect.event.event_id, confirmed=self.now))
+            elif isinstance(effect, DrainNode):
+                self.feed(ClusterMarked(effect.event.event_id, ours=True, mark=self.drainer_mark))
+                self.feed(ClusterDrained(effect.event.event_id))
+            elif isinstance(effect, SpawnHooks) and effect.run in self.state.runs:
+                self.apply(("finish", sorted(self.state.runs).index(effect.run), Outcome.SUCCEEDED))
+            elif isinstance(effect, PostApproval) and effect.event.event_id in self.posting:
+                self.posting.remove(effect.event.event_id)
+                self.feed(ApprovalSent(effect.event.event_id))
+            elif isinstance(effect, RestoreNode):
+                self.feed(ClusterRestored(effect.event_id))
+
+    def leap(self, seconds: float, *, kept: bool) -> None:
+        """A long wait, woken at each timer the engine asked for (no IMDS answer meanwhile);
+        `kept`: etcd acknowledges a keep-alive every third of the ttl, as the worker sends.
+        It ends early where the engine asked for something (a slot, a drain, hooks)."""
+        until = self.now + seconds
+        self.asked = False
+        for _ in range(60):
+            if self.now >= until or self.asked:  # what was asked is answered by later steps
+                return
+            wake = min(until, engine.next_wakeup(self.state, self.now))
+            if kept:
+                wake = min(wake, self.now + KEPT_TTL / 3)
+            self.now = max(wake, self.now + 0.01)
+            if kept:
+                for event_id in list(self.confirmed):
+                    self.feed(SlotKept(event_id, self.now - 0.05))
+            self.feed(Tick())
+
+    def feed_answer(self, event_id: str, answer: str, lag: float) -> None:
+        """One answer of etcd's slot worker or of the drainer, as the daemon would pass it on;
+        `lag`: how long before now the acknowledged request was sent."""
+        sent = self.now - lag
+        message = {
+            "kept": SlotKept(event_id, sent),
+            "granted_confirmed": SlotGranted(event_id, confirmed=sent),
+            "marked_ours": ClusterMarked(event_id, ours=True, mark=self.drainer_mark)
+            if self.drainer_mark is not None
+            else ClusterMarked(event_id, ours=False),
+            "marked_other": ClusterMarked(event_id, ours=False),
+            "draining": ClusterDraining(event_id, ("rsc-1",)),
+            "drained": ClusterDrained(event_id),
+            "held": ClusterHeld(event_id, "too_few_healthy", "1 of 3"),
+            "restored": ClusterRestored(event_id),
+            "restore_failed": ClusterRestored(event_id, "crm_attribute exited 102"),
+            "restored_unwanted": ClusterRestored(""),
+            "checked_ok": ClusterChecked(()),
+            "checked_bad": ClusterChecked(("no quorum",)),
+        }.get(answer)
+        self.feed(self.slot_answer(event_id, answer) if message is None else message)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clock_and_windows, clustered_start, st.lists(clustered_kinds, min_size=5, max_size=40))
+def test_no_history_of_keep_alives_and_cluster_answers_breaks_the_promises(
+    clock_and_windows, start, history
+):
+    """Issue 26 "how to prove it stays fixed": keep-alives acknowledged or not (a slot lost by
+    its ttl), slot and Pacemaker answers after restarts, reloads and restarts adding or
+    removing cluster.pacemaker. No step raises, a poll is always ordered, no approval
+    without a confirmed lease, and our mark on the cluster is kept until a restore succeeds."""
+    h = ClusteredHistory(*clock_and_windows)
+    due, method = start
+    if method is not None:
+        h.apply(("pacemaker", method, "reload"))
+    h.apply(("add_due", "Reboot", (VM,), due))
     for step in history:
         h.apply(step)
 

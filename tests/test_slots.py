@@ -17,7 +17,7 @@ import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination.slots import SlotKeeper
-from scheduledeventsd.engine import AcquireSlot, SlotGranted
+from scheduledeventsd.engine import SLOT_GRACE, AcquireSlot, SlotGranted
 from scheduledeventsd.simulators.azure import Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
@@ -382,3 +382,45 @@ def test_a_queued_event_whose_status_becomes_unknown_does_not_stop_the_polls(tie
     preempt = sim.add_event("Preempt", ["vm-b"], not_before_in=30)
     b.wait_log("event_detected", event_id=preempt, timeout=3)
     assert not tier.factories["vm-b"].defects()
+
+
+def test_with_start_before_the_slot_is_asked_for_at_the_lead_and_one_vm_is_approved_early(
+    tier, sim
+):
+    """start_before and concurrency together: the slot deadline is the lead, when the hooks
+    are due; the old daemon only asked for a slot before its deadline, so it never asked
+    (no slot_acquired: slot_unavailable at the lead, nobody approved early). Now both VMs ask
+    etcd at their lead: one holds the slot and is approved early, the other is told every
+    slot is taken and starts its hooks at once without one, and is not approved early."""
+    lead, notice = 10, 22
+    for vm in ("vm-a", "vm-b"):
+        cfg = tier.config(vm)
+        cfg["events"]["Reboot"]["start_before"] = lead
+        tier.start(vm, cfg)
+    posted = time.time()
+    events = {vm: sim.add_event("Reboot", [vm], not_before_in=notice) for vm in ("vm-a", "vm-b")}
+    wait_for(
+        lambda: all(
+            tier.daemons[vm].logs("event_approved", event_id=e)
+            or tier.daemons[vm].logs("event_not_approved", event_id=e)
+            for vm, e in events.items()
+        ),
+        notice + 10,
+        "both events decided",
+    )
+    approved = [vm for vm, e in events.items() if sim.approved(e)]
+    assert len(approved) == 1, approved
+    (held,) = approved
+    (other,) = {"vm-a", "vm-b"} - {held}
+    assert tier.daemons[held].logs("slot_acquired", event_id=events[held])
+    assert not tier.daemons[other].logs("slot_acquired", event_id=events[other])
+    refused = tier.daemons[other].wait_log("event_not_approved", event_id=events[other])
+    assert refused["cause"] == "slot_unavailable"
+    starts: dict[str, float] = {}
+    for vm, at in drain_lines(tier):
+        starts.setdefault(vm, float(at))
+    assert set(starts) == {"vm-a", "vm-b"}, "both prepared"
+    for vm, start in starts.items():
+        assert start >= posted + notice - lead - 1, f"{vm}'s hooks started before start_before"
+        late = start - (posted + notice - lead)
+        assert late < SLOT_GRACE + 1, f"{vm}'s hooks started {late:.1f} s after the lead"

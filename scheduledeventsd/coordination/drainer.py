@@ -160,7 +160,7 @@ class Drainer:
                         return
                     # Reported first, so the state file has it (nearly always) before the
                     # cluster does; a command that failed (timed out) may be applied all the same.
-                    self._send(ClusterMarked(event_id, ours=True))
+                    self._send(ClusterMarked(event_id, ours=True, mark=mark_of(self.settings)))
                     self.cli.mark(me, away=True)
         except ClusterError as e:
             self._send(ClusterHeld(event_id, "tool_failed", str(e)))
