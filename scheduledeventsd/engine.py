@@ -162,6 +162,7 @@ class HooksFinished:
 class ApprovalSent:
     event_id: str
     duration_s: float = 0.0
+    answered: Optional[float] = None  # monotonic: when IMDS' answer came (None: now)
 
 
 @dataclass(frozen=True)
@@ -398,6 +399,11 @@ class CancelRuns:
 @dataclass(frozen=True)
 class PostApproval:
     event: Event
+    # Monotonic: an event holding a slot must be answered by then, the end of its lease as
+    # etcd last confirmed it (an answer proves IMDS had the approval before the slot could
+    # go to another VM). The lane does not send it once this has passed (it may have queued
+    # behind another POST) and gives up on an answer not back by then.
+    deadline: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -1257,16 +1263,38 @@ def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.phase is not Phase.APPROVING:
         return state
+    late = tracked.slot is Slot.MISSING or _answered_late(state, msg, now)
+    if late:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_LOST,
+                tracked.event,
+                reason="the approval was answered after its slot's lease could expire: IMDS "
+                "has it, and another VM may have taken the slot and been approved meanwhile",
+            )
+        )
     out.append(
         _note(
-            Level.INFO,
+            Level.INFO if not late else Level.WARNING,
             What.EVENT_APPROVED,
             tracked.event,
             attempts=attempts,
             duration_s=round(msg.duration_s, 3),
+            **({"slot_lost": True} if late else {}),
         )
     )
     return _with(state, msg.event_id, _move(tracked, On.ACCEPTED, Phase.APPROVED))
+
+
+def _answered_late(state: State, msg: ApprovalSent, now: float) -> bool:
+    """An approval of an event holding a slot answered after the lease etcd last confirmed
+    could expire (or the slot was found lost while it was under way): the daemon's lane gives
+    up before that (PostApproval.deadline), so only an answer read just then, or a carrier
+    that does not keep the deadline, is late."""
+    lease = state.slot_leases.get(msg.event_id)
+    answered = msg.answered if msg.answered is not None else now
+    return lease is not None and lease.until < answered
 
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
@@ -1869,7 +1897,18 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
         out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
+            leases = {k: v for k, v in state.slot_leases.items() if k != msg.event_id}
+            state = replace(state, slot_leases=leases)
+            tracked = replace(tracked, slot=Slot.ASKED)
+            state = _with(state, msg.event_id, tracked)
         return _no_grace(state, tracked, now)
+    if tracked.slot is Slot.HELD and tracked.phase in (Phase.INTERRUPTED, Phase.REBOOTED):
+        # Its slot went to another VM while the daemon was down, before its before-hooks ran
+        # again: asked for anew, they wait in the queue (`_prepare`).
+        leases = {k: v for k, v in state.slot_leases.items() if k != msg.event_id}
+        state = replace(state, slot_leases=leases)
+        return _with(state, msg.event_id, replace(tracked, slot=Slot.ASKED))
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -2174,6 +2213,9 @@ def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
 
 def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) -> State:
     event_id = t.event.event_id
+    # An approval sent and given up unanswered at the lease's end (PostApproval.deadline) may
+    # still reach IMDS late: said, not hidden.
+    unanswered = state.approvals.failures.get(event_id, NO_FAILURES).kind == "timeout"
     out.append(
         _note(
             Level.WARNING,
@@ -2182,6 +2224,7 @@ def _slot_lost(state: State, t: Tracked, lease: SlotLease, out: list[Effect]) ->
             reason="etcd did not confirm the slot within its ttl (its lease may have expired)"
             if lease.confirmed
             else "the slot was not taken back within its ttl after the restart",
+            **({"approval": "unanswered"} if unanswered else {}),
         )
     )
     out.append(
@@ -2264,7 +2307,8 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
     for event in due:
         if _allowed_at(state, now) > now:
             break  # the rest when the rate limit allows (next_wakeup)
-        out.append(PostApproval(event))
+        lease = state.slot_leases.get(event.event_id)
+        out.append(PostApproval(event, lease.until if lease is not None else None))
         state = _spend(state, now)
         posting.add(event.event_id)
     if posting:
@@ -2437,7 +2481,15 @@ def _resources_changed(
         )
     )
     # Its stage's hooks get the event as it was when it named this VM.
-    state, tracked = _left(state, before, out)
+    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
+        # No longer naming this VM proves nothing of that boot (what is listed now is another
+        # VM's): cancelled-hooks, as without a boot.
+        stage = Stage.CANCELLED
+        fields = {"phase": before.phase.value, "stage": stage.value}
+        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+        state, tracked = _start_stage(state, before, On.LEFT, stage, out)
+    else:
+        state, tracked = _left(state, before, out)
     return state, None if tracked.phase is Phase.GONE else tracked
 
 
@@ -2595,6 +2647,18 @@ def _prepare(
     are left; with no hooks to run, approval per policy at once."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
+    if _slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = replace(tracked, slot=Slot.NONE)
     if _needs_slot(state, tracked):
         deadline = _slot_deadline(event, rule, state)
         if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
@@ -2658,6 +2722,14 @@ def _before_hooks(
         return state, _decide(state, replace(tracked, start_at=0.0), on, out)
     state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
     return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)
+
+
+def _slot_awaited(state: State, tracked: Tracked) -> bool:
+    """A slot asked for and not granted, or held before a restart and not confirmed by etcd
+    since (being taken back)."""
+    lease = state.slot_leases.get(tracked.event.event_id)
+    taking_back = tracked.slot is Slot.HELD and lease is not None and not lease.confirmed
+    return taking_back or tracked.slot is Slot.ASKED
 
 
 def _needs_slot(state: State, tracked: Tracked) -> bool:

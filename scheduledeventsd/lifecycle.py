@@ -240,7 +240,13 @@ _ROWS: list[Transition] = [
     ),
     _t(P.REBOOTED, On.LISTED, _ENDS, "listed Started: the maintenance happened, after-hooks"),
     _t(P.REBOOTED, On.STARTED, _ENDS, "the maintenance happened: after-hooks"),
-    _t(P.REBOOTED, On.LEFT, _ENDS, "the maintenance happened: after-hooks"),
+    _t(
+        P.REBOOTED,
+        On.LEFT,
+        _ENDS,
+        "gone: the maintenance happened, after-hooks; its Resources dropped this VM: "
+        "cancelled-hooks (that proves nothing of the boot)",
+    ),
     _t(P.REBOOTED, On.RESTARTED, [P.REBOOTED], "still judged by the next document"),
     _t(P.REBOOTED, On.REBOOTED, [P.REBOOTED], "still judged by the next document"),
     *[

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -365,3 +367,26 @@ def logging_fails_on(name: str) -> Callable[..., Any]:
         return event_dict
 
     return explode
+
+
+PREVIOUS_RELEASE = "ce2ef65"  # the release before the phase `rebooted` (state file version 2)
+
+
+@pytest.fixture(scope="session")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's package, taken from git, to run beside this one (a rollback):
+    put its directory first on PYTHONPATH and run it from another directory (python -m takes
+    the package from its working directory first). Skipped where git lacks that commit."""
+    root = Path(__file__).parents[1]
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", PREVIOUS_RELEASE, "scheduledeventsd"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"the previous release {PREVIOUS_RELEASE} is not in this checkout: {e}")
+    where = tmp_path_factory.mktemp("previous-release")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    return where

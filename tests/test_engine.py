@@ -950,6 +950,29 @@ def test_an_approved_event_whose_resources_drop_this_vm_gets_its_after_hooks():
     assert spawned(m.effects) == [("after", ("undrain",), False)]
 
 
+def test_after_a_new_boot_an_event_that_no_longer_names_this_vm_gets_its_cancelled_hooks():
+    """Review of issue 26: prepared (not approved, or approved), then a new boot; the first
+    document lists the event for another VM only, Scheduled or Started. That is not proof that
+    the boot was this VM's maintenance (it had run the after-hooks, reboot_detected
+    stage=after): it is handled as leaving, as without a boot, with its cancelled-hooks."""
+    for approve in ("never", "always"):
+        for status in ("Scheduled", "Started"):
+            m = Machine(config(events=LIFE, approve=ApprovePolicy(approve)), boot="boot-1")
+            m.fetched(doc(event()))
+            m.send(HooksFinished(1, Outcome.SUCCEEDED))
+            saved = of(m.effects, Persist)[-1].events
+            again = Machine(config(events=LIFE), loaded=saved, boot="boot-2")
+            again.fetched(doc(event(status=status, resources=("vm-b",)), incarnation=3), at=101)
+            assert not logs(again.effects, "reboot_detected"), (approve, status)
+            assert logs(again.effects, "event_cancelled")
+            assert spawned(again.effects) == [("cancelled", ("restore",), True)]
+            (run,) = of(again.effects, SpawnHooks)
+            again.send(HooksFinished(run.run, Outcome.SUCCEEDED), at=102)
+            again.fetched(doc(event(status=status, resources=("vm-b",)), incarnation=4), at=103)
+            assert not of(again.effects, SpawnHooks), "once"
+            assert again.phase() is Phase.NOT_OURS
+
+
 def test_a_waiting_event_whose_resources_drop_this_vm_is_forgotten_as_not_ours():
     m = Machine(config(events={"Reboot": EventRule(("drain",), start_before=60)}))
     m.send(DocumentFetched(doc(event()), wall=dt.datetime(2029, 12, 31).timestamp()))

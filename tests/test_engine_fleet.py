@@ -42,9 +42,10 @@ from scheduledeventsd.engine import (
     Tracked,
     status_text,
 )
+from scheduledeventsd.lifecycle import Slot
 from scheduledeventsd.observe.metrics import Metrics
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
-from tests.test_engine_when import MONO0, due_in, seen
+from tests.test_engine_when import EVENTS, MONO0, due_in, seen
 from tests.test_engine_when import machine as when_machine
 
 ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
@@ -500,3 +501,100 @@ def test_an_event_that_ends_while_another_of_the_vm_holds_the_slot_says_it_is_ke
     ended = [r for r in logs(m.effects, "slot_released") if r.fields["event_id"] == "E2"]
     assert [r.fields["kept_for"] for r in ended] == [["E1"]]
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E2")]
+
+
+# ---- review of issue 26: an approval POST that outlives its slot ------------------------------
+
+
+def test_an_approval_carries_its_slots_confirmed_end_as_the_deadline_for_its_answer():
+    """The margin is checked when the POST is submitted; the POST itself must also end within
+    the lease: PostApproval carries the lease's confirmed end, which the lane enforces (not
+    sent after it, given up at it). An event without a slot has no deadline."""
+    m, spawn = holding(at=MONO0 + 1)  # the slot is ours until MONO0 + 1 + TTL
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    (post,) = of(m.effects, PostApproval)
+    assert post.deadline == MONO0 + 1 + TTL
+    m.send(SlotKept("E1", MONO0 + 2.5), at=MONO0 + 2.6)
+    m.send(ApprovalFailed("E1", "timeout", "no answer by the deadline"), at=MONO0 + 3)
+    (again,) = of(m.tick(MONO0 + 3 + engine.APPROVAL_BACKOFF.first), PostApproval)
+    assert again.deadline == MONO0 + 2.5 + TTL, "a renewed lease moves the deadline"
+    m.send(ApprovalFailed("E1", "timeout", "no answer by the deadline"), at=again.deadline)
+    (lost,) = logs(m.effects, "slot_lost")
+    assert lost.fields["approval"] == "unanswered", "it may still reach IMDS: said"
+    assert m.phase() is Phase.NOT_APPROVED
+    plain = when_machine()
+    seen(plain, due_in(3 * 86400))
+    (spawn,) = of(plain.effects, SpawnHooks)
+    plain.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert [p.deadline for p in of(plain.effects, PostApproval)] == [None]
+
+
+def test_an_approval_answered_after_its_slots_lease_could_expire_says_the_slot_was_lost():
+    """Review of issue 26 #3: the POST went with the lease confirmed for more than the margin,
+    IMDS answered after the lease's end (another VM may have taken the slot and been approved
+    meanwhile). The event is approved (IMDS has it), but not as a plain event_approved:
+    slot_lost first, and the approval is marked slot_lost."""
+    m, spawn = holding(at=MONO0 + 1)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval)
+    m.tick(MONO0 + 1 + TTL + 0.5)  # under way: the answer decides
+    assert not logs(m.effects, "slot_lost")
+    m.send(ApprovalSent("E1", 4.0), at=MONO0 + 1 + TTL + 1)  # answered now
+    assert logs(m.effects)[:2] == ["slot_lost", "event_approved"]
+    assert logs(m.effects, "event_approved")[0].fields["slot_lost"] is True
+    assert m.phase() is Phase.APPROVED
+    timely, spawn = holding(at=MONO0 + 1)
+    timely.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    timely.send(ApprovalSent("E1", 0.5, MONO0 + 2.5), at=MONO0 + 2.6)
+    assert logs(timely.effects) == ["event_approved"]
+    assert "slot_lost" not in logs(timely.effects, "event_approved")[0].fields
+
+
+# ---- review of issue 26: an interrupted drain does not run again before its slot -------------
+
+
+def restarted_mid_drain(boot):
+    """A Reboot an hour away whose before-hooks held the slot and ran when the daemon stopped
+    (`boot` "boot-0": a crash restart; else a new boot), and the first document after."""
+    loaded = {"E1": Tracked(due_in(3600), Phase.RUNNING, boot_id="boot-0", slot=Slot.HELD)}
+    cfg = config(events=EVENTS, approve=ApprovePolicy.ALWAYS, concurrency=SLOTS, coordination=ETCD)
+    m = Machine(cfg, loaded=loaded, now=MONO0, boot=boot)
+    assert of(m.effects, AcquireSlot), "the slot is taken back"
+    return m
+
+
+def test_after_a_restart_or_crash_an_interrupted_drain_waits_for_its_slot_to_be_taken_back():
+    """Review of issue 26 #1/#3: the event is still Scheduled, NotBefore an hour ahead; its
+    before-hooks run again only once etcd gives the slot back (`max` counts VMs from their
+    before-hooks' start), not at once beside the VM that may hold it now."""
+    for boot in ("boot-0", "boot-1"):
+        m = restarted_mid_drain(boot)
+        seen(m, due_in(3600), at=MONO0 + 0.2)
+        assert not of(m.effects, SpawnHooks), boot
+        assert m.phase() is Phase.QUEUED
+        assert logs(m.effects, "event_waiting")[0].fields["reason"] == "slot"
+        m.send(SlotGranted("E1", MONO0 + 0.3), at=MONO0 + 0.4)
+        assert logs(m.effects, "slot_acquired")[0].fields["taken_back"] is True
+        assert of(m.effects, SpawnHooks), "taken back: its hooks run again"
+
+
+def test_after_a_crash_a_drain_whose_slot_went_to_another_vm_queues_for_one():
+    """The slot was another VM's when the daemon came back (SlotBusy before the document):
+    the before-hooks wait in the queue as any event's, and run once a slot is granted (or at
+    the lead, without one, not approved early)."""
+    m = restarted_mid_drain("boot-1")
+    m.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 0.1)
+    seen(m, due_in(3600), at=MONO0 + 0.2)
+    assert not of(m.effects, SpawnHooks)
+    assert m.phase() is Phase.QUEUED
+    assert logs(m.effects, "event_waiting")[0].fields["holders"] == ["vm-b"]
+    m.send(SlotGranted("E1", MONO0 + 9), at=MONO0 + 9)
+    assert of(m.effects, SpawnHooks)
+    m.send(HooksFinished(of(m.effects, SpawnHooks)[0].run, Outcome.SUCCEEDED), at=MONO0 + 10)
+    assert of(m.effects, PostApproval), "holding a slot granted: approved early"
+    late = restarted_mid_drain("boot-0")
+    late.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 0.1)
+    seen(late, due_in(3600), at=MONO0 + 0.2)
+    late.tick(MONO0 + 3600 - 600)  # the lead (10 minutes): prepared without a slot
+    assert of(late.effects, SpawnHooks)
+    assert logs(late.effects, "slot_unavailable")

@@ -213,6 +213,71 @@ def test_a_moved_maintenance_window_is_the_same_event_with_a_new_not_before(daem
     assert hooks.order() == []
 
 
+def instance_requests(gce: GcpSimulator) -> list[Any]:
+    return [r for r in list(gce.requests) if r.path.endswith("/instance/")]
+
+
+def test_an_unreadable_instance_answer_neither_ends_a_preemption_nor_moves_its_not_before(
+    daemons, gce, hooks
+):
+    """Review of issue 26: one answer of the instance directory that is not JSON (a proxy's
+    page, status 200) listed the preemption Started (event_status_changed), and the next answer
+    saw it anew with a NotBefore moved later (the first sighting dropped). It cannot say the
+    notice is over: the notice stays as last read, and the next poll asks at once."""
+    daemon = daemons.start(gcp_config(daemons, gce, hooks))
+    gce.preempt()
+    daemon.wait_log("hook_finished", hook="spot", timeout=10)
+    detected = daemon.wait_log("event_detected")
+    polls = len(instance_requests(gce))  # the last is the long-poll under way
+    gce.fail_next(200, path="/instance/")  # 200 with the text "Service Unavailable"
+    gce.attribute("nudge", "1")  # the long-poll answers; the next one gets the page
+    assert daemon.wait_log("event_skipped", timeout=10)["reason"] == "instance: not JSON"
+    wait_for(lambda: len(instance_requests(gce)) >= polls + 2, what="a poll after the page")
+    asked = gce.gets("/upcoming-maintenance")
+    gce.attribute("nudge", "2")
+    wait_for(lambda: gce.gets("/upcoming-maintenance") > asked, what="one more answer")
+    garbled, next_poll = instance_requests(gce)[polls : polls + 2]
+    assert "last_etag" in garbled.query
+    assert "last_etag" not in next_poll.query, "after an unreadable answer: asked at once"
+    assert not daemon.logs("event_status_changed")
+    assert len(daemon.logs("event_detected")) == 1
+    assert {r.get("not_before") for r in daemon.records if r.get("event_id") == "gcp-preempted"} - {
+        None
+    } == {detected["not_before"]}
+    assert hooks.order() == ["spot"]
+
+
+def test_an_upcoming_window_unreadable_for_one_answer_is_not_over(daemons, gce, hooks):
+    """Review of issue 26: the window's drain ran; for one answer `window_start_time` could not
+    be read (event_skipped), and the event completed at once (after-hooks, the undrain, as if
+    the maintenance were over), to be detected and drained anew on the next answer. An
+    unreadable notice is not over: it is kept as last read until a readable answer drops it."""
+    cfg = gcp_config(daemons, gce, hooks)
+    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "after": ["after"]}
+    daemon = daemons.start(cfg)
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(hours=2)
+    gce.upcoming(start.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "1")
+    daemon.wait_log("hook_finished", hook="redeploy", timeout=10)
+    gce.upcoming("2026-12-05 02:00 UTC")
+    gce.attribute("nudge", "2")
+    daemon.wait_log("event_skipped", timeout=10)
+    gce.upcoming(start.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    asked = gce.gets("/upcoming-maintenance")
+    gce.attribute("nudge", "3")
+    wait_for(lambda: gce.gets("/upcoming-maintenance") > asked, what="a readable answer")
+    assert not daemon.logs("event_status_changed"), "listed Started: taken as over"
+    assert not daemon.logs("event_completed")
+    assert len(daemon.logs("event_detected")) == 1
+    assert hooks.order() == ["redeploy"]
+    gce.upcoming(None)  # a readable answer without the window: now it is over
+    gce.attribute("nudge", "4")
+    daemon.wait_log("after_hooks_finished", timeout=10)
+    assert hooks.order() == ["redeploy", "after"]
+    assert env_of(hooks, "after")["SCHEDULED_EVENT_STAGE"] == "after"
+    assert not daemons.defects()
+
+
 def test_a_restart_keeps_the_not_before_counted_from_the_first_sighting(daemons, gce, hooks):
     """Suspected in issue 26, confirmed: a restart saw the notice anew, moving NotBefore later
     (the hooks run again believing they have more time). The saved event keeps it."""
@@ -404,6 +469,31 @@ def test_each_migration_of_the_same_kind_that_ends_is_listed_started_once():
         assert gcp.document_of(off, None, vm_name="vm", now=NOW + n, seen=seen).events == ()
 
 
+def test_a_migration_shown_again_in_the_answer_right_after_one_ended_is_listed_started_at_its_end():
+    """Found by the property below: a notice of the same kind shown again in the answer right
+    after its predecessor's "Started once" was taken as that one still ending, and its own end
+    was never listed Started (cancelled-hooks, as #12)."""
+    on, off = (
+        b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE"}',
+        b'{"maintenanceEvent": "NONE"}',
+    )
+    seen = gcp.Seen()
+    first = gcp.document_of(on, None, vm_name="vm", now=NOW, seen=seen)
+    ended = gcp.document_of(off, None, vm_name="vm", now=NOW + 1, seen=seen)
+    gcp.notice_over(first, ended, seen)
+    once = gcp.document_of(off, None, vm_name="vm", now=NOW + 1, seen=seen)
+    assert [e.status for e in once.events] == [STARTED]
+    second = gcp.document_of(on, None, vm_name="vm", now=NOW + 2, seen=seen)
+    gcp.notice_over(once, second, seen)
+    assert [(e.status, e.not_before.timestamp()) for e in second.events] == [
+        (SCHEDULED, NOW + 62)
+    ], "seen anew"
+    over = gcp.document_of(off, None, vm_name="vm", now=NOW + 3, seen=seen)
+    gcp.notice_over(second, over, seen)
+    last = gcp.document_of(off, None, vm_name="vm", now=NOW + 3, seen=seen)
+    assert [(e.status, e.not_before.timestamp()) for e in last.events] == [(STARTED, NOW + 62)]
+
+
 def test_a_moved_window_keeps_its_id_and_moves_its_not_before():
     """Issue 26 #13, in the mapping."""
     seen = gcp.Seen()
@@ -431,6 +521,120 @@ def test_recall_gives_back_the_first_sighting_of_a_notice_still_shown():
     client = gcp.GcpClient("http://127.0.0.1:9/computeMetadata/v1", 2, 5)
     client.recall(saved.events)
     assert client._seen.first == {"PREEMPTED": NOW}
+
+
+UNREADABLE_INSTANCE = (
+    b"<html>Service Unavailable</html>",
+    b"[]",
+    b"",
+    b'{"maintenanceEvent": "SOMETHING_NEW", "preempted": "TRUE"}',
+    b'{"preempted": "TRUE"}',  # no maintenanceEvent at all
+)
+
+
+def timing(doc: Any) -> set[tuple[str, str, Any]]:
+    return {(e.event_id, e.status, e.not_before) for e in doc.events}
+
+
+def test_an_instance_answer_that_cannot_say_keeps_its_notices_as_last_read():
+    """Review of issue 26: an unreadable answer (or one whose maintenanceEvent is missing or
+    unknown) is not the end of the notices it cannot see: they stay listed with their first
+    sighting (NotBefore not moved), Started once that has passed; a readable answer ends them."""
+    on = b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE", "preempted": "TRUE"}'
+    for garbled in UNREADABLE_INSTANCE:
+        seen = gcp.Seen()
+        shown = gcp.document_of(on, None, vm_name="vm", now=NOW, seen=seen)
+        kept = gcp.document_of(garbled, None, vm_name="vm", now=NOW + 5, seen=seen)
+        gcp.notice_over(shown, kept, seen)
+        assert timing(kept) == timing(shown), garbled
+        assert not seen.ending, garbled
+        late = gcp.document_of(garbled, None, vm_name="vm", now=NOW + 61, seen=seen)
+        assert {e.event_type: e.status for e in late.events} == {
+            "Freeze": STARTED, "Preempt": STARTED
+        }, "past its notice it has started, as a readable answer would say"  # fmt: skip
+        again = gcp.document_of(on, None, vm_name="vm", now=NOW + 62, seen=seen)
+        assert {e.event_id: e.not_before for e in again.events} == {
+            e.event_id: e.not_before for e in shown.events
+        }, "the first sighting survived"
+        off = b'{"maintenanceEvent": "NONE", "preempted": "FALSE"}'
+        over = gcp.document_of(off, None, vm_name="vm", now=NOW + 63, seen=seen)
+        gcp.notice_over(again, over, seen)
+        assert set(seen.ending) == {e.event_id for e in shown.events}, "a readable answer ends"
+
+
+def test_an_upcoming_window_that_cannot_be_read_is_kept_as_last_read():
+    """Review of issue 26: a window whose `window_start_time` cannot be read (or an answer that
+    is not JSON) is skipped with its reason, and the window last read stays listed; an answer
+    without a window (`{}`, or 404) ends it."""
+    window = json.dumps({"window_start_time": "2027-02-01T02:00:00Z"}).encode()
+    garbled = (
+        json.dumps({"window_start_time": "2026-12-05 02:00 UTC"}).encode(),
+        b"<html>Service Unavailable</html>",
+    )
+    for bad in garbled:
+        for gone in (b"{}", None):
+            seen = gcp.Seen()
+            shown = gcp.document_of(b"{}", window, vm_name="vm", now=NOW, seen=seen)
+            kept = gcp.document_of(b"{}", bad, vm_name="vm", now=NOW, seen=seen)
+            gcp.notice_over(shown, kept, seen)
+            assert kept.events == shown.events
+            assert len(kept.skipped) == 1
+            assert not seen.ending
+            over = gcp.document_of(b"{}", gone, vm_name="vm", now=NOW, seen=seen)
+            gcp.notice_over(kept, over, seen)
+            assert set(seen.ending) == {gcp.UPCOMING_ID}
+
+
+def test_after_a_restart_an_unreadable_first_answer_keeps_the_saved_notices():
+    """The saved events stand for the last answer: an unreadable first one does not end them."""
+    saved = gcp.document_of(b'{"preempted": "TRUE"}', None, vm_name="vm", now=NOW, seen=gcp.Seen())
+    client = gcp.GcpClient("http://127.0.0.1:9/computeMetadata/v1", 2, 5)
+    client.recall(saved.events)
+    doc = gcp.document_of(b"<html>", None, vm_name="vm", now=NOW + 3, seen=client._seen)
+    gcp.notice_over(client._last, doc, client._seen)
+    assert doc.events == saved.events
+    assert not client._seen.ending
+
+
+ANSWERS = (
+    b'{"maintenanceEvent": "MIGRATE_ON_HOST_MAINTENANCE", "preempted": "TRUE"}',
+    b'{"maintenanceEvent": "TERMINATE_ON_HOST_MAINTENANCE", "preempted": "FALSE"}',
+    b'{"maintenanceEvent": "NONE", "preempted": "TRUE"}',
+    b'{"maintenanceEvent": "NONE", "preempted": "FALSE"}',
+    *UNREADABLE_INSTANCE,
+)
+
+
+NOT_JSON = (b"<html>Service Unavailable</html>", b"[]", b"")
+
+
+def readable_documents(answers: list[tuple[int, bytes]]) -> list[tuple[Any, ...]]:
+    """The events each readable answer gives, in turn, as the client keeps `Seen`."""
+    seen, last, out = (
+        gcp.Seen(),
+        gcp.document_of(None, None, vm_name="vm", now=NOW, seen=gcp.Seen()),
+        [],
+    )
+    for at, body in answers:
+        doc = gcp.document_of(body, None, vm_name="vm", now=NOW + at, seen=seen)
+        gcp.notice_over(last, doc, seen)
+        if seen.ending:  # listed Started once in the next answer, as the client asks at once
+            doc = gcp.document_of(body, None, vm_name="vm", now=NOW + at, seen=seen)
+        if body not in NOT_JSON:
+            out.append(doc.events)
+        last = doc
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(ANSWERS), min_size=1, max_size=14))
+def test_an_answer_that_is_not_json_changes_nothing_the_next_readable_ones_say(answers):
+    """Any run of instance answers: those that are not JSON (or not an object) are as if they
+    had never come: every readable answer gives the same events (first sightings, notices
+    that end listed Started once) as in the run without them."""
+    timed = [(n * 7, body) for n, body in enumerate(answers)]
+    without = [(at, body) for at, body in timed if body not in NOT_JSON]
+    assert readable_documents(timed) == readable_documents(without), answers
 
 
 @settings(max_examples=300, deadline=None)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from scheduledeventsd.engine import ApprovalFailed
 from scheduledeventsd.providers.imds import ImdsClient, ImdsError
+from scheduledeventsd.runtime.lanes import approve
 from scheduledeventsd.simulators.azure import Fault, Simulator
 from scheduledeventsd.simulators.scenario import Scenario
 
@@ -315,3 +317,21 @@ def test_a_header_that_never_ends_is_refused_at_the_head_bound_not_buffered():
     listener.close()
     assert info.value.kind == "too_large"
     assert took < 2.5, f"{took:.1f} s: refused at the bound, not at the 5 s deadline"
+
+
+def test_an_approval_with_a_deadline_is_not_sent_after_it_and_given_up_at_it(sim):
+    """Review of issue 26 #3: a slot-holding event's POST must be answered within its lease.
+    Queued past its deadline (behind another POST on the one approver lane) it is not sent;
+    under way at its deadline it is given up then, not after metadata.timeout."""
+    event_id = sim.add_event("Reboot")
+    c = client(sim.url, timeout=10.0, first=10.0)
+    late = approve(c, event_id=event_id, deadline=time.monotonic() - 0.01)
+    assert isinstance(late, ApprovalFailed)
+    assert late.kind == "deadline"
+    assert not [r for r in sim.requests if r.method == "POST"], "never sent"
+    sim.add_fault(Fault("delay", delay=3.0, method="POST", count=1))
+    started = time.monotonic()
+    cut = approve(c, event_id=event_id, deadline=started + 0.5)
+    assert isinstance(cut, ApprovalFailed)
+    assert cut.kind == "timeout"
+    assert time.monotonic() - started < 1.0

@@ -173,6 +173,81 @@ def test_a_crash_reboot_while_the_event_is_still_scheduled_prepares_it_again(
     again.signal(signal.SIGTERM)
 
 
+@needs_root
+@pytest.mark.parametrize("status", ["Started", "Scheduled"])
+def test_after_a_crash_reboot_an_event_that_dropped_this_vm_gets_its_cancelled_hooks(
+    daemons, sim, hooks, tmp_path, status
+):
+    """Review of issue 26: a Reboot drained for (approve: never), then the VM reboots (a crash);
+    the first document lists the event for another VM only. That is not this VM's maintenance:
+    it used to be taken as such (reboot_detected stage=after, the undrain with STAGE=after);
+    it is handled as leaving, as without a reboot: its cancelled-hooks run, once."""
+    sim.scenario.started_for = None
+    boot, wrapper = boot_wrapper(tmp_path)
+    cfg = lifecycle(daemons, hooks, cancelled=["restore"], approve="never")
+    daemon = daemons.start(cfg, prefix=wrapper)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=3600)
+    daemon.wait_log("approval_skipped", event_id=event_id)
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(10)
+
+    boot.write_text(f"{uuid.uuid4()}\n")
+    sim.update_event(event_id, Resources=["vm-other"], EventStatus=status)
+    again = daemons.start(cfg, prefix=wrapper)
+    again.wait_log("event_cancelled", event_id=event_id)
+    again.wait_log("after_hooks_finished", event_id=event_id, stage="cancelled")
+    again.polls_seen(sim)
+    assert not again.logs("reboot_detected")
+    assert hooks.order() == ["drain", "restore"]
+    restore = env_of(hooks, "restore")
+    assert restore["SCHEDULED_EVENT_STAGE"] == "cancelled"
+    assert restore["SCHEDULED_EVENT_REBOOTED"] == "1", "this VM did boot since its drain"
+    assert not sim.approvals
+    again.signal(signal.SIGTERM)
+
+
+@needs_root
+def test_a_rollback_to_the_previous_release_keeps_the_state_of_an_event_judged_after_a_boot(
+    daemons, sim, hooks, tmp_path, previous_release
+):
+    """Review of issue 26: this release, on a new boot with IMDS silent, saves the event in the
+    phase `rebooted` (judged by the next document); rolled back, the previous release logged
+    state_degraded ('rebooted' is not a valid Phase), moved the file aside and ran the drain
+    again. It reads the file: the event is the one it knew (no event_detected), handled by its
+    own rule for a prepared event after a boot (the undrain, REBOOTED=1), nothing moved aside."""
+    sim.scenario.started_for = None
+    sim.scenario.start_after_approval = 600
+    boot = tmp_path / "boot_id"
+    boot.write_text(f"{uuid.uuid4()}\n")
+    # cd /: python -m takes the package from its working directory before PYTHONPATH.
+    mount = f'mount --bind {boot} /proc/sys/kernel/random/boot_id && cd / && exec "$@"'
+    wrapper = ("unshare", "-m", "sh", "-c", mount, "sh")
+    cfg = lifecycle(daemons, hooks, approve="never")
+    daemon = daemons.start(cfg, prefix=wrapper)
+    event_id = sim.add_event("Reboot", [VM], not_before_in=3600)
+    daemon.wait_log("approval_skipped", event_id=event_id)
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(10)
+
+    boot.write_text(f"{uuid.uuid4()}\n")
+    sim.add_fault(Fault("status", status=500, count=0, method="GET"))
+    state = daemons.state_dir / "state.json"
+    newer = daemons.start(cfg, prefix=wrapper, ready=False)
+    wait_for(lambda: "rebooted" in state.read_text(), what="the phase rebooted saved")
+    assert newer.stop() == 0
+    sim.clear_faults()
+
+    previous = daemons.start(cfg, prefix=wrapper, env={"PYTHONPATH": str(previous_release)})
+    previous.wait_log("after_hooks_finished", event_id=event_id)
+    previous.polls_seen(sim)
+    assert not previous.logs("state_degraded")
+    assert not previous.logs("event_detected"), "the event it knew, not a new one"
+    assert hooks.order() == ["drain", "undrain"], "no second drain"
+    assert env_of(hooks, "undrain")["SCHEDULED_EVENT_REBOOTED"] == "1"
+    assert sorted(p.name for p in daemons.state_dir.glob("state.json*")) == ["state.json"]
+    previous.signal(signal.SIGTERM)
+
+
 def test_an_event_whose_resources_name_this_vm_later_is_prepared_and_dropped_again(
     daemons, sim, hooks
 ):

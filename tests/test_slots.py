@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import queue
 import signal
 import time
@@ -16,14 +17,16 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
+from scheduledeventsd.coordination.etcd import EtcdClient
 from scheduledeventsd.coordination.slots import SlotKeeper
-from scheduledeventsd.engine import SLOT_GRACE, AcquireSlot, SlotGranted
-from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.engine import SLOT_GRACE, AcquireSlot, SlotBusy, SlotGranted
+from scheduledeventsd.simulators.azure import Fault, Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
 from tests.tcp_proxy import ProxySet
 from tests.test_engine import event
 from tests.test_fleet import keys
+from tests.test_lifecycle import boot_wrapper, needs_root
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 VMS = ("vm-a", "vm-b", "vm-c")
@@ -424,3 +427,170 @@ def test_with_start_before_the_slot_is_asked_for_at_the_lead_and_one_vm_is_appro
         assert start >= posted + notice - lead - 1, f"{vm}'s hooks started before start_before"
         late = start - (posted + notice - lead)
         assert late < SLOT_GRACE + 1, f"{vm}'s hooks started {late:.1f} s after the lead"
+
+
+# ---- review of issue 26: an approval POST that outlives its slot ----------------------------
+
+
+def test_an_approval_post_not_answered_within_its_slots_lease_is_given_up_and_the_slot_lost(
+    tier, sim, hooks
+):
+    """Review of issue 26 #3. max 1, ttl 5: vm-1 holds the slot, its path to etcd is cut and
+    its drain ends at once: its approval goes out (the lease still confirmed for more than
+    SLOT_MARGIN) but IMDS takes 8 s to answer (metadata.timeout 10 allows it), while vm-2
+    takes the slot and is approved early. vm-1 gives the POST up at its lease's end, counts
+    the slot as lost and says it is not approved early; it never logs a plain event_approved.
+    (The simulator, like a slow IMDS may, still acts on the POST after vm-1 hung up: the
+    daemon cannot stop that, only bound it by the lease and say so.)"""
+    ttl = 5
+    flag = tier.tmp_path / "release"
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME $(date +%s.%N)" >> "$OUT/$SCHEDULED_EVENT_HOOK.log"\n'
+    wait = hooks.make("drain-until", f'{stamp}while [ ! -e "$1" ]; do sleep 0.05; done\n{stamp}')
+    slow = {"timeout": 10, "first_call_timeout": 10}
+    with ProxySet(tier.cluster.endpoints, host="127.0.0.2") as path:
+        cfg = tier.config("vm-1", ttl=ttl, metadata=slow)
+        cfg["hooks"]["drain"] = [{"command": [wait, str(flag)], "timeout": 120}]
+        cfg["coordination"]["etcd"]["endpoints"] = path.endpoints
+        one = tier.start("vm-1", cfg)
+        two = tier.start("vm-2", tier.config("vm-2", ttl=ttl, metadata=slow))
+        first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+        one.wait_log("slot_acquired", event_id=first, timeout=15)
+        second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+        two.wait_log("event_waiting", event_id=second, reason="slot")
+        time.sleep(2.5)  # keep-alives acknowledged
+        sim.add_fault(Fault("delay", delay=8, method="POST", count=1))
+        path.cut()
+        cut_at = time.time()
+        flag.touch()  # vm-1's drain ends right after the cut: its approval goes
+        two.wait_log("event_approved", event_id=second, timeout=ttl + 15)
+        refused = one.wait_log("event_not_approved", event_id=first, timeout=15)
+        assert refused["cause"] == "slot_unavailable"
+        (gave_up,) = one.logs("approval_failed", event_id=first)
+        assert gave_up["kind"] == "timeout"
+        # Given up within the lease confirmed before the cut (ttl at most), not after 8 s.
+        assert iso_seconds(gave_up["timestamp"]) - cut_at < ttl + 0.5
+        (lost,) = one.logs("slot_lost", event_id=first)
+        assert lost["approval"] == "unanswered"
+        one.polls_seen(sim)
+        assert not one.logs("event_approved", event_id=first), "no approval claimed"
+        path.restore()
+        tier.stop()
+
+
+def test_a_reload_that_lowers_max_takes_back_only_the_slots_below_the_new_max(tier, sim, hooks):
+    """Review of issue 26, take-back: vm-a and vm-b hold slots 0 and 1 under max 2 and drain;
+    both are reloaded with max 1. Slot 1 is no slot any more: only the holder of slot 0 takes
+    its slot back and is approved early; the other is approved early only once the first's
+    undrain has given the slot back (or not early at all). Before, both took theirs back and
+    both were approved early at once."""
+    flag = tier.tmp_path / "release"
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME $(date +%s.%N)" >> "$OUT/$SCHEDULED_EVENT_HOOK.log"\n'
+    wait = hooks.make("drain-until", f'{stamp}while [ ! -e "$1" ]; do sleep 0.05; done\n{stamp}')
+    cfgs, events = {}, {}
+    for vm in ("vm-a", "vm-b"):
+        cfgs[vm] = tier.config(vm, most=2, ttl=5)
+        cfgs[vm]["hooks"]["drain"] = [{"command": [wait, str(flag)], "timeout": 120}]
+        tier.start(vm, cfgs[vm])
+    for vm in ("vm-a", "vm-b"):
+        events[vm] = sim.add_event("Reboot", [vm], not_before_in=3600)
+        tier.daemons[vm].wait_log("slot_acquired", event_id=events[vm], timeout=15)
+    held = {record["vm"]: n for n, record in keys_by_index(tier).items()}
+    assert sorted(held.values()) == [0, 1], held
+    for vm in ("vm-a", "vm-b"):
+        cfgs[vm]["concurrency"]["max"] = 1
+        tier.factories[vm].write_config(cfgs[vm])
+        tier.daemons[vm].signal(signal.SIGHUP)
+        tier.daemons[vm].wait_log("config_reloaded")
+    first = min(held, key=held.__getitem__)  # the holder of slot 0
+    tier.daemons[first].wait_log("slot_acquired", event_id=events[first], taken_back=True)
+    flag.touch()
+    wait_for(lambda: sim.approved(events[first]), 15, f"{first} approved early")
+    wait_for(lambda: first in tier.spans(), 15, f"{first}'s undrain")
+    other = "vm-b" if first == "vm-a" else "vm-a"
+    tier.daemons[other].polls_seen(sim)
+    approved = {a.event_id: a.at for a in sim.approvals}
+    if events[other] in approved:
+        assert approved[events[other]] >= tier.spans()[first][1], "after the first's undrain"
+    assert all(n < 1 for n in keys_by_index(tier)), "no key left at or beyond the new max"
+
+
+def keys_by_index(tier: Tier) -> dict[int, dict]:
+    """The group's slot keys, by their index n (`<prefix>/slots/web/<n>`)."""
+    slots = f"{tier.prefix}/slots/web/"
+    return {int(key[len(slots) :]): value for key, value in keys(tier.cluster, slots).items()}
+
+
+def test_after_a_restart_with_a_lower_max_a_key_beyond_it_is_not_taken_back(cluster):
+    """The take-back rule where it lives, the slot keeper, against real etcd: vm-a's key is
+    slot 1 (left from max 2, e.g. handed over across a restart), vm-b holds slot 0, and vm-a
+    comes back with max 1. vm-a is told the group is busy, not granted; its stale key is
+    deleted (no slot any more)."""
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slots = f"{settings.prefix}/slots/web/"
+    seed = EtcdClient(settings)
+    lease = seed.grant(60)
+    assert seed.create(f"{slots}0", json.dumps({"vm": "vm-b"}).encode(), lease)
+    assert seed.create(f"{slots}1", json.dumps({"vm": "vm-a"}).encode(), lease)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    keeper = SlotKeeper(settings, Concurrency("web", 1, 6), inbox.put)
+    try:
+        keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+        answer = inbox.get(timeout=20)
+        assert isinstance(answer, SlotBusy), answer
+        assert sorted(keys(cluster, slots)) == [f"{slots}0"]
+    finally:
+        keeper.stop_all(hand_over=False)
+        seed.revoke(lease)
+        seed.close()
+
+
+@needs_root
+def test_a_vm_crash_rebooted_mid_drain_drains_again_only_once_its_slot_is_free(
+    tier, sim, hooks, tmp_path
+):
+    """Review of issue 26: max 1, ttl 5. vm-1 holds the slot mid-drain and is killed -9 and
+    comes back on a new boot id; meanwhile vm-2 took the slot. vm-1's event is still Scheduled
+    (NotBefore an hour ahead): it is prepared again (reboot_detected stage=before) but its
+    drain waits in the queue until vm-2's undrain gave the slot back; at no instant are two
+    VMs between drain start and undrain end. Before, vm-1's drain ran again at once."""
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME STEP $(date +%s.%N)" >> "$OUT/steps.log"\n'
+    drain = hooks.make(
+        "drain-steps",
+        f"{stamp.replace('STEP', 'start')}sleep 3\n{stamp.replace('STEP', 'drained')}",
+    )
+    undrain = hooks.make("undrain-steps", stamp.replace("STEP", "end"))
+    boot, wrapper = boot_wrapper(tmp_path)
+    cfgs = {}
+    for vm in ("vm-1", "vm-2"):
+        cfgs[vm] = tier.config(vm, ttl=5)
+        cfgs[vm]["hooks"] = {"drain": [{"command": [drain]}], "undrain": [{"command": [undrain]}]}
+    one = tier.factories["vm-1"].start(cfgs["vm-1"], prefix=wrapper)
+    two = tier.start("vm-2", cfgs["vm-2"])
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("slot_acquired", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot")
+    time.sleep(1)
+    one.proc.kill()
+    one.proc.wait(10)
+    with (tier.out / "steps.log").open("a") as log:  # down: its slot lapses within ttl
+        log.write(f"vm-1 down {time.time()}\n")
+    boot.write_text(f"{uuid.uuid4()}\n")
+    two.wait_log("slot_acquired", event_id=second, timeout=20)
+    again = tier.factories["vm-1"].start(cfgs["vm-1"], prefix=wrapper)
+    again.wait_log("reboot_detected", event_id=first, stage="before")
+    log = tier.out / "steps.log"
+    drains = lambda: log.read_text().count("vm-1 start")  # noqa: E731
+    wait_for(lambda: drains() == 2, 40, "vm-1's drain to start again")
+    steps = log.read_text().splitlines()
+    inside, most = set(), 0
+    for line in steps:  # in the order they happened (one file, appended)
+        vm, step, _ = line.split()
+        if step == "start":
+            inside.add(vm)
+        elif step in ("end", "down"):
+            inside.discard(vm)
+        most = max(most, len(inside))
+    assert most == 1, steps
+    assert again.logs("event_waiting", event_id=first, reason="slot")
+    wait_for(lambda: sim.approved(first), 20, "vm-1 approved early, holding the slot")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.host.store import STATE_FILE, StateError, StateStore
+from scheduledeventsd.lifecycle import DURABLE
 from scheduledeventsd.model import Event
 
 EVENT = Event(
@@ -162,3 +166,68 @@ def test_a_file_from_before_marks_were_kept_with_a_drained_event_says_so(tmp_pat
     old = StateStore(tmp_path)
     old.load()
     assert (old.cluster_mark, old.mark_unrecorded) == (None, True)
+
+
+# What the previous release reads of this one's file (a rollback): it runs from its own tree.
+READ_BY_PREVIOUS = """
+import json, sys
+from pathlib import Path
+from scheduledeventsd.state import StateStore
+known, problem = StateStore(Path(sys.argv[1]), read_only=True).load()
+print(json.dumps({"problem": problem, "phases": {k: t.phase.value for k, t in known.items()}}))
+"""
+
+
+def read_by_previous(previous_release, directory):
+    """`load` of the previous release's code on `directory` (cwd elsewhere, its tree first)."""
+    out = subprocess.run(
+        [sys.executable, "-c", READ_BY_PREVIOUS, str(directory)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(previous_release)},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def test_every_phase_this_release_saves_is_read_by_the_previous_release(tmp_path, previous_release):
+    """Review of issue 26: after a rollback the previous release moved the state file aside
+    (state_degraded: 'rebooted' is not a valid Phase) and ran before-hooks again. Every phase
+    is written in a form it reads (`rebooted` as `interrupted`: prepared on an older boot, so
+    it takes that boot as the maintenance, its own rule), and this release reads it back."""
+    known = {
+        phase.value: Tracked(dataclasses.replace(EVENT, event_id=phase.value), phase, boot_id="b")
+        for phase in DURABLE
+    }
+    StateStore(tmp_path).save(known)
+    read = read_by_previous(previous_release, tmp_path)
+    assert read["problem"] == ""
+    assert read["phases"] == {p: "interrupted" if p == "rebooted" else p for p in known}
+    assert StateStore(tmp_path).load() == (known, ""), "read back as it was"
+
+
+def test_a_newer_phase_this_release_does_not_know_is_read_as_the_phase_written_beside_it(
+    tmp_path,
+):
+    store = StateStore(tmp_path)
+    store.save({"E1": Tracked(EVENT, Phase.REBOOTED, boot_id="boot-1")})
+    raw = json.loads(store.path.read_text())
+    assert (raw["events"][0]["phase"], raw["events"][0]["newer_phase"]) == (
+        "interrupted",
+        "rebooted",
+    )
+    raw["events"][0]["newer_phase"] = "some_later_phase"
+    store.path.write_text(json.dumps(raw))
+    known, problem = StateStore(tmp_path).load()
+    assert (problem, known["E1"].phase) == ("", Phase.INTERRUPTED)
+
+
+def test_a_state_file_of_a_newer_version_is_moved_aside_saying_so(tmp_path):
+    store = StateStore(tmp_path)
+    store.path.write_text(json.dumps({"version": 3, "events": []}))
+    known, problem = StateStore(tmp_path).load()
+    assert known == {}
+    assert "a version 3 state file, written by a newer scheduledeventsd" in problem
+    assert "moved to" in problem
+    assert list(tmp_path.glob(f"{STATE_FILE}.corrupt-*"))

@@ -249,11 +249,15 @@ class _Worker:
 
     def _take(self, kvs: list[KeyValue]) -> bool:
         """Take back a slot this VM holds (after a restart: under the new lease), else a free
-        one; True when it is ours."""
+        one; True when it is ours. A key of this VM at or beyond `max` (a reload or restart
+        lowered it) is no slot any more: it is deleted, never taken back."""
         assert self._lease is not None  # noqa: S101 - granted before
         for kv in kvs:
-            mine = kv.value is not None and holder(kv.value) == self.vm
-            if mine and self._client.replace(kv.key, kv.value or b"", self.value, self._lease):
+            if kv.value is None or holder(kv.value) != self.vm:
+                continue
+            if not self._counts(kv.key):
+                self._client.delete(kv.key, kv.value)
+            elif self._client.replace(kv.key, kv.value, self.value, self._lease):
                 self._key = kv.key
                 return True
         for n in range(self.concurrency.max):
@@ -262,6 +266,11 @@ class _Worker:
                 self._key = key
                 return True
         return False
+
+    def _counts(self, key: str) -> bool:
+        """A slot key of the group below `max`: `<prefix><n>`, n < max."""
+        n = key[len(self.prefix) :] if key.startswith(self.prefix) else ""
+        return n.isdigit() and int(n) < self.concurrency.max
 
     def _hold(self) -> None:
         """Renew the lease a third of its ttl after the last renewal etcd acknowledged, and

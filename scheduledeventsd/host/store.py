@@ -32,6 +32,11 @@ STATE_FILE = "state.json"
 LOCK_TRIES = 10  # 0.1 s apart
 STATUS_FILE = "status.json"
 _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still read
+# Phases added since the release that first wrote version 2, written as the phase that release
+# reads the same way (`rebooted`: prepared on an older boot, as `interrupted` is), so a rollback
+# to it keeps the state; `newer_phase` beside it gives this release (and the next) the phase
+# back. A daemon reads `newer_phase` only if it knows that phase, else it uses `phase`.
+_WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED}
 
 
 class StateError(Exception):
@@ -197,7 +202,8 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
         "version": _VERSION,
         "events": [
             {
-                "phase": t.phase.value,
+                "phase": _WRITTEN_AS.get(t.phase, t.phase).value,
+                **({"newer_phase": t.phase.value} if t.phase in _WRITTEN_AS else {}),
                 "event": t.event.to_json(),
                 "boot_id": t.boot_id,
                 "rule": t.rule.value,
@@ -226,7 +232,13 @@ def _decode_mark(raw: dict[str, Any]) -> Optional[ClusterMark]:
 
 
 def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
-    if not isinstance(raw, dict) or raw.get("version") not in (1, _VERSION):
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > _VERSION:
+        raise ValueError(
+            f"a version {version} state file, written by a newer scheduledeventsd "
+            f"(this one reads versions 1 to {_VERSION})"
+        )
+    if version not in (1, _VERSION):
         raise ValueError(f"not a version 1 or {_VERSION} state file")
     known: dict[str, Tracked] = {}
     for entry in raw["events"]:
@@ -241,7 +253,9 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             raise TypeError("boot_id and vm_name must be strings")
         if isinstance(incarnation, bool) or not isinstance(incarnation, int):
             raise TypeError("incarnation must be an integer")
-        phase = Phase(entry["phase"])
+        newer = entry.get("newer_phase")
+        known_phases = {p.value for p in Phase}
+        phase = Phase(newer if newer in known_phases else entry["phase"])
         if phase not in DURABLE:
             raise ValueError(f"phase {phase.value} is never stored")
         known[event.event_id] = Tracked(

@@ -272,7 +272,7 @@ class AwsClient:
         self._completed = shown & completed_listed(scheduled)
         return document
 
-    def approve(self, event_ids: Iterable[str]) -> None:
+    def approve(self, event_ids: Iterable[str], *, deadline: Optional[float] = None) -> None:
         raise ImdsError("request", "AWS takes no approval through instance metadata")
 
     def fetch_vm_name(self) -> str:

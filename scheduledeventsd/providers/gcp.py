@@ -13,6 +13,10 @@ mapped here without I/O or clock (`document_of`, with the `Seen` record the clie
   notice: start_before and windows apply). A window Google moves is the same event with a new
   NotBefore; one whose time cannot be read is skipped with its reason.
 
+An answer that cannot say whether a notice is still up (not JSON, a `window_start_time` that is
+not a time, an unknown `maintenanceEvent`) does not end it: the notice stays listed as it was
+last read, with its first sighting, until a readable answer drops it.
+
 Events get ids from their kind alone, so a restart keeps them and a moved window stays one event.
 NotBefore counts from the first answer that showed the notice (kept across a restart: the
 daemon hands the client the events it saved, `recall`).
@@ -57,6 +61,8 @@ class Seen:
     first: dict[str, float] = field(default_factory=dict)
     ending: dict[str, Event] = field(default_factory=dict)  # over: listed Started once more
     ended: set[str] = field(default_factory=set)  # listed Started once: not again until seen anew
+    # Each notice as the last answer listed it: kept while an answer cannot say it is over.
+    last: dict[str, Event] = field(default_factory=dict)
 
 
 UPCOMING_ID = "gcp-upcoming-maintenance"  # one window at a time; moved, it is the same event
@@ -65,7 +71,7 @@ UPCOMING_ID = "gcp-upcoming-maintenance"  # one window at a time; moved, it is t
 def sighted(instance: Optional[bytes], now: float, seen: Seen) -> None:
     """Notices this instance answer shows are first seen `now` unless seen before: NotBefore
     counts from the first answer that showed them, even if the rest of that poll failed."""
-    fields = _object(instance, "instance", [])
+    fields = _object(instance, "instance", []) or {}
     for value, _event_type, _notice in _notices(fields, []):
         seen.first.setdefault(value, now)
 
@@ -84,6 +90,28 @@ def _notices(fields: Mapping[str, Any], skipped: list[str]) -> list[tuple[str, s
     return found
 
 
+def _unread(fields: Optional[Mapping[str, Any]]) -> frozenset[str]:
+    """The notices whose state this instance answer does not say (all of them if it could not
+    be read; the host maintenance ones if `maintenanceEvent` is missing or unknown): one that
+    was up is not over because of it."""
+    if fields is None:
+        return frozenset(_KINDS)
+    unread = set()
+    value = _text(fields, "maintenanceEvent", "maintenance-event")
+    if not value or (value != "NONE" and value not in MAINTENANCE):
+        unread |= set(MAINTENANCE)
+    if not _text(fields, "preempted"):
+        unread.add("PREEMPTED")
+    return frozenset(unread)
+
+
+def _kept(event: Event, now: float) -> Event:
+    """A notice listed as last read, since this answer cannot say it is over: Started once its
+    NotBefore has passed, as a readable answer would say."""
+    due = event.not_before is not None and now >= event.not_before.timestamp()
+    return replace(event, status=STARTED) if due else event
+
+
 def document_of(
     instance: Optional[bytes], upcoming: Optional[bytes], *, vm_name: str, now: float, seen: Seen
 ) -> Document:
@@ -91,21 +119,28 @@ def document_of(
     events: list[Event] = []
     skipped: list[str] = []
     fields = _object(instance, "instance", skipped)
-    for value, event_type, notice in _notices(fields, skipped):
-        events.append(_notice_event(value, event_type, notice, fields, vm_name, now, seen))
+    for value, event_type, notice in _notices(fields or {}, skipped):
+        events.append(_notice_event(value, event_type, notice, fields or {}, vm_name, now, seen))
+    unread = _unread(fields)
+    events += [_kept(e, now) for e in seen.last.values() if e.description in unread]
     coming = _object(upcoming, "upcoming-maintenance", skipped)
-    if coming:
+    window = seen.last.get(UPCOMING_ID)  # kept while the answer cannot say
+    window = None if window is None else _kept(window, now)
+    if coming is not None:
         try:
-            events.append(_upcoming(coming, vm_name, now))
+            window = _upcoming(coming, vm_name, now) if coming else None
         except ValueError as e:  # this notice cannot be read; the rest of the answer is used
             skipped.append(f"upcoming-maintenance: {e}")
+    if window is not None:
+        events.append(window)
+    seen.last = {e.event_id: e for e in events}
     active = {e.description for e in events}
     for value in [v for v in seen.first if v not in active]:
         del seen.first[value]  # over: a later notice of the same kind is seen anew
     current = {e.event_id: e for e in events}
     seen.ended -= current.keys()  # listed again: when it ends, it is listed Started once more
-    for event_id in [k for k in seen.ending if k in seen.ended]:
-        del seen.ending[event_id]  # listed Started once already: now it leaves
+    for event_id in [k for k in seen.ending if k in seen.ended or k in current]:
+        del seen.ending[event_id]  # listed Started once already (or shown anew): now it leaves
     for event_id, event in seen.ending.items():
         current.setdefault(event_id, event)
         seen.ended.add(event_id)
@@ -176,17 +211,18 @@ def _upcoming(raw: Mapping[str, Any], vm_name: str, now: float) -> Event:
     )
 
 
-def _object(body: Optional[bytes], what: str, skipped: list[str]) -> dict[str, Any]:
-    if not body:
+def _object(body: Optional[bytes], what: str, skipped: list[str]) -> Optional[dict[str, Any]]:
+    """The answer as an object ({} for no answer at all, a 404), or None if it cannot be read."""
+    if body is None:
         return {}
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         skipped.append(f"{what}: not JSON")
-        return {}
+        return None
     if not isinstance(raw, dict):
         skipped.append(f"{what}: not an object")
-        return {}
+        return None
     return raw
 
 
@@ -245,7 +281,8 @@ class GcpClient:
         if self._quick:  # what just ended is listed Started in this answer, gone in the next
             document = document_of(instance, upcoming, vm_name=vm_name, now=now, seen=self._seen)
         self._last = document
-        self._etag = answered
+        if _object(instance, "instance", []) is not None:  # else the next poll asks at once
+            self._etag = answered
         return document
 
     def recall(self, events: Iterable[Event]) -> None:
@@ -259,9 +296,10 @@ class GcpClient:
             if known is not None and event.not_before is not None:
                 value, notice = known
                 self._seen.first.setdefault(value, event.not_before.timestamp() - notice)
+        self._seen.last = {e.event_id: e for e in saved}  # kept if the next answer is unreadable
         self._last = Document(0, saved)
 
-    def approve(self, event_ids: Iterable[str]) -> None:
+    def approve(self, event_ids: Iterable[str], *, deadline: Optional[float] = None) -> None:
         raise ImdsError("request", "Google Cloud takes no approval through its metadata server")
 
     def fetch_vm_name(self) -> str:

@@ -71,7 +71,8 @@ class MetadataClient(Protocol):
 
     def fetch_document(self) -> Document: ...
 
-    def approve(self, event_ids: Iterable[str]) -> None: ...
+    def approve(self, event_ids: Iterable[str], *, deadline: Optional[float] = None) -> None:
+        """POST StartRequests, answered by `deadline` (monotonic) if given, or ImdsError."""
 
     def fetch_vm_name(self) -> str: ...
 
@@ -141,12 +142,12 @@ class ImdsClient:
         self._last = (body, document)
         return document
 
-    def approve(self, event_ids: Iterable[str]) -> None:
+    def approve(self, event_ids: Iterable[str], *, deadline: Optional[float] = None) -> None:
         payload = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
         query = urllib.parse.urlencode({"api-version": self.api_version})
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
-        self._send(self._wire("POST", f"{self._path}?{query}", headers, body))
+        self._send(self._wire("POST", f"{self._path}?{query}", headers, body), until=deadline)
 
     def send(
         self,
@@ -228,13 +229,18 @@ class ImdsClient:
                 error = e
         raise error
 
-    def _send(self, wire: bytes, timeout: Optional[float] = None) -> bytes:
+    def _send(
+        self, wire: bytes, timeout: Optional[float] = None, until: Optional[float] = None
+    ) -> bytes:
         """One exchange. A kept-alive connection IMDS closed meanwhile is opened again once;
-        any other failure closes it, so the next call starts clean."""
+        any other failure closes it, so the next call starts clean. `until` (monotonic): an
+        earlier end for the whole exchange (an approval must be answered within its slot)."""
         read_timeout = self.timeout if self._answered else self.first_call_timeout
         if timeout is not None:
             read_timeout = max(read_timeout, timeout)
         deadline = time.monotonic() + read_timeout
+        if until is not None:
+            deadline = min(deadline, until)
         for attempt in (1, 2):
             reused = self._link is not None
             try:

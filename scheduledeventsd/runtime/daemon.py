@@ -311,7 +311,7 @@ class Daemon:
         else:
             event_id = effect.event.event_id
             self._approver.submit(
-                functools.partial(approve, event_id=event_id),
+                functools.partial(approve, event_id=event_id, deadline=effect.deadline),
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 

@@ -187,13 +187,20 @@ def poll_error(detail: str) -> Message:
     return PollFailed("internal", detail)
 
 
-def approve(client: MetadataClient, *, event_id: str) -> Message:
+def approve(client: MetadataClient, *, event_id: str, deadline: Optional[float]) -> Message:
+    """Sent only before its deadline (its slot's lease; it may have queued behind another
+    POST) and answered by then, or given up: an answer proves IMDS had it in time."""
     started = time.monotonic()
+    if deadline is not None and started >= deadline:
+        return ApprovalFailed(
+            event_id, "deadline", "not sent: its slot's lease could expire before an answer"
+        )
     try:
-        client.approve([event_id])
+        client.approve([event_id], deadline=deadline)
     except ImdsError as e:
         return ApprovalFailed(event_id, e.kind, e.detail)
-    return ApprovalSent(event_id, time.monotonic() - started)
+    answered = time.monotonic()
+    return ApprovalSent(event_id, answered - started, answered)
 
 
 def resolve_name(client: MetadataClient) -> Message:
