@@ -1391,7 +1391,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
     state = _cluster_reloaded(state, old, out)
-    state = _slots_reloaded(state, old, out)
+    state = _slots_reloaded(state, old, now, out)
     for event_id, t in state.events.items():
         if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
             out.append(
@@ -1423,11 +1423,12 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     return state
 
 
-def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) -> State:
     """A reload that changes `concurrency` or etcd gives the daemon a new slot keeper (the old
     one hands its held slots over): every slot asked for or held is asked for again through
-    it, held ones taken back under its own renewed lease. Without `concurrency` any more,
-    held slots are given back (the keeper is gone), and no slot is needed."""
+    it, held ones taken back under its own renewed lease, and unconfirmed until then (the new
+    keeper may find the slot is no slot any more, e.g. `max` lowered). Without `concurrency`
+    any more, held slots are given back (the keeper is gone), and no slot is needed."""
     new = state.config
     if (new.coordination, new.concurrency) == (old.coordination, old.concurrency):
         return state  # the daemon keeps its keeper (the same test as its _use_config)
@@ -1437,6 +1438,8 @@ def _slots_reloaded(state: State, old: Config, out: list[Effect]) -> State:
             continue
         if new.concurrency is not None and etcd is not None:
             out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
+            if t.slot is Slot.HELD:
+                state = _slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))

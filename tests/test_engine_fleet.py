@@ -427,6 +427,31 @@ def test_a_reload_that_changes_concurrency_asks_again_for_held_and_queued_slots(
     assert m.state.events["E1"].slot.value == ""
 
 
+def test_a_slot_asked_again_by_a_reload_is_not_approved_early_until_etcd_answers():
+    """A reload that changes `concurrency` asks the new keeper for a held slot again; it may
+    find that slot is no slot any more (`max` lowered). Until the keeper answers, the slot is
+    unconfirmed: before-hooks that end meanwhile are not approved early (the suite's real-etcd
+    test saw both VMs approved at once when the answer came after the hooks' end); granted
+    again, the approval goes; told busy, none."""
+    for answer in ("granted", "busy"):
+        m, spawn = holding()
+        cfg = m.state.config
+        m.send(
+            Reloaded(dataclasses.replace(cfg, concurrency=Concurrency("web", 2, TTL))), at=MONO0 + 2
+        )
+        assert [a.event.event_id for a in of(m.effects, AcquireSlot)] == ["E1"]
+        m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2.5)
+        assert not of(m.effects, PostApproval), "unconfirmed since the reload: not yet"
+        if answer == "granted":
+            m.send(SlotGranted("E1", MONO0 + 2.6), at=MONO0 + 2.7)
+            assert of(m.effects, PostApproval), "taken back: approved early"
+        else:
+            m.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 2.7)
+            assert not of(m.effects, PostApproval)
+            assert not of(m.tick(MONO0 + 60), PostApproval)
+            assert m.phase() is Phase.NOT_APPROVED
+
+
 def test_a_decided_event_whose_slot_etcd_says_went_elsewhere_is_never_approved():
     """After a restart in `approving` (a kill -9 between the decision and the POST), etcd says
     the slot is another VM's (or that its lease expired): the approval is not sent, ever."""
