@@ -20,6 +20,7 @@ from scheduledeventsd.config import (
 from scheduledeventsd.config.schema import WEBHOOK_EVENTS
 from scheduledeventsd.engine import (
     CLUSTER_CHECK,
+    GATE_LATER,
     AcquireSlot,
     ApprovalSent,
     Boot,
@@ -49,7 +50,6 @@ from scheduledeventsd.engine import (
     Tracked,
     initial,
 )
-from scheduledeventsd.host.hooks import GATE_LATER
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 
@@ -196,11 +196,11 @@ def test_a_shared_event_asks_the_cluster_and_is_approved_when_it_says_so():
     (spawn,) = of(drained(m, "E1"), SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     assert logs(m.effects, "event_coordinating")[0].fields["via"] == "pacemaker"
-    (gate,) = [e for e in m.effects if type(e).__name__ == "AskGate"]
+    (gate,) = [e for e in m.effects if type(e).__name__ == "AskCluster"]
     m.send(GateAnswered(gate.run, GATE_LATER))
     assert m.phase() is Phase.COORDINATING
     assert logs(m.effects, "gate_not_yet")[0].fields["ask_again_in_s"] == 2.0
-    (again,) = [e for e in m.tick(m.now + 2) if type(e).__name__ == "AskGate"]
+    (again,) = [e for e in m.tick(m.now + 2) if type(e).__name__ == "AskCluster"]
     m.send(GateAnswered(again.run, 0))
     assert m.phase() is Phase.APPROVING
 

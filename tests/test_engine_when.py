@@ -28,6 +28,7 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
 )
+from scheduledeventsd.engine.gates import window as window_gate
 from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.when import WINDOW_LEAD
 from scheduledeventsd.windows import Window
@@ -302,6 +303,19 @@ def test_a_queued_event_that_leaves_or_starts_gives_its_place_back():
     assert set(of(m.effects, ReleaseSlot)) == {ReleaseSlot("E1"), ReleaseSlot("E2")}
 
 
+def test_a_queued_event_whose_resources_drop_this_vm_stops_asking_for_a_slot():
+    """Forgotten as not ours (judged anew: not_ours) while its slot was asked for: the slot
+    is given back (the old before/after diff saw the same EventId again, not_ours, and the
+    keeper went on asking for a slot for an event of another VM)."""
+    m = slotted()
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    other = dataclasses.replace(due_in(3 * 86400), resources=("vm-b",))
+    seen(m, other, incarnation=3, at=MONO0 + 1)
+    assert m.phase() is Phase.NOT_OURS
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
 def test_types_that_do_not_obey_windows_take_no_slot():
     m = slotted()
     seen(m, due_in(3 * 86400, "F", "Freeze"))
@@ -492,12 +506,12 @@ def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
     m = Machine(cfg, now=MONO0, watchdog_usec=10_000_000)
     seen(m, due_in(3 * 86400))
     m.state = dataclasses.replace(m.state, strict=False)
-    broken = engine._start_waiting
+    broken = window_gate._start_waiting
 
     def start_waiting(state, now, out):
         raise RuntimeError("a timer that raises")
 
-    engine._start_waiting = start_waiting
+    window_gate._start_waiting = start_waiting
     at = MONO0 + 6  # the watchdog (every 5 s) is due
     try:
         answer = DocumentFetched(doc(due_in(3 * 86400), incarnation=3), WALL0 + at - MONO0)
@@ -505,7 +519,7 @@ def test_a_timer_that_raises_again_after_a_fault_still_leaves_a_poll_ordered():
             engine.step(m.state, answer, at)  # the daemon logs it, then:
         m.send(engine.Faulted("step DocumentFetched", "RuntimeError", answer), at=at)
     finally:
-        engine._start_waiting = broken
+        window_gate._start_waiting = broken
     (fetch,) = of(m.effects, Fetch)
     assert fetch.at <= at + engine.POLL_BACKOFF_CAP
     (wake,) = of(m.effects, engine.WakeAt)

@@ -78,7 +78,12 @@ from scheduledeventsd.engine import (
     Stage,
     StopRequested,
     Tick,
+    events,
+    lifetime,
+    reload,
+    stages,
 )
+from scheduledeventsd.engine import state as engine_state
 
 VM = "vm-a"
 WALL0 = 1_800_000_000.0
@@ -589,55 +594,55 @@ MUTANTS = {
         "date value out of range",
     ),
     "2 after-hooks get the daemon's name, empty after a reboot": (
-        engine,
+        stages,
         "_spawn",
         _spawn_with_the_daemons_name,
         "(c) hooks got VM name ''",
     ),
     "3 a restart forgets an interrupted before-run": (
-        engine,
+        lifetime,
         "_restarted",
         _drop_interrupted_runs_at_boot,
         "(b)",
     ),
     "4 a reload removing a type leaves its waiting events an empty rule": (
-        engine,
+        reload,
         "_reloaded",
         _start_waiting_with_an_empty_rule,
         "(a) approved without",
     ),
     "5 a cancelled run that exits 0 counts as a success": (
-        engine,
+        stages,
         "_hooks_finished",
         _trust_a_cancelled_runs_exit_status,
         "(a) approved without",
     ),
     "6 a wall clock corrected within one incarnation is ignored": (
-        engine,
+        events,
         "_document_fetched",
         _place_only_on_a_new_incarnation,
         "(f)",
     ),
     "7 a SIGHUP during the stop says READY again": (
-        engine,
+        reload,
         "_reloaded",
         _reload_while_stopping,
         "(e) READY=1 after STOPPING=1",
     ),
     "8 (issue 26 #1) a new boot ends an event still Scheduled": (
-        engine,
+        events,
         "_judged_later",
         _a_new_boot_is_the_maintenance,
         "(i)",
     ),
     "9 (issue 26 #17) an event is judged once, whatever its Resources become": (
-        engine,
+        events,
         "_resources_changed",
         _resources_judged_once,
         "(b)",
     ),
     "10 (issue 26 #16) a queued event whose status becomes unknown is refused": (
-        engine,
+        engine_state,
         "check",
         _queued_never_done,
         "the old table",

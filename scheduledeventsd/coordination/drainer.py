@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 from ..config import Pacemaker
 from ..engine import (
-    AskGate,
+    GATE_LATER,
+    AskCluster,
     ClusterChecked,
     ClusterDrained,
     ClusterDraining,
@@ -30,7 +31,7 @@ from ..engine import (
     Message,
     mark_of,
 )
-from ..host.hooks import GATE_LATER, ProcessRunner
+from ..host.hooks import ProcessRunner
 from ..model import Event
 from ..retry import Backoff
 from .pacemaker import Cli, ClusterError, is_ready, problems, still_here, why_not_drain
@@ -104,7 +105,7 @@ class Drainer:
         self.stop(event_id)
         self._restore_in_background(event_id, mark)
 
-    def ask(self, effect: AskGate) -> None:
+    def ask(self, effect: AskCluster) -> None:
         """A shared event's gate, on a thread: GateAnswered(run) comes back, also when the
         asking itself broke (then as a coordination failure, asked again with backoff)."""
 

@@ -7,7 +7,6 @@ can kill everything it started (SIGTERM to the group, then SIGKILL), not just th
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import os
 import select
@@ -20,18 +19,17 @@ from dataclasses import dataclass
 from typing import IO, Callable, Optional
 
 from ..config import Hook
+from ..engine.vocabulary.constants import GATE_LATER, KILL_GRACE, Outcome
 from ..model import Event, encodable, iso_utc
 
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
 }
-KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL to a timed-out hook's group
 # When a command ends, what is left of its process group gets SIGTERM, then SIGKILL this much
 # later, and its output readers stop within this much (a process that left the group with
 # setsid may hold the pipes: it is not waited for). Lasting work belongs in `systemd-run`.
 LEFTOVER_GRACE = 1.0
-GATE_LATER = 75  # EX_TEMPFAIL: the gate's "not yet, ask again"
 MAX_LINE = 4096  # bytes of one output line that are logged; the rest is cut with a marker
 # Logged per run (every command of a stage, stdout and stderr together); past it the output is
 # still drained, so the hook never blocks, and only counted: hook_output_truncated.
@@ -42,14 +40,6 @@ _CHUNK = 65536
 # event with a 200 kB Description would fail to start with E2BIG. Values are cut to this many
 # bytes with a marker; the whole event is on stdin.
 MAX_ENV_VALUE = 8192
-
-
-class Outcome(str, enum.Enum):
-    """How a run of commands ended: the one classification hooks, gates and the engine share."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # a command failed, timed out, or could not start
-    CANCELLED = "cancelled"  # we stopped it (shutdown, or its event left): it did not finish
 
 
 class OutputBudget:

@@ -26,12 +26,15 @@ from ..engine import (
     AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
+    AskCluster,
     AskGate,
     CancelFetch,
     CancelRuns,
     CheckCluster,
+    ClusterChecked,
     ClusterDrained,
     ClusterHeld,
+    ClusterRestored,
     Coordinate,
     CoordinationFailed,
     DrainNode,
@@ -43,6 +46,7 @@ from ..engine import (
     HooksFinished,
     Message,
     Notify,
+    Outcome,
     PeersChanged,
     Persist,
     Persisted,
@@ -59,7 +63,7 @@ from ..engine import (
     WakeAt,
 )
 from ..host import boot
-from ..host.hooks import CommandResult, Outcome, ProcessRunner, run_hooks
+from ..host.hooks import CommandResult, ProcessRunner, run_hooks
 from ..host.store import StateError, StateStore
 from ..model import Event
 from ..observe.telemetry import Telemetry
@@ -91,6 +95,7 @@ Pretended = Union[
     Persist,
     Coordinate,
     AskGate,
+    AskCluster,
     AcquireSlot,
     ReleaseSlot,
     DrainNode,
@@ -246,8 +251,20 @@ class Daemon:
             self.inbox.put(name_error(detail))
         elif isinstance(effect, SpawnHooks):
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
-        elif isinstance(effect, AskGate):
+        elif isinstance(effect, (AskGate, AskCluster)):
             self.inbox.put(GateAnswered(effect.run, None, detail=detail))
+        elif isinstance(effect, Coordinate):
+            self.inbox.put(CoordinationFailed(effect.event.event_id, "internal", detail))
+        elif isinstance(effect, AcquireSlot):
+            self.inbox.put(SlotFailed(effect.event.event_id, "internal", detail))
+        elif isinstance(effect, CheckCluster):
+            self.inbox.put(ClusterChecked((detail,)))
+        elif isinstance(effect, DrainNode):
+            self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
+        elif isinstance(effect, RestoreNode):
+            self.inbox.put(ClusterRestored(effect.event_id, detail))
+        elif isinstance(effect, Persist):
+            self.inbox.put(Persisted(detail))
 
     def _fault(self, where: str, error: Exception, message: Optional[Message]) -> None:
         """Logged once per distinct failure with its traceback, counted, shown as degraded;
@@ -287,7 +304,7 @@ class Daemon:
             self._coordinate(effect)
         elif isinstance(effect, (AcquireSlot, ReleaseSlot)):
             self._slot(effect)
-        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode)):
+        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster)):
             self._cluster(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
@@ -336,16 +353,22 @@ class Daemon:
         else:
             self._slots.acquire(effect)
 
-    def _cluster(self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode]) -> None:
+    def _cluster(
+        self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster]
+    ) -> None:
         if isinstance(effect, RestoreNode):
             if effect.mark is not None:
                 self._restorer_for(effect.mark).restore_later(effect.event_id, effect.mark)
             return
         drainer = self._drainer
         if drainer is None:
+            detail = "no cluster.pacemaker configured"
             if isinstance(effect, DrainNode):
-                detail = "no cluster.pacemaker configured"
                 self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
+            elif isinstance(effect, AskCluster):
+                self.inbox.put(GateAnswered(effect.run, None, detail=detail))
+        elif isinstance(effect, AskCluster):
+            drainer.ask(effect)
         elif isinstance(effect, CheckCluster):
             drainer.check()
         elif isinstance(effect, DrainNode):
@@ -385,7 +408,7 @@ class Daemon:
             if effect.ready:
                 names = {r.casefold(): "ready" for r in effect.event.resources}
                 self.inbox.put(PeersChanged(effect.event.event_id, names))
-        elif isinstance(effect, AskGate):
+        elif isinstance(effect, (AskGate, AskCluster)):
             self.log.info("would_ask_gate", **engine.event_fields(effect.event))
             self.inbox.put(GateAnswered(effect.run, 0))
         elif isinstance(effect, SpawnHooks):
@@ -476,9 +499,6 @@ class Daemon:
 
     def _ask_gate(self, effect: AskGate) -> None:
         gate = self.config.coordination.gate if self.config.coordination else None
-        if gate is None and self._drainer is not None:  # a cluster alone: its drains say
-            self._drainer.ask(effect)
-            return
         if gate is None:
             self.inbox.put(GateAnswered(effect.run, None, detail="no gate configured"))
             return

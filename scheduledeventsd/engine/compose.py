@@ -1,0 +1,266 @@
+"""The composition: `step` (re-exported as `engine.step`) takes one message and returns the new
+state and the effects; after every message the components' timers fire (`TIMERS`) and the
+couplings between the machines run (`COUPLINGS`). Named `compose`, not `step`, so the module is
+never shadowed by the function the package re-exports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..records import Level, Record, What
+from . import approval, events, lifetime, peers, reload, stages
+from .gates import drain, slot, window
+from .lifecycle import IllegalTransitionError, Phase
+from .notes import _persist_on_change, _status
+from .poll import names, rate, timing
+from .state import State, Tracked
+from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
+from .vocabulary.effects import Effect, Exit, WakeAt
+from .vocabulary.messages import (
+    ApprovalFailed,
+    ApprovalSent,
+    Boot,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
+    CoordinationFailed,
+    DocumentFetched,
+    Faulted,
+    GateAnswered,
+    HooksFinished,
+    Message,
+    NameResolved,
+    PeersChanged,
+    Persisted,
+    PollFailed,
+    Reloaded,
+    ReloadFailed,
+    ReloadRequested,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
+    SlotKept,
+    StopRequested,
+    Tick,
+)
+
+
+def step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
+    """Apply one message at monotonic time `now`; returns the new state and what to do.
+
+    A transition the lifecycle table does not declare raises in strict mode (tests); otherwise
+    the message is refused whole (`transition_refused`) and the state stays as it was.
+    """
+    if type(message) is DocumentFetched:
+        quiet = _quiet_answer(state, message, now)
+        if quiet is not None:
+            return quiet
+    return full_step(state, message, now)
+
+
+def _quiet_answer(
+    state: State, msg: DocumentFetched, now: float
+) -> Optional[tuple[State, tuple[Effect, ...]]]:
+    """The same incarnation again, on time, while no timer is due: all a step would do is
+    order the next poll, so that is all this does (at rest, at 4 Hz, the walk over every timer
+    was most of the daemon's CPU). test_promises checks it equals `full_step` in every history.
+    None: take the whole step."""
+    wall, offset = msg.wall, state.wall_offset
+    if (
+        msg.document.incarnation != state.incarnation
+        or state.stopping is not None
+        or state.poll.failures.count
+        or wall is None
+        or offset is None
+        or abs(wall - now - offset) > CLOCK_STEP
+        or next_wakeup(state, now) <= now
+        or rate._others_due(state, now)
+    ):
+        return None
+    out: list[Effect] = []
+    new = timing._order_next_poll(state, now, out)
+    out.append(WakeAt(next_wakeup(new, now)))
+    return new, tuple(out)
+
+
+def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[Effect, ...]]:
+    """`step` without its shortcut for a quiet answer."""
+    out: list[Effect] = []
+    refused = False
+    try:
+        new = _HANDLERS[type(message)](state, message, now, out)
+        if type(message) is Faulted:
+            new, refused = _timers_after_fault(new, now, out)
+        else:
+            new = _timers(new, now, out)
+        new = _couple(new, out)
+    except IllegalTransitionError as e:
+        if state.strict:
+            raise
+        out = [
+            Record(
+                Level.ERROR,
+                What.TRANSITION_REFUSED,
+                {"message": type(message).__name__, "error": str(e)},
+            )
+        ]
+        new = _refused(state, message, now, out)
+        refused = True
+    _persist_on_change(state, new, out)
+    new = _status(new, out)
+    if not any(isinstance(e, Exit) for e in out):
+        wake = next_wakeup(new, now)
+        if refused:  # a due timer that raises is not tried again at once, in a busy loop
+            wake = max(wake, now + POLL_BACKOFF_CAP)
+        out.append(WakeAt(wake))
+    return new, tuple(out)
+
+
+# Couplings between the machines: rules on the state alone, declared here once and run after
+# every message until none changes anything (h11's state-triggered transitions).
+COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
+    slot._release_when_over,  # the slot is given back once its event is over or forgotten
+)
+# After them, what the step changed is persisted (notes._persist_on_change), then the status.
+_ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
+
+
+def _couple(state: State, out: list[Effect]) -> State:
+    for _ in range(_ROUNDS):
+        new = state
+        for coupling in COUPLINGS:
+            new = coupling(new, out)
+        if new is state:
+            break
+        state = new
+    return state
+
+
+def _timers_after_fault(state: State, now: float, out: list[Effect]) -> tuple[State, bool]:
+    """`_timers` after a fault, whose cause may be a due timer that raises again: then the poll
+    is ordered all the same (True: wake no sooner than the poll backoff's cap). Otherwise the
+    daemon, which drops a Faulted step that raises, woke at once for ever and never polled."""
+    mark = len(out)
+    try:
+        return _timers(state, now, out), False
+    except Exception:  # the daemon logged this defect (internal_error) for the first message
+        if state.strict:
+            raise
+        del out[mark:]
+        state = lifetime._watchdog(state, now, out)  # it still polls: systemd need not restart it
+        if state.ready and state.stopping is None and state.poll.in_flight_since is None:
+            state = timing._order_poll(state, state.poll, now, out)
+        return state, True
+
+
+def _refused(state: State, message: Message, now: float, out: list[Effect]) -> State:
+    """A refused message changes nothing, except that what it held is released as for a
+    `Faulted` one: a document refused whole once left its poll "in flight" for ever, so no
+    poll was ordered again (issue 26 #16). The next poll is ordered here, not by `_timers`,
+    whose own due timer may be what raised."""
+    state = lifetime._faulted(state, Faulted("transition", "", message), now, out)
+    if state.ready and state.stopping is None and state.poll.in_flight_since is None:
+        state = timing._order_poll(state, state.poll, now, out)
+    return state
+
+
+_HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
+    Boot: lifetime._boot,
+    DocumentFetched: events._document_fetched,
+    PollFailed: timing._poll_failed,
+    NameResolved: names._name_resolved,
+    HooksFinished: stages._hooks_finished,
+    ApprovalSent: approval._approval_sent,
+    ApprovalFailed: approval._approval_failed,
+    Persisted: lifetime._persisted,
+    Tick: lifetime._tick,
+    ReloadRequested: reload._reload_requested,
+    Reloaded: reload._reloaded,
+    ReloadFailed: reload._reload_failed,
+    StopRequested: lifetime._stop_requested,
+    PeersChanged: peers._peers_changed,
+    CoordinationFailed: peers._coordination_failed,
+    GateAnswered: peers._gate_answered,
+    Faulted: lifetime._faulted,
+    SlotGranted: slot._slot_granted,
+    SlotKept: slot._slot_kept,
+    SlotBusy: slot._slot_busy,
+    SlotFailed: slot._slot_failed,
+    ClusterChecked: drain._cluster_checked,
+    ClusterMarked: drain._cluster_marked,
+    ClusterDraining: drain._cluster_draining,
+    ClusterDrained: drain._cluster_drained,
+    ClusterHeld: drain._cluster_held,
+    ClusterRestored: drain._cluster_restored,
+}
+
+
+# ---- timers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timers:
+    """One component's timers. `due` and `due_for` say when they are due (an instant for the
+    component, one for an event in `phases`), `fire` does what is due, in this table's order.
+    `next_wakeup` is derived from every `due`, so a timer cannot be fired and never waited for."""
+
+    name: str
+    fire: Optional[Callable[[State, float, list[Effect]], State]]
+    due: Optional[Callable[[State, float, float], tuple[float, ...]]] = None
+    due_for: Optional[Callable[[State, str, Tracked, float, float], Optional[float]]] = None
+    phases: frozenset[Phase] = frozenset()
+
+
+# In the order they fire after every message. The daemon's own (the watchdog, the stop) fire
+# first, in `_timers`: while stopping nothing else does.
+TIMERS: tuple[Timers, ...] = (
+    Timers("lifetime", None, lifetime.due),
+    Timers("slot", slot.fire, None, slot.due_for, slot.DUE_PHASES),
+    Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
+    Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
+    Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
+    Timers("approval", approval.fire, None, approval.due_for, approval.DUE_PHASES),
+    Timers("names", names.fire, names.due),
+    Timers("poll", timing.fire, timing.due),
+)
+_DUE = tuple(t.due for t in TIMERS if t.due is not None)
+_DUE_BY_PHASE: Mapping[
+    Phase, tuple[Callable[[State, str, Tracked, float, float], Optional[float]], ...]
+] = {
+    phase: tuple(t.due_for for t in TIMERS if t.due_for is not None and phase in t.phases)
+    for phase in Phase
+}
+
+
+def _timers(state: State, now: float, out: list[Effect]) -> State:
+    """Start whatever is due; runs after every message, so no timer waits for a Tick."""
+    state = lifetime._watchdog(state, now, out)
+    if state.stopping is not None:
+        return lifetime._shutdown(state, now, out)
+    for timers in TIMERS:
+        if timers.fire is not None:
+            state = timers.fire(state, now, out)
+    return state
+
+
+def next_wakeup(state: State, now: float) -> float:
+    """The earliest instant a timer of this state is due (never in the past): the soonest of
+    every component's `due`."""
+    allowed = rate._allowed_first(state, now)  # none is due before the rate limit allows it
+    times: list[float] = []
+    for due in _DUE:
+        times.extend(due(state, now, allowed))
+    by_phase = _DUE_BY_PHASE
+    for event_id, t in state.events.items():
+        for due_for in by_phase[t.phase]:
+            at = due_for(state, event_id, t, now, allowed)
+            if at is not None:
+                times.append(at)
+    due_at = [t for t in times if math.isfinite(t)]  # an event waiting for a document is not
+    return max(now, min(due_at)) if due_at else now + 3600.0

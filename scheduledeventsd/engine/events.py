@@ -1,0 +1,382 @@
+"""The events of a document: what is new, listed again, or gone, and the rules that decide an event
+before any hook runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ..config import EventRule, UserEvents
+from ..model import SCHEDULED, STARTED, Document, Event
+from ..records import Level, Record, What
+from . import approval, peers, stages
+from .gates import drain, pipeline, slot, window
+from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
+from .notes import _note, _unhandled
+from .poll import timing
+from .state import State, Tracked, _forget, _move
+from .vocabulary.constants import CLOCK_STEP
+from .vocabulary.effects import Effect, StopDraining
+from .vocabulary.messages import DocumentFetched
+
+
+def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[Effect]) -> State:
+    poll = state.poll
+    if poll.failures.count:
+        out.append(
+            Record(
+                Level.INFO,
+                What.POLL_RECOVERED,
+                {"failures": poll.failures.count, "outage_s": round(now - poll.failures.since, 1)},
+            )
+        )
+    state = replace(state, poll=timing._answered(poll, state.config, now))
+    if state.stopping is not None:
+        return state
+    doc = msg.document
+    offset = None if msg.wall is None else msg.wall - now
+    if doc.incarnation == state.incarnation:
+        if offset is None or state.wall_offset is None:
+            return state
+        if abs(offset - state.wall_offset) <= CLOCK_STEP:
+            return state
+        out.append(
+            Record(
+                Level.WARNING,
+                What.CLOCK_MOVED,
+                {
+                    "moved_s": round(offset - state.wall_offset, 3),
+                    "reason": "the wall clock moved against the monotonic one; NotBefore "
+                    "times are placed again",
+                },
+            )
+        )
+        moved = offset - state.wall_offset
+        state = replace(state, wall_offset=offset)
+        return window._replace_waiting(state, now, out, moved)
+    out.append(
+        Record(
+            Level.INFO,
+            What.DOCUMENT_CHANGED,
+            {
+                "incarnation": doc.incarnation,
+                "previous_incarnation": state.incarnation,
+                "events": len(doc.events),
+            },
+        )
+    )
+    for problem in doc.skipped:
+        out.append(
+            Record(
+                Level.WARNING,
+                What.EVENT_SKIPPED,
+                {"incarnation": doc.incarnation, "reason": problem},
+            )
+        )
+    state = replace(state, incarnation=doc.incarnation)
+    if offset is not None:
+        jumped = None if state.wall_offset is None else offset - state.wall_offset
+        state = replace(state, wall_offset=offset)
+        if jumped is not None and abs(jumped) > CLOCK_STEP:  # a step that came with news
+            state = window._replace_waiting(state, now, out, jumped)
+    return _on_document(state, doc, now, out)
+
+
+def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
+    """Compare a new document with what we know; events that left it are over or cancelled."""
+    listed = frozenset(e.event_id for e in doc.events)
+    state = replace(state, listed=listed)
+    known = state.events
+    events: dict[str, Tracked] = {}
+    for event in doc.events:
+        before = known.get(event.event_id)
+        if before is not None and before.event.resources != event.resources:
+            state, before = _resources_changed(state, before, event, out)
+        if before is None:
+            state, tracked = _first_sight(event, state, doc.incarnation, now, out)
+        elif before.phase is Phase.NOT_OURS:
+            tracked = before if before.event == event else replace(before, event=event)
+        elif not event.names(before.vm_name or state.vm_name):
+            tracked = before  # it dropped this VM: its stage runs with the event that named it
+        else:
+            state, tracked = _listed(state, before, event, doc.incarnation, now, out)
+        if tracked.phase is not Phase.GONE:
+            events[event.event_id] = tracked
+        else:
+            state = _forget(state, tracked)
+    for event_id, gone in known.items():
+        if event_id not in listed:
+            state, tracked = _left(state, gone, out)
+            if tracked.phase is not Phase.GONE:
+                events[event_id] = tracked
+            else:
+                state = _forget(state, tracked)
+    state = replace(state, events=events)
+    failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
+    return replace(state, approvals=replace(state.approvals, failures=failures))
+
+
+def _resources_changed(
+    state: State, before: Tracked, event: Event, out: list[Effect]
+) -> tuple[State, Optional[Tracked]]:
+    """Resources of a listed event changed: judged again. One that now names this VM and was
+    not ours is forgotten (None) and judged anew, as at first sight; one of ours that no longer
+    names it is handled as leaving (its after- or cancelled-hooks, once)."""
+    name = before.vm_name or state.vm_name
+    named = event.names(name)
+    if named and not before.event.names(name) and before.phase in (Phase.NOT_OURS, Phase.OVER):
+        _move(before, On.NAMED, Phase.GONE)
+        return state, None
+    if named or before.phase in (Phase.NOT_OURS, Phase.AFTER, Phase.ENDING):
+        return state, before
+    out.append(
+        _note(
+            Level.INFO,
+            What.EVENT_IGNORED,
+            event,
+            previous_resources=" ".join(before.event.resources),
+            reason="its Resources no longer name this VM: handled as leaving",
+        )
+    )
+    # Its stage's hooks get the event as it was when it named this VM.
+    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
+        # No longer naming this VM proves nothing of that boot (what is listed now is another
+        # VM's): cancelled-hooks, as without a boot.
+        stage = Stage.CANCELLED
+        fields = {"phase": before.phase.value, "stage": stage.value}
+        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+        state, tracked = stages._start_stage(state, before, On.LEFT, stage, out)
+    else:
+        state, tracked = _left(state, before, out)
+    if tracked.phase is Phase.GONE:
+        return _forget(state, tracked), None
+    return state, tracked
+
+
+def _listed(  # noqa: PLR0917 - one call site, in the document loop
+    state: State, before: Tracked, event: Event, incarnation: int, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """An event of ours listed again: a status change is the news."""
+    started = before.event.status != event.status
+    if started:
+        out.append(
+            _note(Level.INFO, What.EVENT_STATUS_CHANGED, event, previous_status=before.event.status)
+        )
+    on = On.STARTED if started and event.status == STARTED else On.LISTED
+    tracked = replace(before, event=event, incarnation=incarnation)
+    phase = tracked.phase
+    if phase in (Phase.WAITING, Phase.QUEUED):
+        if on is On.STARTED:
+            waited = "their lead time" if phase is Phase.WAITING else "a concurrency slot"
+            out.append(
+                _note(
+                    Level.WARNING,
+                    What.EVENT_MISSED,
+                    event,
+                    reason=f"it started while its hooks waited for {waited}",
+                )
+            )
+            return state, _move(tracked, on, Phase.MISSED)
+        if phase is Phase.WAITING:
+            return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
+        return state, _move(tracked, on, phase, start_at=slot._queued_until(tracked, state, now))
+    if phase is Phase.INTERRUPTED:
+        return _resume(state, tracked, on, now, out)
+    if phase is Phase.REBOOTED:
+        return _judge_reboot(state, tracked, on, now, out)
+    if on is On.STARTED and phase in (Phase.APPROVING, Phase.COORDINATING, Phase.DRAINING):
+        if phase is Phase.COORDINATING:
+            state, tracked = peers._stop_asking(state, tracked, out)
+        if phase is Phase.DRAINING:
+            out.append(StopDraining(event.event_id))
+        return state, _move(tracked, on, Phase.DONE)
+    return state, _move(tracked, on, phase)
+
+
+def _resume(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Before-hooks cut off by a stop run again while the event is still Scheduled."""
+    event = tracked.event
+    if event.status != SCHEDULED:
+        return state, _move(tracked, on, Phase.DONE)
+    rule = state.config.events.get(event.event_type)
+    if rule is None:  # a reload removed its type meanwhile: never an empty run by accident
+        out.append(
+            _unhandled(event, f"no hooks configured for {event.event_type} any more; left alone")
+        )
+        return state, _move(tracked, on, Phase.UNHANDLED)
+    return pipeline._prepare(state, tracked, on, now, out)
+
+
+def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
+    """An event that left the document: over if it had started or we approved it, else
+    cancelled by Azure. Hooks still running for it are stopped first (ENDING); then its after-
+    or cancelled-hooks run (kept until they end)."""
+    on = On.LEFT
+    phase = gone.phase
+    if phase is Phase.NOT_OURS:
+        out.append(_note(Level.DEBUG, What.EVENT_GONE, gone.event))
+        return state, _move(gone, on, Phase.GONE)
+    if phase in (Phase.AFTER, Phase.ENDING):
+        return state, _move(gone, on, phase)
+    if phase is Phase.REBOOTED:  # gone after a new boot: that boot was its maintenance
+        out.append(_note(Level.INFO, What.REBOOT_DETECTED, gone.event, stage="after"))
+        out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
+        return stages._start_stage(state, gone, on, Stage.AFTER, out)
+    if phase is Phase.COORDINATING or gone.event.event_id in state.peers:
+        state, gone = peers._stop_asking(state, gone, out)
+    if not _prepared(gone):
+        out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
+        return state, _move(gone, on, Phase.GONE)
+    over = gone.event.status == STARTED or phase in (Phase.APPROVED, Phase.DONE)
+    stage = Stage.AFTER if over else Stage.CANCELLED
+    what, level = (
+        (What.EVENT_COMPLETED, Level.INFO) if over else (What.EVENT_CANCELLED, Level.WARNING)
+    )
+    if phase is Phase.RUNNING and gone.run is not None:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_GONE_WHILE_HOOKS_RUNNING,
+                gone.event,
+                phase=phase.value,
+                reason="it left the document; its hooks are stopped",
+            )
+        )
+        out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
+        state = stages._cancel(state, (gone.run,), out)
+        return state, _move(gone, on, Phase.ENDING, stage=stage)
+    out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
+    return stages._start_stage(state, gone, on, stage, out)
+
+
+def _first_sight(
+    event: Event, state: State, incarnation: int, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    new = Tracked(
+        event, Phase.NEW, boot_id=state.boot_id, vm_name=state.vm_name, incarnation=incarnation
+    )
+    on = On.SEEN
+    vm_name = state.vm_name
+    if not event.names(vm_name):
+        out.append(
+            _note(Level.INFO, What.EVENT_IGNORED, event, reason="not for this VM", vm_name=vm_name)
+        )
+        return state, _move(new, on, Phase.NOT_OURS)
+    out.append(_note(Level.INFO, What.EVENT_DETECTED, event))
+    if event.status == STARTED:
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_MISSED,
+                event,
+                reason="first seen already Started; no hooks run",
+            )
+        )
+        return state, _move(new, on, Phase.MISSED)
+    if event.status != SCHEDULED:
+        out.append(_unhandled(event, f"unknown status {event.status!r}"))
+        return state, _move(new, on, Phase.UNHANDLED)
+    rule = state.config.events.get(event.event_type)
+    if rule is None:
+        out.append(_unhandled(event, f"no hooks configured for {event.event_type}; left alone"))
+        return state, _move(new, on, Phase.UNHANDLED)
+    decided = _rule(event, rule, state, out)
+    if decided is not None:
+        phase, why = decided
+        return state, _move(new, on, phase, rule=why)
+    held = window._start_at(event, rule, state, now)
+    if held is not None:
+        out.append(window._waiting(event, rule, held, state))
+        return state, _move(new, on, Phase.WAITING, start_at=held.at)
+    return pipeline._prepare(state, new, on, now, out)
+
+
+def _rule(
+    event: Event, rule: EventRule, state: State, out: list[Effect]
+) -> Optional[tuple[Phase, Rule]]:
+    """Rules that decide before any hook runs: events a person asked for, short Freezes."""
+    user = state.config.user_events
+    if event.source.casefold() == "user" and user is not UserEvents.HOOKS:
+        out.append(
+            _note(
+                Level.INFO,
+                What.EVENT_RULE,
+                event,
+                rule=Rule.USER.value,
+                decision=user.value,
+                reason=f"EventSource User and user_events: {user.value}",
+            )
+        )
+        if user is UserEvents.IGNORE:
+            return Phase.UNHANDLED, Rule.USER
+        return Phase.APPROVING, Rule.USER
+    duration = event.duration_seconds
+    short = rule.short_seconds
+    if short is not None and duration is not None and 0 <= duration <= short:
+        out.append(
+            _note(
+                Level.INFO,
+                What.EVENT_RULE,
+                event,
+                rule=Rule.SHORT.value,
+                reason=f"DurationInSeconds {duration} <= short_seconds {short}: no hooks",
+            )
+        )
+        phase, note = approval._approval(event, state)
+        if note is not None:
+            out.append(note)
+        return phase, Rule.SHORT
+    return None
+
+
+def _prepared(tracked: Tracked) -> bool:
+    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks."""
+    return tracked.phase in PREPARED and tracked.rule is Rule.HOOKS
+
+
+def _judged_later(tracked: Tracked) -> bool:
+    """Prepared for an event last seen not yet Started (DONE and ENDING had Started or left):
+    after a new boot, the next document says whether that boot was its maintenance."""
+    return tracked.phase is not Phase.DONE and tracked.event.status != STARTED
+
+
+def _judge_reboot(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The first document after a new boot, for an event prepared before it: Started means the
+    boot was its maintenance (after-hooks, once); still Scheduled means it was not (a crash, an
+    operator's reboot), so it is prepared again on this boot and approved as usual; an unknown
+    status waits for it to be over (DONE), as `_resume` does."""
+    event = tracked.event
+    if event.status == STARTED:
+        out.append(_note(Level.INFO, What.REBOOT_DETECTED, event, stage="after"))
+        return stages._start_stage(state, tracked, on, Stage.AFTER, out)
+    if event.status != SCHEDULED:
+        return _resume(state, tracked, on, now, out)
+    out.append(
+        _note(
+            Level.WARNING,
+            What.REBOOT_DETECTED,
+            event,
+            stage="before",
+            maintenance=False,
+            reason="this VM booted, but the event is still Scheduled: that boot was not its "
+            "maintenance; it is prepared again",
+        )
+    )
+    tracked = replace(tracked, boot_id=state.boot_id)  # its before-hooks start on this boot
+    settings = drain._pacemaker(state)
+    if (
+        tracked.drain is not Drain.NONE
+        and settings is not None
+        and settings.drains(event.event_type)
+        and event.event_type in state.config.events
+    ):
+        # Marked before the boot: watched again until drained (the worker finds the mark set).
+        out.append(drain._drain_effect(state, tracked))
+        deadline = drain._drain_deadline(state, event, now)
+        marked = drain.move(tracked, drain.DrainOn.REMARK, Drain.ASKED)
+        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
+    return _resume(state, tracked, on, now, out)

@@ -1,0 +1,313 @@
+"""The drain gate: the Pacemaker cluster moves this node's resources away before the before-hooks,
+and the node is restored once the event is over."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import replace
+from typing import Optional
+
+from ...config import Config, Pacemaker
+from ...model import Event
+from ...records import Level, Record, What
+from .. import stages
+from ..lifecycle import Drain, On, Phase
+from ..machine import Table, row
+from ..notes import _note, event_fields
+from ..state import State, Tracked, _with, mark_of
+from ..vocabulary.constants import CLUSTER_CHECK
+from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
+from ..vocabulary.messages import (
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
+)
+
+
+class DrainOn(str, enum.Enum):
+    """What happens to this node's drain for an event: the triggers of its table."""
+
+    MARK = "the event drains this node"
+    DRAINED = "its resources left"
+    HELD = "the cluster cannot spare it, or the drain timed out"
+    REMARK = "a new boot, the event still Scheduled"
+    RESTORED = "the node is back"
+    UNMARKED = "over: another event keeps the mark, or it is not ours"
+
+
+_ = Drain
+_MARKED = (_.ASKED, _.DONE, _.HELD)
+TABLE = Table(
+    "drain",
+    "this node in its Pacemaker cluster for an event (cluster.pacemaker): marked as going "
+    "away before the before-hooks, restored once the event is over, before its after-hooks",
+    (
+        row([_.NONE], DrainOn.MARK, _.ASKED, "DrainNode: cluster_draining; the event is draining"),
+        # none: a restore (of another event's mark, the same node) answered while it drained
+        row([_.ASKED, _.NONE], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
+        row([_.ASKED, _.NONE], DrainOn.HELD, _.HELD, "cluster_hold: before-hooks, not early"),
+        row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
+        row(_MARKED, DrainOn.RESTORED, _.NONE, "cluster_restored"),
+        row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),
+    ),
+)
+del _
+
+
+def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
+    """The one place an event's drain changes: only as `TABLE` declares."""
+    TABLE.check(tracked.drain, on, target)
+    return replace(tracked, drain=target)
+
+
+def _pacemaker(state: State) -> Optional[Pacemaker]:
+    """`cluster.pacemaker` (an older file's `coordination.pacemaker` loads the same)."""
+    return state.config.cluster
+
+
+def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
+    """Kept for `status` (which exits 1 while there are problems) and read again every
+    CLUSTER_CHECK; logged when it changes."""
+    if _pacemaker(state) is None:  # answered after a reload took the section away
+        return state
+    changed = msg.problems != state.cluster_problems
+    state = replace(state, cluster_problems=msg.problems, cluster_check_at=now + CLUSTER_CHECK)
+    if not changed:
+        return state
+    if msg.problems:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_UNREADY,
+                {
+                    "problems": list(msg.problems),
+                    "reason": "until this is fixed, events that drain this node are held (no "
+                    "early approval)",
+                },
+            )
+        )
+    else:
+        out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
+    return state
+
+
+def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
+    if state.cluster_check_at <= now and _pacemaker(state) is not None:
+        out.append(CheckCluster())
+        state = replace(state, cluster_check_at=math.inf)  # until ClusterChecked comes back
+    return state
+
+
+def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
+    """A reload may change or remove `cluster.pacemaker`: the cluster is checked again,
+    and a mark of ours that no event wants any more is taken off (the old configuration's
+    restore stopped with it), the way it was set."""
+    settings = _pacemaker(state)
+    old_settings = old.cluster
+    if settings != old_settings:
+        state = replace(state, cluster_problems=None, cluster_check_at=math.inf)
+        if settings is not None:
+            out.append(CheckCluster())
+    _restore_unwanted(state, out)
+    return state
+
+
+def _restore_unwanted(state: State, out: list[Effect]) -> None:
+    """This daemon's mark is on the node and no event wants it drained (a restore failed, or
+    the daemon stopped before it): take it off, whether pacemaker is still configured or not."""
+    mark = state.cluster_mark
+    if mark is None or _drained_for_another(state, ""):
+        return
+    if not any(isinstance(e, RestoreNode) for e in out):
+        out.append(RestoreNode("", mark))
+
+
+def _cluster_marked(state: State, msg: ClusterMarked, now: float, out: list[Effect]) -> State:
+    """The mark set (ours) is in the state file from now until it is taken off; one found set
+    by someone else is left as it is."""
+    settings = _pacemaker(state)
+    tracked = state.events.get(msg.event_id)
+    mark = msg.mark if msg.mark is not None else mark_of(settings) if settings else None
+    if msg.ours and mark is not None:
+        state = replace(state, cluster_mark=mark)
+        _restore_unwanted(state, out)  # its event ended while the mark was being set
+        return state
+    if not msg.ours and tracked is not None and state.cluster_mark is None:
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                tracked.event,
+                marked_by="someone else",
+                reason="this node was already marked as going away (an operator's standby?): "
+                "it is left as it is when the event is over",
+            )
+        )
+    return state
+
+
+def _draining(state: State, event_id: str) -> Optional[Tracked]:
+    tracked = state.events.get(event_id)
+    return tracked if tracked is not None and tracked.phase is Phase.DRAINING else None
+
+
+def _cluster_draining(state: State, msg: ClusterDraining, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is not None:
+        out.append(
+            _note(Level.INFO, What.CLUSTER_DRAINING, tracked.event, resources=list(msg.resources))
+        )
+    return state
+
+
+def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
+    state, tracked = stages._before_hooks(
+        state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
+    )
+    return _with(state, msg.event_id, tracked)
+
+
+def _cluster_held(state: State, msg: ClusterHeld, now: float, out: list[Effect]) -> State:
+    tracked = _draining(state, msg.event_id)
+    if tracked is None:
+        return state
+    state, tracked = _hold(state, tracked, msg.reason, msg.detail, now, out)
+    return _with(state, msg.event_id, tracked)
+
+
+def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
+    state: State, tracked: Tracked, reason: str, detail: str, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The cluster cannot spare this node: its before-hooks run, and it is not approved early;
+    whatever was marked stays for the maintenance and is restored once the event is over."""
+    out.append(
+        _note(
+            Level.WARNING,
+            What.CLUSTER_HOLD,
+            tracked.event,
+            reason=reason,
+            error=detail or None,
+        )
+    )
+    held = move(tracked, DrainOn.HELD, Drain.HELD)
+    return stages._before_hooks(state, held, On.DRAIN_HELD, now, out)
+
+
+def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    event_fields_ = {} if tracked is None else event_fields(tracked.event)
+    if msg.error:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_RESTORE_FAILED,
+                {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
+            )
+        )
+        return replace(state, restore_error=msg.error) if state.cluster_mark else state
+    # The node is back: no event that is over holds a mark any more.
+    state = replace(
+        state,
+        cluster_mark=None,
+        restore_error="",
+        events={
+            k: move(t, DrainOn.RESTORED, Drain.NONE)
+            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
+            else t
+            for k, t in state.events.items()
+        },
+    )
+    out.append(
+        Record(
+            Level.INFO,
+            What.CLUSTER_RESTORED,
+            event_fields_ or {"reason": "this daemon's mark, which no event wants any more"},
+        )
+    )
+    if tracked is not None and tracked.drain is not Drain.NONE:
+        state = _with(state, msg.event_id, move(tracked, DrainOn.RESTORED, Drain.NONE))
+    return state
+
+
+def _drained_for_another(state: State, event_id: str) -> bool:
+    return any(
+        t.drain is not Drain.NONE and k != event_id and t.phase not in (Phase.AFTER, Phase.OVER)
+        for k, t in state.events.items()
+    )
+
+
+def _drain_deadline(state: State, event: Event, now: float) -> float:
+    """drain_timeout from now, and never past NotBefore: its before-hooks still need to run."""
+    settings = _pacemaker(state)
+    deadline = now + (settings.drain_timeout if settings is not None else 0.0)
+    if event.not_before is not None and state.wall_offset is not None:
+        deadline = min(deadline, event.not_before.timestamp() - state.wall_offset)
+    return deadline
+
+
+def _drain_effect(state: State, tracked: Tracked) -> DrainNode:
+    settings = _pacemaker(state)
+    me = (tracked.vm_name or state.vm_name).casefold()
+    going = tuple(
+        settings.node_of(r) if settings is not None else r
+        for r in tracked.event.resources
+        if r.casefold() != me
+    )
+    return DrainNode(tracked.event, going, ours=state.cluster_mark is not None)
+
+
+def _drain_timeouts(state: State, now: float, out: list[Effect]) -> State:
+    for event_id, t in state.events.items():
+        if t.phase is Phase.DRAINING and t.start_at <= now:
+            out.append(StopDraining(event_id))
+            settings = _pacemaker(state)
+            timeout = settings.drain_timeout if settings is not None else 0
+            state, tracked = _hold(
+                state,
+                t,
+                "drain_timeout",
+                f"resources still on this node after {timeout:g} s (or at NotBefore)",
+                now,
+                out,
+            )
+            state = _with(state, event_id, tracked)
+    return state
+
+
+def _drain_moved(state: State, tracked: Tracked, moved: float) -> float:
+    """A drain's deadline after the wall clock moved by `moved` s: its cap at NotBefore moves
+    on the monotonic clock; drain_timeout counts from when it started and does not. Where the
+    cap was what held (within a second), the new cap holds; else the sooner of the two."""
+    not_before = tracked.event.not_before
+    offset = state.wall_offset
+    if not_before is None or offset is None:
+        return tracked.start_at
+    cap = not_before.timestamp() - offset
+    was_cap = not_before.timestamp() - (offset - moved)
+    return cap if abs(tracked.start_at - was_cap) <= 1.0 else min(tracked.start_at, cap)
+
+
+# ---- the drain gate's timers: the cluster's next check, a DRAINING event's deadline
+
+DUE_PHASES = frozenset({Phase.DRAINING})
+
+
+def due(state: State, now: float, allowed: float) -> tuple[float, ...]:
+    return () if state.stopping is not None else (state.cluster_check_at,)
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    return None if state.stopping is not None else t.start_at
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    state = _drain_timeouts(state, now, out)
+    return _recheck_cluster(state, now, out)

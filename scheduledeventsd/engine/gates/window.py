@@ -1,0 +1,157 @@
+"""The window gate: when an event's before-hooks start, and which: lead time, maintenance windows,
+the fast path. `hold` is pure and on the wall clock; the engine places its answer on the
+monotonic clock."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ...config import EventRule
+from ...model import Event
+from ...records import Level, Record, What
+from ...windows import Window, first_opening
+from ..gates import drain, pipeline, slot
+from ..lifecycle import On, Phase
+from ..notes import _iso_wall, _note
+from ..state import State, Tracked, _with
+from ..vocabulary.effects import Effect
+
+# Where windows hold an event back and no start_before is set, the before-hooks start this long
+# before NotBefore at the latest: a window that opens late never makes preparation too late.
+WINDOW_LEAD = 600.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """Why and until when an event's before-hooks wait."""
+
+    at: float  # wall clock
+    reason: str  # "start_before" | "window"
+    window: Optional[str] = None  # the window that opens then, as configured
+
+
+def lead(rule: EventRule) -> float:
+    """How long before NotBefore the before-hooks start at the latest when a window or a slot
+    holds them: start_before, else WINDOW_LEAD."""
+    return rule.start_before if rule.start_before is not None else WINDOW_LEAD
+
+
+def hold(event: Event, rule: EventRule, windows: tuple[Window, ...], now: float) -> Optional[Held]:
+    """When a lead time or a window holds back the before-hooks, the instant they start; None
+    when they start now. Windows choose within what start_before allows: the first instant in
+    a window that is no earlier than start_before before NotBefore and no later than the window
+    lead (`window_lead`); a window that opens only after that gives way to the lead (start_before,
+    else WINDOW_LEAD); none opening before NotBefore at all: as without windows."""
+    if event.not_before is None:
+        return None
+    not_before = event.not_before.timestamp()
+    held: Optional[Held] = None
+    earliest = now
+    if rule.start_before is not None and rule.before:
+        held = Held(not_before - rule.start_before, "start_before")
+        earliest = max(now, held.at)
+    if windows and rule.obeys_windows(event.event_type):
+        found = first_opening(windows, earliest, not_before)
+        if found is not None:
+            opens, window = found
+            if opens > not_before - window_lead(rule):  # the window opens too late: the lead
+                held = Held(not_before - lead(rule), "start_before")
+            else:
+                held = Held(opens, "window", window.describe())
+    return held if held is not None and held.at > now else None
+
+
+def window_lead(rule: EventRule) -> float:
+    """How long before NotBefore a window must open to start the before-hooks: WINDOW_LEAD,
+    or start_before when that is shorter (then only a window open at the lead counts)."""
+    return min(lead(rule), WINDOW_LEAD)
+
+
+def fast_hooks(rule: EventRule, seconds_left: Optional[float]) -> Optional[tuple[str, ...]]:
+    """The `fast` hooks when they run instead of `before`, with this much time to NotBefore."""
+    if rule.fast is None or seconds_left is None or seconds_left >= rule.fast_below:
+        return None
+    return rule.fast
+
+
+def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
+    if event.not_before is None or state.wall_offset is None:
+        return None
+    return event.not_before.timestamp() - (now + state.wall_offset)
+
+
+def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[Held]:
+    """`when.hold` on the monotonic clock: the instant the before-hooks start, None for now."""
+    if state.wall_offset is None:
+        return None
+    held = hold(event, rule, state.config.windows, now + state.wall_offset)
+    return None if held is None else replace(held, at=held.at - state.wall_offset)
+
+
+def _waiting(event: Event, rule: EventRule, held: Held, state: State) -> Record:
+    wall = held.at + (state.wall_offset or 0.0)
+    fields: dict[str, object] = {
+        "hooks_start_at": _iso_wall(wall),
+        "reason": held.reason,
+    }
+    if held.window is not None:
+        fields["window"] = held.window
+    if rule.start_before is not None:
+        fields["start_before"] = rule.start_before
+    return _note(Level.INFO, What.EVENT_WAITING, event, **fields)
+
+
+def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]) -> Tracked:
+    """A NotBefore that moves, a clock that steps, a reload that changes the windows: the wait
+    is placed again."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    held = _start_at(event, rule, state, now)
+    start_at = now if held is None else held.at
+    if held is not None and abs(start_at - tracked.start_at) > 1:
+        out.append(_waiting(event, rule, held, state))
+    return replace(tracked, start_at=start_at)
+
+
+def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
+    """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
+    for event_id, t in state.events.items():
+        if t.phase is not Phase.WAITING or t.start_at > now:
+            continue
+        if t.event.event_type not in state.config.events:
+            continue  # a reload removed it (handled there); never an empty run by accident
+        state, tracked = pipeline._prepare(state, t, On.LEAD_TIME, now, out)
+        state = _with(state, event_id, tracked)
+    return state
+
+
+# ---- the window gate's timer: when a WAITING event's before-hooks start
+
+DUE_PHASES = frozenset({Phase.WAITING})
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """A WAITING event's start instant (none while stopping)."""
+    return None if state.stopping is not None else t.start_at
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    return _start_waiting(state, now, out)
+
+
+def _replace_waiting(
+    state: State, now: float, out: list[Effect], moved: Optional[float] = None
+) -> State:
+    """The clock moved within one document (by `moved` s), or a reload: every timer taken from
+    the wall clock is placed again: WAITING events' lead or window, QUEUED events' slot
+    deadline, and, after a step, a drain's cap at NotBefore."""
+    for event_id, t in state.events.items():
+        if t.phase is Phase.WAITING:
+            state = _with(state, event_id, _still_waiting(t, state, now, out))
+        elif t.phase is Phase.QUEUED and math.isfinite(t.start_at):
+            state = _with(state, event_id, replace(t, start_at=slot._queued_until(t, state, now)))
+        elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
+            state = _with(state, event_id, replace(t, start_at=drain._drain_moved(state, t, moved)))
+    return state

@@ -1,0 +1,96 @@
+"""A reload (SIGHUP): the new configuration in force, every timer placed again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..records import Level, Record, What
+from . import peers
+from .gates import drain, slot, window
+from .lifecycle import On, Phase
+from .notes import _unhandled
+from .poll import names, timing
+from .state import State, _move, _with
+from .vocabulary.effects import Effect, Notify, ResolveName, UseConfig
+from .vocabulary.messages import NameResolved, Reloaded, ReloadFailed, ReloadRequested
+
+
+def _reload_requested(state: State, msg: ReloadRequested, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:
+        out.append(Record(Level.INFO, What.RELOAD_IGNORED, {"reason": "the daemon is stopping"}))
+        return state
+    out.append(Notify({"RELOADING": "1", "MONOTONIC_USEC": str(int(now * 1_000_000))}))
+    return state
+
+
+def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:  # systemd was told STOPPING=1: never READY=1 again
+        return state
+    old, new = state.config, msg.config
+    if new.state_dir != old.state_dir:
+        return _reload_failed(
+            state,
+            ReloadFailed(
+                (
+                    f"{new.path}: state_dir: cannot change on reload (the running daemon holds "
+                    f"the lock on {old.state_dir}); restart the service to move it",
+                )
+            ),
+            now,
+            out,
+        )
+    out.append(UseConfig(new))
+    if (new.coordination, new.cluster) != (old.coordination, old.cluster):
+        # Shared events still waiting ask again, through the new etcd, gate or cluster.
+        for event_id, t in state.events.items():
+            if t.phase is Phase.COORDINATING:
+                state, t = peers._stop_asking(state, t, out)  # noqa: PLW2901
+                state = _with(state, event_id, t)
+    state = replace(state, config=new)
+    state = drain._cluster_reloaded(state, old, out)
+    state = slot._slots_reloaded(state, old, now, out)
+    for event_id, t in state.events.items():
+        if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
+            out.append(
+                _unhandled(
+                    t.event,
+                    f"the reload left no hooks configured for {t.event.event_type}; left alone",
+                )
+            )
+            state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
+    state = window._replace_waiting(state, now, out)  # windows, lead times may have changed
+    if new.metadata != old.metadata:
+        # A fixed url/api_version is tried at once, not after the rejected request's backoff
+        # nor the old interval: an order whose instant has not come is replaced.
+        state = timing._poll_now(state, now, out)
+    if new.vm_name != old.vm_name or (new.metadata != old.metadata and not new.vm_name):
+        if new.vm_name:
+            state = names._name_known(state, NameResolved(new.vm_name, "config"), now, out)
+        elif not state.resolving:
+            out.append(ResolveName())
+            state = replace(state, resolving=True)
+    out.append(
+        Record(
+            Level.INFO,
+            What.CONFIG_RELOADED,
+            {"config": str(new.path) if new.path else None, "approve": new.approve.value},
+        )
+    )
+    out.append(Notify({"READY": "1"}))
+    return state
+
+
+def _reload_failed(state: State, msg: ReloadFailed, now: float, out: list[Effect]) -> State:
+    if state.stopping is not None:
+        return state
+    for problem in msg.problems:
+        out.append(Record(Level.ERROR, What.CONFIG_INVALID, {"error": problem}))
+    out.append(
+        Record(
+            Level.ERROR,
+            What.CONFIG_RELOAD_FAILED,
+            {"reason": "keeping the previous configuration"},
+        )
+    )
+    out.append(Notify({"READY": "1"}))
+    return state

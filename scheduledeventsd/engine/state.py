@@ -1,0 +1,160 @@
+"""What the engine knows: one frozen State, the events it tracks, and the helpers that change one
+event in it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ..config import Config, DrainMethod, Pacemaker
+from ..model import Event
+from ..retry import Failures
+from .lifecycle import Drain, On, Phase, Rule, Slot, Stage, check
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """One event as the engine knows it. Which fields mean something depends on `phase`."""
+
+    event: Event
+    phase: Phase
+    run: Optional[int] = None  # RUNNING, ENDING, AFTER: its run; COORDINATING: a gate run
+    boot_id: str = ""  # the boot on which it was first seen (before-hooks start then or later)
+    stage: Stage = Stage.BEFORE  # ENDING, AFTER: the stage that runs when its hooks stop
+    rule: Rule = Rule.HOOKS  # decided by a rule: never prepared, so no after-hooks
+    start_at: float = 0.0  # WAITING: when its before-hooks start (monotonic; inf: not placed)
+    vm_name: str = ""  # the name it was judged ours under: every stage's hooks get it
+    incarnation: int = 0  # the last document that listed it: every stage's hooks get it
+    slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
+    drain: Drain = Drain.NONE  # this node in its Pacemaker cluster, for this event
+
+
+Known = Mapping[str, Tracked]
+
+
+@dataclass(frozen=True)
+class ClusterMark:
+    """What this daemon set on its Pacemaker node, kept in the state file until a restore took
+    it off: only such a mark is ever taken off (an operator's standby, or an attribute someone
+    else set, stays), the way it was set, whatever the configuration says by then."""
+
+    method: DrainMethod
+    attribute: str  # method health: the node attribute set to -1000000
+
+
+def mark_of(settings: Pacemaker) -> ClusterMark:
+    return ClusterMark(settings.method, settings.attribute)
+
+
+NO_FAILURES = Failures()
+
+
+@dataclass(frozen=True)
+class Poll:
+    next_at: float = 0.0
+    in_flight_since: Optional[float] = None
+    scheduled_at: float = 0.0  # the tick the fetch in flight belongs to
+    failures: Failures = NO_FAILURES  # one shared (frozen), not one made for every poll
+    rejected: str = ""  # IMDS answered 400: our request is wrong until a reload fixes it
+    last: str = "not yet"
+    stalled: bool = False
+
+
+@dataclass(frozen=True)
+class Approvals:
+    failures: Mapping[str, Failures] = field(default_factory=dict)
+    posting: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Peers:
+    """A shared event waiting for the other VMs it names; not persisted (asked again after a
+    restart: writing our own ready twice is harmless)."""
+
+    asking: bool = False  # a watch (etcd) or a gate run is in progress
+    next_at: float = 0.0  # when to ask (again)
+    ready: tuple[str, ...] = ()  # the names last seen ready, to log only changes
+    not_yet: int = 0  # how many times the gate said "not yet"
+
+
+@dataclass(frozen=True)
+class SlotLease:
+    """Until when this daemon knows an event's slot is its own: etcd acknowledged its lease's
+    grant or keep-alive sent `ttl` before `until`. Unconfirmed: after a restart (or before the
+    first grant), the slot is being taken back, and `until` is how long that may take."""
+
+    until: float  # monotonic
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class Stopping:
+    grace_until: float
+    kill_until: Optional[float] = None  # set once hooks were cancelled
+
+
+@dataclass(frozen=True)
+class State:
+    config: Config
+    watchdog_every: Optional[float] = None  # half of WATCHDOG_USEC, if systemd watches us
+    vm_name: str = ""
+    name_source: str = ""
+    name_failures: Failures = field(default_factory=Failures)
+    resolving: bool = False
+    ready: bool = False
+    events: Known = field(default_factory=dict)
+    incarnation: Optional[int] = None
+    runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
+    next_run: int = 1
+    cancelled: frozenset[int] = frozenset()  # runs we stopped: they did not finish, whatever
+    listed: frozenset[str] = frozenset()  # the EventIds of the last document
+    poll: Poll = Poll()
+    approvals: Approvals = Approvals()
+    state_problem: str = ""
+    boot_id: str = ""
+    watchdog_at: float = 0.0
+    status_sent: str = ""
+    stopping: Optional[Stopping] = None
+    wall_offset: Optional[float] = None  # wall clock minus monotonic, as NotBefore was placed
+    peers: Mapping[str, Peers] = field(default_factory=dict)  # COORDINATING events
+    coordination: Failures = field(default_factory=Failures)  # etcd or the gate, all events
+    strict: bool = False  # tests: a transition the table does not declare raises
+    faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
+    slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
+    slot_leases: Mapping[str, SlotLease] = field(default_factory=dict)  # HELD slots, by EventId
+    sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)
+    cluster_mark: Optional[ClusterMark] = None  # set by this daemon, until taken off: persisted
+    cluster_problems: Optional[tuple[str, ...]] = None  # the last check (None: none yet)
+    cluster_check_at: float = math.inf  # when the cluster is checked again
+    restore_error: str = ""  # the last restore of cluster_mark failed (retried): why
+    # Events forgotten in this step that still asked for or held a concurrency slot: the slot
+    # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
+    forgotten: tuple[Tracked, ...] = ()
+
+
+def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
+    every = None if not watchdog_usec else watchdog_usec / 2_000_000
+    return State(config=config, watchdog_every=every, strict=strict)
+
+
+def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # noqa: ANN401
+    """The one place an event's phase changes: only as `lifecycle.TABLE` declares."""
+    check(tracked.phase, on, to)
+    return replace(tracked, phase=to, **changes)
+
+
+def _with(state: State, event_id: str, tracked: Tracked) -> State:
+    if tracked.phase is Phase.GONE:
+        state = _forget(state, tracked)
+        return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
+    return replace(state, events={**state.events, event_id: tracked})
+
+
+def _forget(state: State, gone: Tracked) -> State:
+    """An event is forgotten (GONE): one that still asked for or held a slot is kept in
+    `forgotten` until the slot gate has given it back, after this step's handler."""
+    if gone.slot in (Slot.ASKED, Slot.HELD):
+        return replace(state, forgotten=(*state.forgotten, gone))
+    return state

@@ -1,0 +1,1 @@
+"""The words the engine and the daemon speak: messages in, effects out, and the constants."""

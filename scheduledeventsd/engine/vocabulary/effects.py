@@ -1,0 +1,244 @@
+"""Effects: what the engine asks the daemon to do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ...config import Config
+from ...model import Event
+from ...records import Record
+from ..lifecycle import Stage
+from ..state import ClusterMark, Known
+from .messages import (
+    ApprovalFailed,
+    ClusterChecked,
+    ClusterHeld,
+    ClusterRestored,
+    CoordinationFailed,
+    GateAnswered,
+    HooksFinished,
+    NameResolved,
+    Persisted,
+    PollFailed,
+    SlotFailed,
+)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """GET the document at monotonic `at` (off the loop; the result comes back as
+    DocumentFetched/PollFailed). Ordered with the previous answer, so the loop wakes once a
+    poll, not twice; a new order replaces one whose instant has not come."""
+
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class CancelFetch:
+    """Take back the poll ordered for later, unless it has started (then its answer comes
+    back as any other): an approval goes in its place."""
+
+
+@dataclass(frozen=True)
+class ResolveName:
+    """Ask IMDS for this VM's name; NameResolved comes back (the hostname if IMDS fails)."""
+
+
+@dataclass(frozen=True)
+class SpawnHooks:
+    run: int
+    event: Event
+    hooks: tuple[str, ...]
+    incarnation: int
+    vm_name: str
+    stage: Stage = Stage.BEFORE
+    rebooted: bool = False  # this VM booted since the before-hooks started
+    # pacemaker: this mark (the daemon's own) is taken off the node first, then the hooks run
+    restore: Optional[ClusterMark] = None
+
+
+@dataclass(frozen=True)
+class CancelRuns:
+    """SIGTERM each run's process groups (SIGKILL 5 s later); its result says CANCELLED."""
+
+    runs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PostApproval:
+    event: Event
+    # Monotonic: an event holding a slot must be answered by then, the end of its lease as
+    # etcd last confirmed it (an answer proves IMDS had the approval before the slot could
+    # go to another VM). The lane does not send it once this has passed (it may have queued
+    # behind another POST) and gives up on an answer not back by then.
+    deadline: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Persist:
+    events: Known  # only what matters after a restart
+    mark: Optional[ClusterMark] = None  # what this daemon set on its cluster node
+
+
+@dataclass(frozen=True)
+class Notify:
+    """One sd_notify datagram (READY=1, STATUS=..., WATCHDOG=1, STOPPING=1, RELOADING=1)."""
+
+    fields: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class UseConfig:
+    """A reloaded configuration is now in force (the daemon rebuilds its IMDS clients)."""
+
+    config: Config
+
+
+@dataclass(frozen=True)
+class Coordinate:
+    """Write this VM's state for a shared event (etcd); when ready, watch the other VMs' keys
+    and report them as PeersChanged until StopCoordinating (or CoordinationFailed)."""
+
+    event: Event
+    vm_name: str
+    ready: bool
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class StopCoordinating:
+    event_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AskGate:
+    """Run the gate command for a shared event; GateAnswered(run) comes back."""
+
+    run: int
+    event: Event
+    incarnation: int
+    vm_name: str
+
+
+@dataclass(frozen=True)
+class AskCluster:
+    """Ask the Pacemaker cluster whether every node a shared event names is drained and done
+    (this node says it is, first); GateAnswered(run) comes back, as for AskGate. The engine
+    decides which is asked: the daemon routes nothing by its configuration."""
+
+    run: int
+    event: Event
+    incarnation: int
+    vm_name: str
+
+
+@dataclass(frozen=True)
+class AcquireSlot:
+    """Ask for (or take back, after a restart) one of the group's slots for this event."""
+
+    event: Event
+    vm_name: str
+
+
+@dataclass(frozen=True)
+class ReleaseSlot:
+    """Give the event's slot back, or stop asking for one."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
+class CheckCluster:
+    """Read the cluster once at start: ClusterChecked comes back."""
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    """Mark this node as going away when the cluster can spare it, then watch its resources
+    leave: ClusterDraining on change, then ClusterDrained, or ClusterHeld."""
+
+    event: Event
+    going: tuple[str, ...]  # the other cluster nodes the event names
+    ours: bool = False  # the state file says this daemon marked the node: found so, it is ours
+
+
+@dataclass(frozen=True)
+class StopDraining:
+    """Stop watching (the mark stays until RestoreNode)."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
+class RestoreNode:
+    """Take this daemon's mark off this node (event_id "": one no event wants any more, left
+    by a previous run, a failed restore or a reload); ClusterRestored comes back."""
+
+    event_id: str
+    mark: Optional[ClusterMark] = None
+
+
+@dataclass(frozen=True)
+class WakeAt:
+    at: float
+
+
+@dataclass(frozen=True)
+class Exit:
+    status: int
+
+
+Effect = Union[
+    CheckCluster,
+    DrainNode,
+    StopDraining,
+    RestoreNode,
+    AcquireSlot,
+    ReleaseSlot,
+    Fetch,
+    CancelFetch,
+    ResolveName,
+    SpawnHooks,
+    CancelRuns,
+    PostApproval,
+    Persist,
+    Record,
+    Notify,
+    UseConfig,
+    Coordinate,
+    StopCoordinating,
+    AskGate,
+    AskCluster,
+    WakeAt,
+    Exit,
+]
+
+# The message that reports an effect's failure: the daemon sends it when carrying the effect out
+# raised, so the engine's own rules (a backoff, a failed run, a hold) take it from there and
+# nothing waits for an answer that never comes. None: nothing waits for this effect's answer.
+FAILURE: Mapping[type, Optional[type]] = {
+    Fetch: PollFailed,
+    PostApproval: ApprovalFailed,
+    ResolveName: NameResolved,  # the hostname stands in, asked again with backoff
+    SpawnHooks: HooksFinished,  # FAILED
+    AskGate: GateAnswered,  # no exit status: a coordination failure, asked again
+    AskCluster: GateAnswered,
+    Coordinate: CoordinationFailed,
+    AcquireSlot: SlotFailed,
+    CheckCluster: ClusterChecked,  # the error is the problem shown, checked again later
+    DrainNode: ClusterHeld,  # tool_failed: its before-hooks run, never approved early
+    RestoreNode: ClusterRestored,  # with the error: asked again until it works
+    Persist: Persisted,  # with the error: state_degraded
+    CancelFetch: None,
+    CancelRuns: None,
+    ReleaseSlot: None,
+    StopCoordinating: None,
+    StopDraining: None,
+    Record: None,
+    Notify: None,
+    UseConfig: None,
+    WakeAt: None,
+    Exit: None,
+}
