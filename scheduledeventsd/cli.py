@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import __version__, config
-from .host.store import STATUS_FILE, daemon_running, read_status
+from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
 from .observe import observer, report
 from .providers.identity import resolve
@@ -27,11 +27,22 @@ if TYPE_CHECKING:  # the simulators stay out of the daemon's memory
     from .simulators.serving import Serving
 
 EXIT_CONFIG = 2
+SHIPPED_HOOKS = "/etc/scheduledeventsd/hooks"
+SHIPPED_HOOKS_HINT = (
+    f"hint: {SHIPPED_HOOKS}/ is where the package installs the example hooks; from a clone, "
+    "install the package, or point the hooks at files of your own (the tutorial: docs/tutorial.md)"
+)
 PROVIDERS = ("azure", "aws", "gcp")
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=config.DEFAULT_PATH, help="default: %(default)s")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=config.DEFAULT_PATH,
+        metavar="PATH",
+        help="the configuration file (default: %(default)s)",
+    )
 
 
 def _add_logging(p: argparse.ArgumentParser) -> None:
@@ -41,14 +52,17 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: journald when started by systemd, else the console",
     )
-    p.add_argument("--log-format", choices=("console", "json"), default="console")
-    p.add_argument("--log-level", choices=log.LEVELS, default="info")
+    p.add_argument(
+        "--log-format", choices=("console", "json"), default="console", help="on the console"
+    )
+    p.add_argument("--log-level", choices=log.LEVELS, default="info", help="the least logged")
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="scheduledeventsd",
-        description="Run hooks for Azure Scheduled Events affecting this VM, then approve them.",
+        description="Prepare this VM for maintenance announced by Azure, AWS or Google Cloud: "
+        "run the hooks configured for each notice, then (on Azure) approve it.",
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -81,31 +95,38 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "test-hooks", help="run the hooks of one stage for a synthetic event (a rehearsal)"
     )
-    p.add_argument("event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES)
-    p.add_argument("--stage", choices=config.STAGES, default="before")
+    p.add_argument(
+        "event_type", metavar="EVENT_TYPE", choices=EVENT_TYPES, help="the event to rehearse"
+    )
+    p.add_argument("--stage", choices=config.STAGES, default="before", help="whose hooks run")
     _add_config(p)
 
     p = sub.add_parser("simulate", help="run the built-in IMDS simulator")
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default: %(default)s)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="where to answer"
+    )
     p.add_argument(
         "--provider",
         choices=PROVIDERS,
         default="azure",
         help="whose metadata service (aws, gcp: playing a built-in sequence of notices)",
     )
-    p.add_argument("--scenario", type=Path, help="scenario YAML to play")
-    p.add_argument("--vm-name", help="VM name to answer (overrides the scenario's)")
+    p.add_argument("--scenario", type=Path, metavar="FILE", help="scenario YAML to play")
+    p.add_argument("--vm-name", metavar="NAME", help="VM name to answer (overrides the scenario's)")
     p.add_argument(
         "--no-rate-limit", action="store_true", help="do not answer 429 above 5 requests/s"
     )
 
     p = sub.add_parser("demo", help="the daemon against the simulator, playing a scenario")
-    p.add_argument("--scenario", type=Path, help="default: the bundled demo scenario")
+    p.add_argument(
+        "--scenario", type=Path, metavar="FILE", help="default: the bundled demo scenario"
+    )
     p.add_argument("--provider", choices=PROVIDERS, default="azure", help="default: %(default)s")
     p.add_argument(
         "--hooks-dir",
         type=Path,
         default=Path("/etc/scheduledeventsd/hooks"),
+        metavar="DIR",
         help="directory with drain, undrain, checkpoint and shutdown hooks (default: %(default)s)",
     )
     _add_logging(p)
@@ -119,6 +140,8 @@ def _load_config(path: Path) -> Optional[config.Config]:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         print(f"{path}: {len(e.problems)} problem(s); nothing was started", file=sys.stderr)
+        if any(f"{SHIPPED_HOOKS}/" in p and "no such file" in p for p in e.problems):
+            print(SHIPPED_HOOKS_HINT, file=sys.stderr)
         return None
 
 
@@ -137,6 +160,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
+        return EXIT_CONFIG
+    unsafe = unsafe_state_dir(cfg.state_dir, owners=(0,))
+    if unsafe:  # what `run` would refuse, refused here too
+        print(f"error: {args.config}: state_dir: {unsafe}", file=sys.stderr)
+        print(f"{args.config}: 1 problem(s); nothing was started", file=sys.stderr)
         return EXIT_CONFIG
     for text in cfg.warnings:
         print(f"warning: {text}", file=sys.stderr)
@@ -173,6 +201,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for hook in cfg.hooks.values():
         for cmd in hook.commands:
             print(f"  hook {hook.name}: {' '.join(cmd.argv)} (timeout {cmd.timeout:g}s)")
+    for line in report.sections(cfg):
+        print(f"  {line}")
     return 0
 
 

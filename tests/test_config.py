@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -248,10 +249,13 @@ def _yaml_key_paths(raw):
     return found
 
 
-def _readme_config_block(heading="## Configuration"):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index(heading) :]
-    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+def _yaml_examples():
+    """Every YAML block of the documentation (the site's pages and the README), by place."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        for number, block in enumerate(re.findall(r"^ *```yaml\n(.*?)^ *```", text, re.M | re.S)):
+            yield f"{page.relative_to(ROOT)} #{number}", textwrap.dedent(block)
 
 
 def _commented_example(text, first_line):
@@ -268,7 +272,8 @@ def _commented_example(text, first_line):
 
 def test_the_shipped_config_and_the_readme_examples_hold_only_declared_keys():
     """The shipped file (generated) shows every declared key, its commented examples included;
-    the README's hand-written examples use no key the schema does not declare."""
+    every hand-written YAML example of the docs and the README uses no key the schema does not
+    declare."""
     source = config.key_paths()
     shipped_text = (ROOT / "etc/scheduledeventsd/config.yaml").read_text()
     shipped = _yaml_key_paths(config.parse_yaml(shipped_text))
@@ -278,9 +283,11 @@ def test_the_shipped_config_and_the_readme_examples_hold_only_declared_keys():
         described = shipped_text.split(heading, 1)[1].split(f"\n{section}:", 1)[0]
         shipped |= {f"{section}.*.{k}" for k in re.findall(r"^#   (\w+): ", described, re.M)}
     assert shipped == source, "etc/scheduledeventsd/config.yaml"
-    for heading in ("## Fleets", "## Watching it"):
-        example = _yaml_key_paths(config.parse_yaml(_readme_config_block(heading)))
-        assert example <= source, heading
+    examples = list(_yaml_examples())
+    assert len(examples) >= 10
+    for place, block in examples:
+        example = _yaml_key_paths(config.parse_yaml(block))
+        assert example <= source, place
 
 
 def test_a_missing_default_hook_fails_check_config(tmp_path):

@@ -1,6 +1,6 @@
-"""What the README and the man page promise is what the code does: log names, metrics, the
-command line, the hook environment and the numbers the code defines. Each test fails when the
-words drift from the code, whichever of the two moved."""
+"""What the documentation (docs/, the README) and the man page promise is what the code does: log
+names, metrics, the command line, the hook environment and the numbers the code defines. Each
+test fails when the words drift from the code, whichever of the two moved."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ from scheduledeventsd.records import What
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+SITE = "\n".join(p.read_text() for p in sorted(DOCS.rglob("*.md")))  # every page of the site
+LOGGING = (DOCS / "reference" / "logging.md").read_text()
+OBSERVABILITY = (DOCS / "reference" / "observability.md").read_text()
+COMMAND_LINE = (DOCS / "reference" / "command-line.md").read_text()
+HOOKS = (DOCS / "reference" / "hooks.md").read_text()
 MAN = (ROOT / "packaging" / "man" / "scheduledeventsd.8").read_text()
 LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
 
@@ -58,12 +64,10 @@ def emitted_log_names() -> set[str]:
 
 
 def test_every_log_name_the_daemon_can_emit_is_listed_and_none_listed_is_dead():
-    listed = set(
-        re.findall(r"`([a-z_]+)`", section(README, "## Logging and journald", "\n\nUnder systemd"))
-    )
+    listed = set(re.findall(r"`([a-z_]+)`", section(LOGGING, "# Log records", "\n\nUnder systemd")))
     emitted = emitted_log_names()
-    assert emitted - listed == set(), "emitted but not in the README's list"
-    assert listed - emitted == set(), "in the README's list but never emitted"
+    assert emitted - listed == set(), "emitted but not in docs/reference/logging.md"
+    assert listed - emitted == set(), "in docs/reference/logging.md but never emitted"
 
 
 def test_the_log_name_collector_sees_a_new_name():
@@ -85,9 +89,9 @@ def exported() -> dict[str, set[str]]:
     return families
 
 
-def test_every_metric_and_label_the_readme_names_is_exported():
+def test_every_metric_and_label_the_docs_name_is_exported():
     names = exported()
-    rows = re.findall(r"^\| `(scheduledeventsd_[a-z_]+)(?:\{([^}]*)\})?`", README, re.M)
+    rows = re.findall(r"^\| `(scheduledeventsd_[a-z_]+)(?:\{([^}]*)\})?`", OBSERVABILITY, re.M)
     assert len(rows) >= 10
     for name, labels in rows:
         matching = [n for n in names if n == name or n.startswith(name + "_")]
@@ -96,10 +100,10 @@ def test_every_metric_and_label_the_readme_names_is_exported():
             assert any(label in names[n] for n in matching), f"{name}: no label {label}"
 
 
-def test_every_metric_of_the_daemon_is_in_the_readme():
+def test_every_metric_of_the_daemon_is_in_the_metrics_reference():
     ours = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in exported()}
     ours = {n for n in ours if n.startswith("scheduledeventsd_")}
-    documented = set(re.findall(r"`(scheduledeventsd_[a-z_]+)", README))
+    documented = set(re.findall(r"`(scheduledeventsd_[a-z_]+)", OBSERVABILITY))
     missing = {n for n in ours if not any(d == n or d.startswith(n) for d in documented)}
     assert not missing
 
@@ -115,13 +119,13 @@ def subcommands() -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("command", sorted(subcommands()))
-def test_the_readme_synopsis_of_each_command_matches_the_parser(command):
+def test_the_command_line_reference_synopsis_of_each_command_matches_the_parser(command):
     lines = [
         line
-        for line in section(README, "## Command line", "```\n\n").splitlines()
+        for line in section(COMMAND_LINE, "```\n", "```\n\n").splitlines()
         if line.startswith(f"scheduledeventsd {command} ")
     ]
-    assert len(lines) == 1, f"{command}: not in the README's synopsis"
+    assert len(lines) == 1, f"{command}: not in docs/reference/command-line.md's synopsis"
     synopsis = lines[0].split("#")[0]
     assert set(re.findall(r"--[a-z-]+", synopsis)) == subcommands()[command]
 
@@ -137,14 +141,18 @@ def test_the_man_page_synopsis_of_each_command_matches_the_parser(command):
     assert options == subcommands()[command]
 
 
-def test_every_variable_a_hook_gets_is_documented_in_the_readme_and_the_man_page():
+def test_every_variable_a_hook_gets_is_documented_in_the_readme_the_docs_and_the_man_page():
     event = model.Event("E", "Reboot", "Scheduled", "VirtualMachine", ("vm",), None)
     given = {k for k in hooks.hook_environment(event, "h", 1, "vm", {}) if k.startswith("SCHED")}
     readme = set(
-        re.findall(r"`(SCHEDULED_EVENT_[A-Z_]+)`", section(README, "## Hook contract", "## Fleets"))
+        re.findall(
+            r"^\| `(SCHEDULED_EVENT_[A-Z_]+)`", section(README, "## What a hook", "## Com"), re.M
+        )
     )
+    page = set(re.findall(r"^ *\| `(SCHEDULED_EVENT_[A-Z_]+)`", HOOKS, re.M))
     man = set(re.findall(r"(SCHEDULED_EVENT_[A-Z_]+)", section(MAN, ".SH HOOKS", ".SH LIFECYCLE")))
     assert given == readme
+    assert given == page
     assert given == man
 
 
@@ -172,11 +180,11 @@ def test_the_numbers_the_docs_state_are_the_codes():
         f"at most {web.MAX_CONNECTIONS} connections",
         f"each request has {web.REQUEST_DEADLINE:g} s in all",
     ]
-    assert telemetry.STATUS_EVERY == 60, "the README says 'at least every minute'"
-    assert "at least every minute" in README
+    assert telemetry.STATUS_EVERY == 60, "the docs say 'at least every minute'"
+    assert "at least every minute" in SITE
     unit = (ROOT / "systemd" / "scheduledeventsd.service").read_text()
     assert f"shutdown_grace ({config.Config().shutdown_grace:g} s)" in unit
     for text in stated:
-        assert text in README, text
-    assert engine.KILL_WAIT + engine.STOP_MARGIN == 17, "the README says 'its grace plus 17 s'"
+        assert text in SITE, text
+    assert engine.KILL_WAIT + engine.STOP_MARGIN == 17, "the docs say 'its grace plus 17 s'"
     assert dt.timedelta(seconds=stall) == dt.timedelta(seconds=185)

@@ -47,8 +47,10 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             What.DAEMON_STARTING,
             {
                 "config": str(cfg.path) if cfg.path else None,
+                "provider": cfg.provider.value,
                 "url": md.url,
-                "api_version": md.api_version,
+                # only Azure's endpoint takes an api-version: elsewhere it was a false detail
+                **({"api_version": md.api_version} if cfg.provider.can_approve else {}),
                 "poll_interval": md.poll_interval,
                 "approve": cfg.approve.value,
             },

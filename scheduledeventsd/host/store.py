@@ -18,7 +18,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -43,6 +43,26 @@ class StateError(Exception):
     """The state directory is in use by another daemon."""
 
 
+def unsafe_state_dir(directory: Path, owners: Iterable[int] = ()) -> str:
+    """Why the daemon's user cannot trust `directory` with its state ("" when it can, or when it
+    does not exist yet: the daemon makes it 0700): whoever else can write the state can make an
+    event's hooks be skipped. `run` refuses such a directory and `check-config` says so; `owners`
+    are other users trusted to own it (check-config run by an operator: root, the service's)."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        return ""  # not readable here: `run` reports it as it finds it (state_degraded)
+    if st.st_uid not in (os.geteuid(), *owners) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"{directory} is owned by uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}: only the daemon's own user may write its state "
+            f"(chown {os.geteuid()} and chmod 700 it)"
+        )
+    return ""
+
+
 class StateStore:
     def __init__(self, directory: Path, *, read_only: bool = False) -> None:
         """`read_only` (a dry run beside the service): a bad file is reported, never moved."""
@@ -57,13 +77,9 @@ class StateStore:
         """Two daemons on one state directory would both run every hook: refuse the second.
         And one that others can write: whoever can write the state can make hooks be skipped."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.stat(self.path.parent)
-        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise StateError(
-                f"{self.path.parent} is owned by uid {st.st_uid} with mode "
-                f"{stat.S_IMODE(st.st_mode):o}: only the daemon's own user may write its state "
-                f"(chown {os.geteuid()} and chmod 700 it)"
-            )
+        unsafe = unsafe_state_dir(self.path.parent)
+        if unsafe:
+            raise StateError(unsafe)
         fd = os.open(self.path.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         for attempt in range(LOCK_TRIES):  # `status` may hold it for an instant (daemon_running)
             try:

@@ -17,7 +17,7 @@ from .. import __version__
 from ..config import Config, HealthFrom
 from ..engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
 from ..model import SCHEDULED, Event, iso_utc
-from ..when import Held, hold
+from ..when import Held, hold, lead
 from ..windows import current_or_next
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires
@@ -228,6 +228,9 @@ def _event(tracked: Tracked, line: Timeline, wall: float, config: Config) -> dic
         "seconds_to_not_before": None if not_before is None else round(not_before - wall, 1),
         "hooks_start_at": None if held is None else _iso(held.at),
         "waiting_for": _waiting_for(tracked, held),
+        # the lead it waits for: start_before's, or the default when that is unset
+        "lead_s": None if held is None or rule is None else lead(rule),
+        "lead_default": None if held is None or rule is None else rule.start_before is None,
         "slot": tracked.slot.value or None,
         "cluster": tracked.drain.value or None,
         "detected_at": _iso(line.detected),

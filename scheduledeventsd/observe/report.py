@@ -1,4 +1,5 @@
-"""Human-readable views of a document, for `scheduledeventsd events`."""
+"""Human-readable views: a document for `events`, the daemon's status for `status`, and the
+sections of a configuration for `check-config`."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
     lines = [
         f"scheduledeventsd {doc.get('version')} on {doc.get('vm_name') or '?'} "
         f"({doc.get('provider') or 'azure'}), started {doc.get('started_at')}",
-        f"last poll: {poll.get('last')}; last success {ago}; incarnation {poll.get('incarnation')}",
+        f"last poll: {poll.get('last')}; last success {ago}; incarnation "
+        f"{'not yet' if poll.get('incarnation') is None else poll.get('incarnation')}",
         "health: ok"
         if health.get("ok")
         else f"health: 503 for {health.get('event_type')} {health.get('event_id')} "
@@ -142,10 +144,7 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             f"{e.get('status')}, NotBefore {when}"
         )
         if e.get("waiting_for"):
-            lines.append(
-                f"    hooks start {e.get('hooks_start_at') or 'with a slot or a drain'} "
-                f"(waiting for: {e['waiting_for']})"
-            )
+            lines.append(f"    hooks start {_waiting(e)}")
         moments = [
             f"{label} {_clock(e.get(key))}"
             for label, key in (
@@ -165,6 +164,28 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _waiting(event: Mapping[str, Any]) -> str:
+    """When a waiting event's hooks start and what it waits for, in words: the lead by the
+    setting it comes from (start_before unset is the default lead, not "start_before"), a
+    slot, or the cluster's drain (named only where one is under way)."""
+    why = event["waiting_for"]
+    at = event.get("hooks_start_at")
+    if why == "start_before":
+        lead_s = event.get("lead_s")
+        lead = f"{lead_s:g} s" if isinstance(lead_s, (int, float)) else "its lead"
+        source = (
+            "the default lead; start_before is unset"
+            if event.get("lead_default")
+            else ("start_before")
+        )
+        return f"{at} (waiting for the lead: {lead} before NotBefore, {source})"
+    if why == "slot":
+        return "when a concurrency slot is free (waiting for: slot)"
+    if why == "cluster":
+        return "when the cluster has drained this node (waiting for: cluster)"
+    return f"{at or 'later'} (waiting for: {why})"
+
+
 def _span(seconds: float) -> str:
     sign = "in " if seconds >= 0 else ""
     suffix = "" if seconds >= 0 else " ago"
@@ -179,3 +200,56 @@ def countdown_seconds(seconds: int) -> str:
 
 def _clock(iso: Optional[str]) -> str:
     return "-" if not iso else iso[11:19]
+
+
+def sections(cfg: Config) -> list[str]:
+    """`check-config`'s lines for every section beside the events and hooks, also when unset,
+    so an operator sees that each was read: windows, concurrency, coordination, the Pacemaker
+    cluster, the HTTP endpoint, metrics, health and webhooks (a webhook by its host only: the
+    path of a Slack or Teams URL is its secret)."""
+    from .webhooks import where  # noqa: PLC0415 - requests only for check-config
+
+    windows = "; ".join(w.describe() for w in cfg.windows) or "none: early maintenance at any time"
+    lines = [f"windows:   {windows}"]
+    slots = cfg.concurrency
+    lines.append(
+        "concurrency: none"
+        if slots is None
+        else f"concurrency: group {slots.group}, {slots.max} slot(s), ttl {slots.ttl}s, by etcd"
+    )
+    co = cfg.coordination
+    if co is None or (co.etcd is None and co.gate is None):
+        lines.append("coordination: none")
+    if co is not None and co.etcd is not None:
+        lines.append(
+            f"coordination: etcd {', '.join(co.etcd.endpoints)} (prefix {co.etcd.prefix}, "
+            f"timeout {co.etcd.timeout:g}s{', TLS client certificate' if co.etcd.cert_file else ''}"
+            f"{', user ' + co.etcd.username if co.etcd.username else ''})"
+        )
+    if co is not None and co.gate is not None:
+        lines.append(
+            f"coordination: gate {' '.join(co.gate.command.argv)} (timeout "
+            f"{co.gate.command.timeout:g}s, asked every {co.gate.interval:g}s while not yet)"
+        )
+    pm = cfg.cluster
+    if pm is None:
+        lines.append("cluster:   none")
+    else:
+        how = f"health ({pm.attribute})" if pm.method.value == "health" else pm.method.value
+        lines.append(
+            f"cluster:   pacemaker, method {how}; drains for {', '.join(pm.event_types)}; "
+            f"drain_timeout {pm.drain_timeout:g}s, min_healthy {pm.min_healthy}"
+        )
+    listen = cfg.listen
+    lines.append(
+        "http:      none (no socket)"
+        if listen is None
+        else f"http:      {listen.host}:{listen.port} (/health; /metrics, /status to loopback)"
+    )
+    lines.append(f"metrics textfile: {cfg.metrics_textfile or 'none'}")
+    lines.append(f"health:    503 from {cfg.unhealthy_from.value} until the event is over")
+    if not cfg.webhooks:
+        lines.append("webhooks:  none")
+    for hook in cfg.webhooks:
+        lines.append(f"webhook:   {where(hook.url)} ({hook.format.value}; on {', '.join(hook.on)})")
+    return lines

@@ -58,7 +58,14 @@ class Telemetry:
         self._textfile_changes = -1
         self._textfile_at = 0.0
         self._problems: set[str] = set()
+        self._started = False  # no socket, no webhooks before `start`: the lock comes first
         self.use(config)
+
+    def start(self) -> None:
+        """Open the socket and start the webhooks: only once the daemon holds its state
+        directory's lock, so a second daemon refused there never opens (or fights for) a port."""
+        self._started = True
+        self.use(self.config)
 
     # ---- wiring -------------------------------------------------------------------------
 
@@ -71,7 +78,7 @@ class Telemetry:
             self._metrics = Metrics(config)
         elif self._metrics is not None:
             self._metrics.use(config)
-        if not self.publish:
+        if not self.publish or not self._started:
             return
         if config.webhooks != old.webhooks or (config.webhooks and self._webhooks is None):
             if self._webhooks is not None:

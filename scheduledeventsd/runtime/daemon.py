@@ -157,6 +157,7 @@ class Daemon:
                 return 1
             except OSError as e:
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
+            self.telemetry.start()  # the port only once the state directory is ours
             loaded, load_problem = self.store.load()
             self._polling.recall(tracked.event for tracked in loaded.values())
             store = self.store
