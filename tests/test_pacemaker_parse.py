@@ -20,8 +20,8 @@ from scheduledeventsd.coordination.pacemaker import (
     transitions,
     why_not_drain,
 )
+from scheduledeventsd.engine.lifecycle import Drain, Phase
 from scheduledeventsd.host.store import StateStore
-from scheduledeventsd.lifecycle import Drain, Phase
 
 from .test_engine import Tracked, event
 

@@ -55,10 +55,10 @@ from scheduledeventsd.engine import (
     Tick,
     Tracked,
 )
-from scheduledeventsd.lifecycle import Phase, Slot
+from scheduledeventsd.engine.gates.window import lead
+from scheduledeventsd.engine.lifecycle import Phase, Slot
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
 from scheduledeventsd.simulators.azure import _start_requests
-from scheduledeventsd.when import lead
 from scheduledeventsd.windows import Window
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()

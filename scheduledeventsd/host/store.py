@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..config import DrainMethod
 from ..engine import ClusterMark, Known, Tracked
-from ..lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
+from ..engine.lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
 from ..model import parse_event
 
 STATE_FILE = "state.json"

@@ -16,8 +16,8 @@ from typing import Any, Optional
 from .. import __version__
 from ..config import Config, HealthFrom
 from ..engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
+from ..engine.gates.window import Held, hold, lead
 from ..model import SCHEDULED, Event, iso_utc
-from ..when import Held, hold, lead
 from ..windows import current_or_next
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from ..config import Config
+from ..engine.gates.window import Held, hold
 from ..model import Document, Event, iso_utc
-from ..when import Held, hold
 
 
 def hooks_start(event: Event, config: Config, now: dt.datetime) -> Optional[Held]:
