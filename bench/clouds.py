@@ -28,9 +28,10 @@ from typing import Any
 import yaml
 
 from bench import start_daemon
-from scheduledeventsd.aws_simulator import AwsSimulator
-from scheduledeventsd.gcp_simulator import GcpSimulator
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulators.aws import AwsSimulator
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.gcp import GcpSimulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 from bench import start_daemon
 from scheduledeventsd.config import Etcd
-from scheduledeventsd.etcd import EtcdClient
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.coordination.etcd import EtcdClient
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.etcd_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import time
 
 import structlog
 
-from scheduledeventsd.hooks import BASE_ENV, ProcessRunner
+from scheduledeventsd.host.hooks import BASE_ENV, ProcessRunner
 
 CASES = (
     ("200 000 lines", "seq 200000"),

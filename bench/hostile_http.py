@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.etcd_cluster import free_ports
 from tests.test_http_edges import Hostile, _Idlers, _probe, _rss_kib
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import requests
 
 from bench import start_daemon
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.etcd_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,8 @@ from typing import Any, Optional
 
 import yaml
 
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.pacemaker_cluster import HUB_ADDRESS, Cluster, in_netns, missing, tag
 
 ROOT = Path(__file__).resolve().parents[1]

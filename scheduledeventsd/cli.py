@@ -12,17 +12,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from . import __version__, config, log, observer, report
-from .daemon import Daemon, run_daemon
-from .identity import resolve
-from .imds import ImdsError
+from . import __version__, config
+from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
-from .providers import client_for
-from .rehearsal import rehearse
-from .state import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
+from .observe import observer, report
+from .providers.identity import resolve
+from .providers.imds import ImdsError
+from .runtime import log
+from .runtime.daemon import Daemon, run_daemon
+from .runtime.rehearsal import rehearse
+from .runtime.wiring import client_for
 
 if TYPE_CHECKING:  # the simulators stay out of the daemon's memory
-    from .simulator import Serving
+    from .simulators.serving import Serving
 
 EXIT_CONFIG = 2
 SHIPPED_HOOKS = "/etc/scheduledeventsd/hooks"
@@ -352,8 +354,8 @@ def _fetch_status(url: str) -> object:
     (whatever answers on that port: a reply that never ends is cut, not read to the end)."""
     import requests  # noqa: PLC0415
 
-    from .deadline import Watch  # noqa: PLC0415
-    from .watched import WatchedAdapter, read_at_most  # noqa: PLC0415
+    from .host.deadline import Watch  # noqa: PLC0415
+    from .host.watched import WatchedAdapter, read_at_most  # noqa: PLC0415
 
     adapter = WatchedAdapter()
     with requests.Session() as session, Watch(STATUS_TIMEOUT) as watch:
@@ -389,13 +391,15 @@ def cmd_test_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
+    # Imported only here: keeps the HTTP server out of the daemon's memory.
+    from .simulators import azure as simulator  # noqa: PLC0415
+    from .simulators.scenario import Scenario, ScenarioError, load_scenario  # noqa: PLC0415
 
     if args.provider != "azure":
         return _simulate_other_cloud(args)
     try:
-        scenario = simulator.load_scenario(args.scenario) if args.scenario else simulator.Scenario()
-    except simulator.ScenarioError as e:
+        scenario = load_scenario(args.scenario) if args.scenario else Scenario()
+    except ScenarioError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.vm_name:
@@ -425,7 +429,8 @@ def _serve(sim: Serving, listen: str, what: str, begin: Callable[[], None]) -> i
 
 def _other_cloud(provider: str) -> tuple[Serving, list[tuple[float, str, Callable[[], object]]]]:
     """The simulator of AWS's or Google Cloud's metadata service and what it plays."""
-    from . import aws_simulator, gcp_simulator  # noqa: PLC0415 - only when asked for
+    from .simulators import aws as aws_simulator  # noqa: PLC0415 - only when asked for
+    from .simulators import gcp as gcp_simulator  # noqa: PLC0415 - only when asked for
 
     if provider == "aws":
         aws = aws_simulator.AwsSimulator()
@@ -454,7 +459,9 @@ def _simulate_other_cloud(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import simulator  # noqa: PLC0415 - keeps the HTTP server out of the daemon's memory
+    # Imported only here: keeps the HTTP server out of the daemon's memory.
+    from .simulators import azure as simulator  # noqa: PLC0415
+    from .simulators.scenario import ScenarioError, bundled_scenario, load_scenario  # noqa: PLC0415
 
     log.configure(args.log_target, args.log_format, args.log_level)
     if args.provider != "azure":
@@ -464,10 +471,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        "its notices", lambda: _play(steps, say=True))  # fmt: skip
         sim.stop()
         return status
-    args.scenario = args.scenario or simulator.bundled_scenario("demo")
+    args.scenario = args.scenario or bundled_scenario("demo")
     try:
-        scenario = simulator.load_scenario(args.scenario)
-    except simulator.ScenarioError as e:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     azure = simulator.Simulator(scenario)

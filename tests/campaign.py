@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from scheduledeventsd.lifecycle import PREPARED, Rule
-from scheduledeventsd.simulator import SCHEDULED_EVENTS_PATH, Scenario, Simulator, rfc1123
-from scheduledeventsd.state import StateStore
-from scheduledeventsd.when import WINDOW_LEAD
+from scheduledeventsd.engine.gates.window import WINDOW_LEAD
+from scheduledeventsd.engine.lifecycle import PREPARED, Rule
+from scheduledeventsd.host.store import StateStore
+from scheduledeventsd.simulators.azure import SCHEDULED_EVENTS_PATH, Simulator, rfc1123
+from scheduledeventsd.simulators.scenario import Scenario
 
 VM = "campaign-vm"
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,9 @@ import structlog
 import yaml
 
 from scheduledeventsd import config as config_mod
-from scheduledeventsd.daemon import Daemon as InProcessDaemon
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.runtime.daemon import Daemon as InProcessDaemon
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 # The `cluster` fixture: a real 3-member etcd (tests/test_fleet.py, tests/test_slots.py).
 pytest_plugins = ["tests.etcd_cluster", "tests.pacemaker_cluster"]

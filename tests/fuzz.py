@@ -20,12 +20,13 @@ import atheris
 import yaml
 
 with atheris.instrument_imports():
-    from scheduledeventsd import aws, config, gcp
-    from scheduledeventsd.coordination import state_of
-    from scheduledeventsd.hooks import hook_environment, hook_stdin
+    from scheduledeventsd import config
+    from scheduledeventsd.coordination.pacemaker import ClusterError, parse_status, transitions
+    from scheduledeventsd.coordination.peers import state_of
+    from scheduledeventsd.host.hooks import hook_environment, hook_stdin
     from scheduledeventsd.model import Document, DocumentError, parse_document
-    from scheduledeventsd.pacemaker import ClusterError, parse_status, transitions
-    from scheduledeventsd.simulator import _start_requests
+    from scheduledeventsd.providers import aws, gcp
+    from scheduledeventsd.simulators.azure import _start_requests
     from tests.test_properties import step_through_the_engine
 
 

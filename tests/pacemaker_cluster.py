@@ -27,7 +27,7 @@ from typing import Callable, Optional, TypeVar
 
 import pytest
 
-from scheduledeventsd.pacemaker import parse_status
+from scheduledeventsd.coordination.pacemaker import parse_status
 
 TOOLS = ("corosync", "pacemakerd", "crm_mon", "crm_attribute", "crm_node", "crm_resource")
 PACKAGES = ("pacemaker", "pacemaker-cli-utils", "corosync", "resource-agents")

@@ -24,7 +24,8 @@ from typing import Any
 import requests
 
 from bench import start_daemon
-from scheduledeventsd.simulator import Scenario, Simulator
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.etcd_cluster import free_ports
 
 VM = "soak-vm"

@@ -13,12 +13,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import aws, config
-from scheduledeventsd.aws_simulator import INSTANCE_ID, AwsSimulator, aws_time
+from scheduledeventsd import config
+from scheduledeventsd.config.provider import Provider, detect
 from scheduledeventsd.engine import Phase, Tracked
+from scheduledeventsd.host.store import StateStore, read_status
 from scheduledeventsd.model import SCHEDULED, STARTED
-from scheduledeventsd.providers import Provider, detect
-from scheduledeventsd.state import StateStore, read_status
+from scheduledeventsd.providers import aws
+from scheduledeventsd.simulators.aws import INSTANCE_ID, AwsSimulator, aws_time
 from tests.conftest import DaemonFactory, Hooks, cli, wait_for
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc).timestamp()

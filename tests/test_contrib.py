@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduledeventsd.config import Config, Coordination, Gate, HookCommand
-from scheduledeventsd.metrics import Metrics
+from scheduledeventsd.observe.metrics import Metrics
 
 ROOT = Path(__file__).parents[1]
 RULES = ROOT / "contrib/prometheus/scheduledeventsd-alerts.yml"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduledeventsd.simulator import Fault, Scenario, Simulator
+from scheduledeventsd.simulators.azure import Fault, Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 from .conftest import VM, wait_for
 

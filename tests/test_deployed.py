@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from scheduledeventsd.aws_simulator import AwsSimulator
+from scheduledeventsd.simulators.aws import AwsSimulator
 
 from .conftest import wait_for
 from .pacemaker_cluster import in_netns

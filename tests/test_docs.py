@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduledeventsd import cli, config, engine, hooks, imds, model, observer, telemetry, web
-from scheduledeventsd.metrics import Metrics
+from scheduledeventsd import cli, config, engine, model
+from scheduledeventsd.host import hooks
+from scheduledeventsd.observe import observer, telemetry, web
+from scheduledeventsd.observe.metrics import Metrics
+from scheduledeventsd.providers import imds
 from scheduledeventsd.records import What
 
 ROOT = Path(__file__).parents[1]
@@ -39,7 +42,7 @@ def emitted_log_names() -> set[str]:
     names of the daemon's own records (a log method's first argument, `report`'s second,
     `_report`'s and `_problem`'s first, with the recovery `_problem` implies)."""
     names = {w.value for w in What}
-    for path in (ROOT / "scheduledeventsd").glob("*.py"):
+    for path in (ROOT / "scheduledeventsd").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue

@@ -50,8 +50,8 @@ from scheduledeventsd.engine import (
     Tracked,
     initial,
 )
+from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
-from scheduledeventsd.webhooks import kind_of
 
 from .test_engine import VM, Machine, config, doc, event, logs, of
 

@@ -42,8 +42,8 @@ from scheduledeventsd.engine import (
     Tracked,
     status_text,
 )
-from scheduledeventsd.lifecycle import Slot
-from scheduledeventsd.metrics import Metrics
+from scheduledeventsd.engine.lifecycle import Slot
+from scheduledeventsd.observe.metrics import Metrics
 from tests.test_engine import VM, Machine, config, doc, event, logs, of
 from tests.test_engine_when import EVENTS, MONO0, due_in, seen
 from tests.test_engine_when import machine as when_machine

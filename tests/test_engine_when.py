@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduledeventsd import engine, lifecycle
+from scheduledeventsd import engine
 from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, HealthFrom, Metadata
 from scheduledeventsd.engine import (
     AcquireSlot,
@@ -27,10 +27,11 @@ from scheduledeventsd.engine import (
     SlotBusy,
     SlotGranted,
     SpawnHooks,
+    lifecycle,
 )
 from scheduledeventsd.engine.gates import window as window_gate
-from scheduledeventsd.observer import Observer
-from scheduledeventsd.when import WINDOW_LEAD
+from scheduledeventsd.engine.gates.window import WINDOW_LEAD
+from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.windows import Window
 
 from .test_engine import Machine, config, doc, event, logs, of

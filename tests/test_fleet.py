@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduledeventsd.simulator import Simulator
+from scheduledeventsd.simulators.azure import Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster, make_tls
 
@@ -312,7 +312,7 @@ def test_a_worker_started_again_writes_under_the_lease_it_already_has(cluster, t
     import queue  # noqa: PLC0415
 
     from scheduledeventsd.config import Etcd  # noqa: PLC0415
-    from scheduledeventsd.coordination import EtcdCoordinator  # noqa: PLC0415
+    from scheduledeventsd.coordination.peers import EtcdCoordinator  # noqa: PLC0415
     from scheduledeventsd.engine import Coordinate, PeersChanged  # noqa: PLC0415
     from tests.test_engine import event  # noqa: PLC0415
 

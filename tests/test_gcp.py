@@ -22,10 +22,10 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import gcp
-from scheduledeventsd.gcp_simulator import INSTANCE_NAME, GcpSimulator
-from scheduledeventsd.imds import ImdsError
 from scheduledeventsd.model import SCHEDULED, STARTED
+from scheduledeventsd.providers import gcp
+from scheduledeventsd.providers.imds import ImdsError
+from scheduledeventsd.simulators.gcp import INSTANCE_NAME, GcpSimulator
 from tests.conftest import DaemonFactory, Hooks, processes_mentioning, wait_for
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import aws
 from scheduledeventsd.config import Hook, HookCommand
-from scheduledeventsd.hooks import (
+from scheduledeventsd.host.hooks import (
     BASE_ENV,
     MAX_ENV_VALUE,
     MAX_LINE,
@@ -28,6 +27,7 @@ from scheduledeventsd.hooks import (
     run_hooks,
 )
 from scheduledeventsd.model import Event, parse_document
+from scheduledeventsd.providers import aws
 
 from .conftest import VM, wait_for
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduledeventsd.hooks import MAX_LINE
+from scheduledeventsd.host.hooks import MAX_LINE
 from tests.conftest import VM, cli, wait_for
 from tests.test_observability import Receiver
 
@@ -86,7 +86,7 @@ def test_event_text_is_data_and_strange_ids_are_refused(daemons, hooks, sim, tmp
 def test_a_hook_printing_200000_lines_is_logged_within_its_budget_and_approved(daemons, sim, hooks):
     """200 000 lines cost 4.6 s of the daemon's CPU in structlog, and millions of journal
     records would make journald drop the daemon's own."""
-    from scheduledeventsd.hooks import MAX_LOGGED_LINES  # noqa: PLC0415
+    from scheduledeventsd.host.hooks import MAX_LOGGED_LINES  # noqa: PLC0415
 
     chatty = hooks.make("chatty", "seq 200000")
     cfg = daemons.config(hooks={"chatty": [{"command": [chatty]}]}, events={"Reboot": ["chatty"]})
@@ -265,7 +265,7 @@ def test_a_record_holding_a_name_the_os_decoded_with_surrogateescape_reaches_jou
     `\\udcff`): systemd.journal.send raised on it and the record was lost."""
     code = (
         "import os\n"
-        "from scheduledeventsd import log\n"
+        "from scheduledeventsd.runtime import log\n"
         "log.configure('journal')\n"
         "path = os.fsdecode(b'/etc/scheduledeventsd/conf-\\xff.yaml')\n"
         "log.get().warning('config_warning', warning=f'{path}: readable by others')\n"

@@ -340,7 +340,7 @@ def test_an_https_receiver_dripping_its_tls_handshake_is_cut_at_the_timeout(
 
 def _etcd(hostile: Hostile, timeout: float = 2.0):
     from scheduledeventsd.config import Etcd  # noqa: PLC0415
-    from scheduledeventsd.etcd import EtcdClient  # noqa: PLC0415
+    from scheduledeventsd.coordination.etcd import EtcdClient  # noqa: PLC0415
 
     return EtcdClient(Etcd(endpoints=(f"http://127.0.0.1:{hostile.port}",), timeout=timeout))
 
@@ -348,7 +348,7 @@ def _etcd(hostile: Hostile, timeout: float = 2.0):
 def test_an_etcd_answer_that_never_ends_is_refused_after_a_few_mib():
     """A range answer was read whole (requests' `content`): an endpoint answering an endless
     body had the daemon read it to its end. An answer is read up to MAX_MESSAGE (4 MiB)."""
-    from scheduledeventsd.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
+    from scheduledeventsd.coordination.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
 
     hostile = Hostile(every="/endless", cap=128 << 20)
     client = _etcd(hostile, timeout=10)
@@ -365,7 +365,7 @@ def test_an_etcd_answer_that_never_ends_is_refused_after_a_few_mib():
 def test_an_etcd_endpoint_dripping_bytes_fails_the_call_at_its_timeout():
     """requests' timeout is per read: an endpoint sending a byte every half second kept a
     call (a lease keep-alive, a slot's take) for ever. The whole call has the timeout."""
-    from scheduledeventsd.etcd import EtcdError  # noqa: PLC0415
+    from scheduledeventsd.coordination.etcd import EtcdError  # noqa: PLC0415
 
     for path in ("/drip-head", "/drip-body"):
         hostile = Hostile(every=path, seconds=30)
@@ -385,7 +385,7 @@ def test_an_etcd_endpoint_dripping_bytes_fails_the_call_at_its_timeout():
 def test_an_etcd_watch_message_that_never_ends_is_refused_after_a_few_mib():
     """A watch message was kept whole until its newline (requests' iter_lines): a stream that
     never sends one grew without bound. Each message is read up to MAX_MESSAGE."""
-    from scheduledeventsd.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
+    from scheduledeventsd.coordination.etcd import MAX_MESSAGE, EtcdError  # noqa: PLC0415
 
     hostile = Hostile(every="/endless", cap=128 << 20)
     client = _etcd(hostile, timeout=10)
@@ -427,7 +427,7 @@ def test_status_against_a_reply_that_never_ends_or_drips_answers_within_its_time
 def test_a_webhook_receivers_retry_after_parks_its_sender_a_minute_at_most():
     """urllib3 slept whatever Retry-After said (a day: the webhook's thread for a day); the
     wait between attempts is BACKOFF doubled, or Retry-After, and never over BACKOFF_MAX."""
-    from scheduledeventsd.webhooks import BACKOFF_MAX, _backoff  # noqa: PLC0415
+    from scheduledeventsd.observe.webhooks import BACKOFF_MAX, _backoff  # noqa: PLC0415
 
     assert [_backoff(n, None) for n in range(4)] == [0.5, 1.0, 2.0, 4.0]
     assert _backoff(0, 3.0) == 3.0

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduledeventsd.daemon import _approve
 from scheduledeventsd.engine import ApprovalFailed
-from scheduledeventsd.imds import ImdsClient, ImdsError
-from scheduledeventsd.simulator import Fault, Scenario, Simulator
+from scheduledeventsd.providers.imds import ImdsClient, ImdsError
+from scheduledeventsd.runtime.lanes import approve
+from scheduledeventsd.simulators.azure import Fault, Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 
 
 @pytest.fixture
@@ -324,13 +325,13 @@ def test_an_approval_with_a_deadline_is_not_sent_after_it_and_given_up_at_it(sim
     under way at its deadline it is given up then, not after metadata.timeout."""
     event_id = sim.add_event("Reboot")
     c = client(sim.url, timeout=10.0, first=10.0)
-    late = _approve(c, event_id=event_id, deadline=time.monotonic() - 0.01)
+    late = approve(c, event_id=event_id, deadline=time.monotonic() - 0.01)
     assert isinstance(late, ApprovalFailed)
     assert late.kind == "deadline"
     assert not [r for r in sim.requests if r.method == "POST"], "never sent"
     sim.add_fault(Fault("delay", delay=3.0, method="POST", count=1))
     started = time.monotonic()
-    cut = _approve(c, event_id=event_id, deadline=started + 0.5)
+    cut = approve(c, event_id=event_id, deadline=started + 0.5)
     assert isinstance(cut, ApprovalFailed)
     assert cut.kind == "timeout"
     assert time.monotonic() - started < 1.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import queue
 import time
 
-from scheduledeventsd.daemon import _fetch, _poll_error
 from scheduledeventsd.engine import DocumentFetched
-from scheduledeventsd.imds import ImdsClient
-from scheduledeventsd.lanes import PollLane
+from scheduledeventsd.providers.imds import ImdsClient
+from scheduledeventsd.runtime.lanes import PollLane, fetch, poll_error
 
 
 def client(sim):
@@ -23,7 +22,7 @@ def test_an_order_is_carried_out_at_its_instant_and_its_answer_comes_back(sim):
     inbox = queue.SimpleQueue()
     lane = PollLane("test-poll", inbox, client(sim))
     at = time.monotonic() + 0.3
-    lane.order(at, _fetch, _poll_error)
+    lane.order(at, fetch, poll_error)
     message = inbox.get(timeout=5)
     assert isinstance(message, DocumentFetched)
     assert time.monotonic() >= at
@@ -34,8 +33,8 @@ def test_an_order_is_carried_out_at_its_instant_and_its_answer_comes_back(sim):
 def test_a_new_order_replaces_one_whose_instant_has_not_come(sim):
     inbox = queue.SimpleQueue()
     lane = PollLane("test-poll", inbox, client(sim))
-    lane.order(time.monotonic() + 30, _fetch, _poll_error)
-    lane.order(time.monotonic() + 0.1, _fetch, _poll_error)
+    lane.order(time.monotonic() + 30, fetch, poll_error)
+    lane.order(time.monotonic() + 0.1, fetch, poll_error)
     assert isinstance(inbox.get(timeout=5), DocumentFetched)
     time.sleep(0.3)
     assert inbox.empty()
@@ -52,7 +51,7 @@ def test_polls_at_a_steady_interval_each_come_at_their_instant(sim):
     instants = [start + 0.1 * k for k in range(5)] + [start + 0.9]  # the last one, late
     carried = []
     for at in instants:
-        lane.order(at, _fetch, _poll_error)
+        lane.order(at, fetch, poll_error)
         assert isinstance(inbox.get(timeout=5), DocumentFetched)
         carried.append(time.monotonic())
     for at, done in zip(instants, carried):
@@ -62,7 +61,7 @@ def test_polls_at_a_steady_interval_each_come_at_their_instant(sim):
 
 def test_stop_wakes_a_lane_waiting_for_a_far_order(sim):
     lane = PollLane("test-poll", queue.SimpleQueue(), client(sim))
-    lane.order(time.monotonic() + 3600, _fetch, _poll_error)
+    lane.order(time.monotonic() + 3600, fetch, poll_error)
     time.sleep(0.05)
     lane.stop()
     lane._thread.join(2)
@@ -74,11 +73,11 @@ def test_a_new_connection_serves_the_next_poll_and_the_old_one_is_closed(sim):
     inbox = queue.SimpleQueue()
     first, second = client(sim), client(sim)
     lane = PollLane("test-poll", inbox, first)
-    lane.order(time.monotonic(), _fetch, _poll_error)
+    lane.order(time.monotonic(), fetch, poll_error)
     inbox.get(timeout=5)
     assert first._link is not None
     lane.use(second)
-    lane.order(time.monotonic(), _fetch, _poll_error)
+    lane.order(time.monotonic(), fetch, poll_error)
     inbox.get(timeout=5)
     assert first._link is None, "closed by the lane before its next poll"
     assert second._link is not None
@@ -88,7 +87,7 @@ def test_a_new_connection_serves_the_next_poll_and_the_old_one_is_closed(sim):
 def test_a_cancelled_order_is_not_carried_out(sim):
     inbox = queue.SimpleQueue()
     lane = PollLane("test-poll", inbox, client(sim))
-    lane.order(time.monotonic() + 0.2, _fetch, _poll_error)
+    lane.order(time.monotonic() + 0.2, fetch, poll_error)
     lane.cancel()
     time.sleep(0.4)
     assert inbox.empty()

@@ -12,7 +12,7 @@ import structlog
 
 from scheduledeventsd import engine
 from scheduledeventsd.engine import PollFailed
-from scheduledeventsd.simulator import Fault
+from scheduledeventsd.simulators.azure import Fault
 
 from .conftest import VM, logging_fails_on, receive, wait_for
 

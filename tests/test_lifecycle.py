@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from scheduledeventsd.simulator import Fault
+from scheduledeventsd.simulators.azure import Fault
 
 from .conftest import VM, wait_for
 

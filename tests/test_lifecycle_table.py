@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from scheduledeventsd import engine, lifecycle
-from scheduledeventsd.lifecycle import DURABLE, ROWS, TABLE, IllegalTransitionError, On, Phase
+from scheduledeventsd import engine
+from scheduledeventsd.engine import lifecycle
+from scheduledeventsd.engine.lifecycle import (
+    DURABLE,
+    ROWS,
+    TABLE,
+    IllegalTransitionError,
+    On,
+    Phase,
+)
 from scheduledeventsd.records import What
 
 ROOT = Path(__file__).parents[1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from scheduledeventsd.notify import Notifier
-from scheduledeventsd.simulator import Fault
+from scheduledeventsd.runtime.notify import Notifier
+from scheduledeventsd.simulators.azure import Fault
 
 from .conftest import VM, receive, wait_for
 

@@ -271,7 +271,7 @@ def test_a_symlink_planted_in_the_textfile_directory_redirects_no_write(node_exp
     import threading  # noqa: PLC0415
 
     from scheduledeventsd.config import Config  # noqa: PLC0415
-    from scheduledeventsd.metrics import Metrics  # noqa: PLC0415
+    from scheduledeventsd.observe.metrics import Metrics  # noqa: PLC0415
 
     textfile = node_exporter_dir / "scheduledeventsd.prom"
     precious = node_exporter_dir.parent / f"{node_exporter_dir.name}-precious"
@@ -339,8 +339,8 @@ def test_a_thousand_slow_clients_keep_no_event_from_its_hooks_or_approval(daemon
 
 def test_a_request_trickling_in_is_cut_at_its_deadline():
     """One byte every 4 s kept a connection, and its thread, for as long as the client liked."""
-    from scheduledeventsd import web  # noqa: PLC0415
     from scheduledeventsd.config import Listen  # noqa: PLC0415
+    from scheduledeventsd.observe import web  # noqa: PLC0415
 
     (port,) = free_ports(1)
     deadline = 2.0  # the daemon's is web.REQUEST_DEADLINE; the mechanism is the same

@@ -11,7 +11,7 @@ from scheduledeventsd import engine
 from scheduledeventsd.config import HealthFrom
 from scheduledeventsd.engine import DocumentFetched, Phase, PollFailed, Tick, Tracked
 from scheduledeventsd.model import Document
-from scheduledeventsd.observer import BLIND_AFTER, Observer, problems, unhealthy
+from scheduledeventsd.observe.observer import BLIND_AFTER, Observer, problems, unhealthy
 from tests.test_engine import config, event
 
 UNHEALTHY = {
@@ -129,7 +129,7 @@ def test_a_mark_of_ours_that_fails_to_come_off_is_shown_and_a_problem_even_uncon
     """Issue 26 #8b: `cluster.pacemaker` reloaded away, the restore failing: `status`
     still shows the mark and exits 1."""
     from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
-    from scheduledeventsd.report import status  # noqa: PLC0415
+    from scheduledeventsd.observe.report import status  # noqa: PLC0415
 
     mark = engine.ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents")
     state = dataclasses.replace(state_with(), cluster_mark=mark, restore_error="exit 102")

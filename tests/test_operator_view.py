@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd import cli as cli_module
-from scheduledeventsd import report
-from scheduledeventsd.simulator import Fault
+from scheduledeventsd.observe import report
+from scheduledeventsd.simulators.azure import Fault
 
 from .conftest import VM, cli, wait_for
 from .etcd_cluster import free_ports

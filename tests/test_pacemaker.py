@@ -19,8 +19,9 @@ from typing import Any, Optional
 
 import pytest
 
-from scheduledeventsd.simulator import Scenario, Simulator
-from scheduledeventsd.state import read_status
+from scheduledeventsd.host.store import read_status
+from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.scenario import Scenario
 from tests.conftest import Daemon, DaemonFactory, Hooks, cli, stop_checked, wait_for
 from tests.pacemaker_cluster import HUB_ADDRESS, RED, Cluster, Node, in_netns
 
@@ -480,7 +481,7 @@ def test_with_one_node_down_a_reboot_still_drains_and_without_quorum_nothing_is_
 
 
 def _quorate(cluster: Cluster, via: Node) -> bool:
-    from scheduledeventsd.pacemaker import parse_status  # noqa: PLC0415
+    from scheduledeventsd.coordination.pacemaker import parse_status  # noqa: PLC0415
 
     return parse_status(cluster.crm_mon(via)).quorate
 

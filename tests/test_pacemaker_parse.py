@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd.config import DrainMethod, Pacemaker
-from scheduledeventsd.lifecycle import Drain, Phase
-from scheduledeventsd.pacemaker import (
+from scheduledeventsd.coordination.pacemaker import (
     READY,
     ClusterError,
     is_ready,
@@ -21,7 +20,8 @@ from scheduledeventsd.pacemaker import (
     transitions,
     why_not_drain,
 )
-from scheduledeventsd.state import StateStore
+from scheduledeventsd.engine.lifecycle import Drain, Phase
+from scheduledeventsd.host.store import StateStore
 
 from .test_engine import Tracked, event
 

@@ -50,7 +50,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from scheduledeventsd import engine, lifecycle, model
+from scheduledeventsd import engine, model
 from scheduledeventsd.config import (
     ApprovePolicy,
     Concurrency,
@@ -79,6 +79,7 @@ from scheduledeventsd.engine import (
     StopRequested,
     Tick,
     events,
+    lifecycle,
     lifetime,
     reload,
     stages,

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import config, engine
 from scheduledeventsd.config import schema
-from scheduledeventsd.coordination import state_of
+from scheduledeventsd.coordination.etcd import EtcdError
+from scheduledeventsd.coordination.etcd import _change as etcd_change
+from scheduledeventsd.coordination.etcd import _decode as etcd_decode
+from scheduledeventsd.coordination.etcd import _revision as etcd_revision
+from scheduledeventsd.coordination.peers import state_of
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalFailed,
@@ -51,14 +55,10 @@ from scheduledeventsd.engine import (
     Tick,
     Tracked,
 )
-from scheduledeventsd.etcd import EtcdError
-from scheduledeventsd.etcd import _change as etcd_change
-from scheduledeventsd.etcd import _decode as etcd_decode
-from scheduledeventsd.etcd import _revision as etcd_revision
-from scheduledeventsd.lifecycle import Phase, Slot
+from scheduledeventsd.engine.gates.window import lead
+from scheduledeventsd.engine.lifecycle import Phase, Slot
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
-from scheduledeventsd.simulator import _start_requests
-from scheduledeventsd.when import lead
+from scheduledeventsd.simulators.azure import _start_requests
 from scheduledeventsd.windows import Window
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()

@@ -12,7 +12,7 @@ import time
 import pytest
 import structlog
 
-from scheduledeventsd.simulator import Fault
+from scheduledeventsd.simulators.azure import Fault
 
 from .conftest import VM, logging_fails_on, wait_for
 

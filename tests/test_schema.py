@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from scheduledeventsd import config
 from scheduledeventsd.config import schema
+from scheduledeventsd.config.provider import DEFAULT_URLS, Provider
 from scheduledeventsd.config.schema import Key, Kind
-from scheduledeventsd.providers import DEFAULT_URLS, Provider
 from scheduledeventsd.windows import Window
 
 ROOT = Path(__file__).parents[1]

@@ -8,11 +8,10 @@ import time
 import pytest
 import requests
 
-from scheduledeventsd.simulator import (
-    Fault,
+from scheduledeventsd.simulators.azure import Fault, Simulator
+from scheduledeventsd.simulators.scenario import (
     Scenario,
     ScenarioError,
-    Simulator,
     bundled_scenario,
     load_scenario,
 )

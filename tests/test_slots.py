@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
+from scheduledeventsd.coordination.etcd import EtcdClient
+from scheduledeventsd.coordination.slots import SlotKeeper
 from scheduledeventsd.engine import SLOT_GRACE, AcquireSlot, SlotBusy, SlotGranted
-from scheduledeventsd.etcd import EtcdClient
-from scheduledeventsd.simulator import Fault, Simulator
-from scheduledeventsd.slots import SlotKeeper
+from scheduledeventsd.simulators.azure import Fault, Simulator
 from tests.conftest import DaemonFactory, Hooks, stop_checked, wait_for
 from tests.etcd_cluster import Cluster
 from tests.tcp_proxy import ProxySet

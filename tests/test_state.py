@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from scheduledeventsd.engine import Phase, Tracked
-from scheduledeventsd.lifecycle import DURABLE
+from scheduledeventsd.engine.lifecycle import DURABLE
+from scheduledeventsd.host.store import STATE_FILE, StateError, StateStore
 from scheduledeventsd.model import Event
-from scheduledeventsd.state import STATE_FILE, StateError, StateStore
 
 EVENT = Event(
     "E1",
@@ -156,7 +156,7 @@ def test_the_cluster_mark_is_saved_and_loaded_back_until_it_is_taken_off(tmp_pat
 
 def test_a_file_from_before_marks_were_kept_with_a_drained_event_says_so(tmp_path):
     """Upgraded mid-drain: the old daemon marked the node (it took off whatever it found)."""
-    from scheduledeventsd.lifecycle import Drain  # noqa: PLC0415
+    from scheduledeventsd.engine.lifecycle import Drain  # noqa: PLC0415
 
     store = StateStore(tmp_path)
     store.save({"E1": Tracked(EVENT, Phase.APPROVED, drain=Drain.DONE)})

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduledeventsd.simulator import rfc1123
+from scheduledeventsd.simulators.azure import rfc1123
 
 from .conftest import VM
 

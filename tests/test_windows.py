@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd.config import EventRule
+from scheduledeventsd.engine.gates.window import hold
 from scheduledeventsd.model import Event
-from scheduledeventsd.when import hold
 from scheduledeventsd.windows import Window, current_or_next, opening
 
 BERLIN = ZoneInfo("Europe/Berlin")

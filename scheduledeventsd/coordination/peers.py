@@ -1,0 +1,183 @@
+"""Shared events through etcd: write this VM's state, watch the other VMs', report what they say.
+
+The engine decides (approve once every VM named is ready, never when one failed); this module
+carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
+connection: it writes `<prefix>/events/<EventId>/<vm name>` under a lease that outlives the
+event, reads the event's keys, then watches them and sends every change to the inbox as
+PeersChanged, until told to stop (a `failed` write reports the keys once, and ends). Any
+failure ends the worker with one CoordinationFailed; the engine's backoff decides when to try
+again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+import urllib.parse
+from typing import Callable, Optional
+
+from ..config import Etcd
+from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged
+from ..model import Event
+from .etcd import EtcdClient, EtcdError, KeyValue
+
+# A watch that stays silent this long is checked with a linearizable read: a member cut off
+# from the quorum keeps a stream open but delivers nothing.
+WATCH_CHECK = 30.0
+LEASE_MARGIN = 3600  # seconds the keys outlive NotBefore (an event may be postponed)
+LEASE_DEFAULT = 24 * 3600  # when NotBefore is unknown
+
+
+def event_prefix(settings: Etcd, event_id: str) -> str:
+    return f"{settings.prefix.rstrip('/')}/events/{_segment(event_id)}/"
+
+
+def _segment(text: str) -> str:
+    """A key segment: IMDS' EventId and the VM name are data, never a path of their own."""
+    return urllib.parse.quote(text, safe="-_.~")
+
+
+def lease_ttl(event: Event, now_wall: float) -> int:
+    if event.not_before is None:
+        return LEASE_DEFAULT
+    remaining = event.not_before.timestamp() - now_wall
+    return int(min(max(remaining, 0) + LEASE_MARGIN, 7 * 24 * 3600))
+
+
+def record(effect: Coordinate) -> bytes:
+    """The value a VM writes: its state, with what an operator reading the keys wants."""
+    return json.dumps(
+        {
+            "state": "ready" if effect.ready else "failed",
+            "vm": effect.vm_name,
+            "event_type": effect.event.event_type,
+            "incarnation": effect.incarnation,
+            "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def state_of(value: Optional[bytes]) -> str:
+    """`ready`, `failed`, or `` for anything else (a value we cannot read is not a ready)."""
+    if value is None:
+        return ""
+    try:
+        decoded = json.loads(value)
+    except (ValueError, RecursionError):
+        return ""
+    state = decoded.get("state") if isinstance(decoded, dict) else None
+    return state if state in ("ready", "failed") else ""
+
+
+class EtcdCoordinator:
+    """The workers of the shared events in progress, by EventId."""
+
+    def __init__(self, settings: Etcd, send: Callable[[Message], None]) -> None:
+        self.settings = settings
+        self._send = send
+        self._lock = threading.Lock()
+        self._workers: dict[str, _Worker] = {}
+
+    def start(self, effect: Coordinate) -> None:
+        event_id = effect.event.event_id
+        worker = _Worker(self.settings, effect, self._send)
+        with self._lock:
+            previous = self._workers.pop(event_id, None)
+            if effect.ready:
+                self._workers[event_id] = worker
+        if previous is not None:
+            previous.stop()
+        worker.start()
+
+    def stop(self, *event_ids: str) -> None:
+        with self._lock:
+            workers = [self._workers.pop(e) for e in event_ids if e in self._workers]
+        for worker in workers:
+            worker.stop()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            ids = list(self._workers)
+        self.stop(*ids)
+
+
+class _Worker:
+    def __init__(self, settings: Etcd, effect: Coordinate, send: Callable[[Message], None]) -> None:
+        self.settings = settings
+        self.effect = effect
+        self._send = send
+        self._client = EtcdClient(settings)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"etcd-{effect.event.event_id[:8]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._client.close()
+
+    def _run(self) -> None:
+        event = self.effect.event
+        try:
+            self._work()
+        except EtcdError as e:
+            if not self._stopped.is_set():
+                self._send(CoordinationFailed(event.event_id, e.kind, e.detail))
+        except Exception as e:  # noqa: BLE001 - must end in a message, never silently
+            if not self._stopped.is_set():
+                self._send(CoordinationFailed(event.event_id, "internal", repr(e)))
+        finally:
+            self._client.close()
+
+    def _work(self) -> None:
+        effect = self.effect
+        prefix = event_prefix(self.settings, effect.event.event_id)
+        own = prefix + _segment(effect.vm_name.casefold())
+        self._write(own)
+        if not effect.ready:  # `failed` is written: say what the keys hold now, once
+            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in self._read(prefix)})
+            return
+        while not self._stopped.is_set():
+            revision, kvs = self._client.range(prefix)
+            states = {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
+            self._report(states)
+            for changes in self._client.watch(prefix, revision + 1, WATCH_CHECK):
+                for kv in changes:
+                    name = _name(kv.key, prefix)
+                    if kv.value is None:
+                        states.pop(name, None)
+                    else:
+                        states[name] = state_of(kv.value)
+                if own not in {kv.key for kv in changes if kv.value is None}:
+                    self._report(states)
+                    continue
+                self._write(own)  # our lease expired (NotBefore moved far): write it again
+            # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
+
+    def _write(self, key: str) -> None:
+        """One lease per event and VM: a worker started again (after a failed watch, or to say
+        failed) writes under the lease its key already has; a new one only for a new key."""
+        try:
+            self._client.put(key, record(self.effect), keep_lease=True)
+        except EtcdError as e:
+            if e.kind != "not_found":
+                raise
+            lease = self._client.grant(lease_ttl(self.effect.event, time.time()))
+            self._client.put(key, record(self.effect), lease)
+
+    def _read(self, prefix: str) -> list[KeyValue]:
+        return self._client.range(prefix)[1]
+
+    def _report(self, states: dict[str, str]) -> None:
+        if not self._stopped.is_set():
+            self._send(PeersChanged(self.effect.event.event_id, dict(states)))
+
+
+def _name(key: str, prefix: str) -> str:
+    return urllib.parse.unquote(key[len(prefix) :])

@@ -1,0 +1,294 @@
+"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once.
+
+The group's slots are the keys `<prefix>/slots/<group>/<n>`, n < max. A VM takes one with a
+transaction that puts it only if it does not exist, under a lease of `concurrency.ttl` it
+renews every third of that: a daemon that dies loses its slot within the TTL. No lock service,
+no leader: etcd's transactions decide, and every daemon reads the same keys. The engine decides
+when to ask and when to give back (AcquireSlot, ReleaseSlot); this module carries that out, one
+worker thread per VM (its events share its one slot, given back after the last of them), and
+tells each of those events SlotGranted and SlotKept (with when etcd's acknowledged grant or
+keep-alive was sent: the engine counts the slot lost `ttl` after that), SlotBusy (who holds
+them, on change) or SlotFailed (etcd could not be asked; the worker asks again on its own, with
+backoff).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+import urllib.parse
+from typing import Callable, Optional
+
+from ..config import Concurrency, Etcd
+from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..retry import Backoff
+from .etcd import EtcdClient, EtcdError, KeyValue
+
+# A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
+# slot under a lease this long, so the next VM does not start before this one's undrain; taken
+# back when the daemon starts again, or free after this if the VM never comes back.
+HAND_OVER_TTL = 900
+
+
+def group_prefix(settings: Etcd, group: str) -> str:
+    return f"{settings.prefix.rstrip('/')}/slots/{urllib.parse.quote(group, safe='-_.~')}/"
+
+
+def holder(value: Optional[bytes]) -> str:
+    """The VM a slot key names ("" for a value this daemon did not write)."""
+    try:
+        decoded = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return ""
+    vm = decoded.get("vm") if isinstance(decoded, dict) else None
+    return vm if isinstance(vm, str) else ""
+
+
+class SlotKeeper:
+    """The slot workers of this VM: one per VM name, shared by every event of that VM that
+    asks for a slot. Slots bound how many VMs are down at once, not events: a second event of
+    a VM (a Redeploy during a Reboot's drain) holds the slot the first one holds, and the VM
+    gives it back only once the last of them is released."""
+
+    def __init__(
+        self, settings: Etcd, concurrency: Concurrency, send: Callable[[Message], None]
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self._send = send
+        self._lock = threading.Lock()
+        self._workers: dict[str, _Worker] = {}  # by VM name
+        self._vm_of: dict[str, str] = {}  # EventId -> the VM name its worker holds for
+
+    def acquire(self, effect: AcquireSlot) -> None:
+        event_id, vm = effect.event.event_id, effect.vm_name
+        with self._lock:
+            if event_id in self._vm_of:
+                return
+            worker = self._workers.get(vm)
+            fresh = worker is None
+            if worker is None:
+                worker = _Worker(self.settings, self.concurrency, effect, self._send)
+                self._workers[vm] = worker
+            self._vm_of[event_id] = vm
+            worker.join(event_id)
+        if fresh:
+            worker.start()
+
+    def release(self, event_id: str) -> None:
+        with self._lock:
+            vm = self._vm_of.pop(event_id, None)
+            worker = self._workers.get(vm) if vm is not None else None
+            if worker is None or not worker.leave(event_id):
+                return  # unknown, or another event of the VM still needs the slot
+            del self._workers[vm]  # type: ignore[arg-type]
+        worker.release()
+
+    def stop_all(self, *, hand_over: bool) -> None:
+        """On the daemon's stop: held slots are kept for HAND_OVER_TTL (or, without
+        `hand_over`, left to expire within TTL); asking ends."""
+        with self._lock:
+            workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
+        for worker in workers:
+            worker.stop(hand_over=hand_over)
+
+
+class _Worker:
+    def __init__(
+        self,
+        settings: Etcd,
+        concurrency: Concurrency,
+        effect: AcquireSlot,
+        send: Callable[[Message], None],
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.renew = concurrency.ttl / 3
+        self.event_id = effect.event.event_id  # the first event: names the thread and the key
+        self.vm = effect.vm_name
+        self.prefix = group_prefix(settings, concurrency.group)
+        self.value = json.dumps(
+            {
+                "vm": self.vm,
+                "event": self.event_id,
+                "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+            sort_keys=True,
+        ).encode()
+        self._send = send
+        self._client = EtcdClient(settings)
+        self._stopped = threading.Event()
+        self._lease: Optional[str] = None
+        self._key: Optional[str] = None  # the slot key, once held
+        # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
+        # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
+        # `ttl` after it, whatever this thread is doing.
+        self._confirmed = 0.0
+        self._events: set[str] = set()  # the events of this VM that hold or want the slot
+        self._held = False  # SlotGranted was said: events joining now are granted at once
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, event_id: str) -> None:
+        """Another event of this VM needs the slot: it shares it (granted now if held)."""
+        with self._lock:
+            self._events.add(event_id)
+            if self._held:
+                self._send(SlotGranted(event_id, self._confirmed))
+
+    def leave(self, event_id: str) -> bool:
+        """True when no event needs the slot any more (the caller gives it back)."""
+        with self._lock:
+            self._events.discard(event_id)
+            return not self._events
+
+    def _tell(
+        self, kind: Callable[..., Message], *fields: object, held: Optional[bool] = None
+    ) -> None:
+        """Send every event of this VM the same news, `kind(event_id, *fields)` (and note
+        whether the slot is held, under the same lock as `join`)."""
+        with self._lock:
+            if held is not None:
+                self._held = held
+            for event_id in sorted(self._events):
+                self._send(kind(event_id, *fields))
+
+    def release(self) -> None:
+        """Give the slot back now (a thread of its own: never holds up the daemon's loop)."""
+        self._stopped.set()
+        self._client.close()
+        threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
+
+    def stop(self, *, hand_over: bool) -> None:
+        self._stopped.set()
+        self._client.close()
+        self._thread.join(timeout=self.settings.timeout)
+        if hand_over and self._key is not None:
+            try:
+                with _Client(self.settings) as client:
+                    lease = client.grant(HAND_OVER_TTL)
+                    client.replace(self._key, self.value, self.value, lease)
+            except EtcdError:
+                pass  # the slot expires within TTL instead
+
+    def _give_back(self) -> None:
+        self._thread.join(timeout=self.settings.timeout + self.renew)
+        try:
+            with _Client(self.settings) as client:
+                if self._key is not None:
+                    client.delete(self._key, self.value)
+                if self._lease is not None:
+                    client.revoke(self._lease)
+        except EtcdError:
+            pass  # the lease expires within TTL
+
+    def _run(self) -> None:
+        backoff = Backoff(first=1.0, cap=self.renew)
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                self._work()
+            except EtcdError as e:
+                if self._stopped.is_set():
+                    return
+                if not failures:
+                    self._tell(SlotFailed, e.kind, e.detail)
+                failures += 1
+                self._key = None
+                self._lease = None
+                with self._lock:
+                    self._held = False
+                self._client.close()
+                self._client = EtcdClient(self.settings)
+                if self._stopped.wait(backoff.delay(failures)):
+                    return
+            except Exception as e:  # noqa: BLE001 - must end in a message, never silently
+                self._tell(SlotFailed, "internal", repr(e))
+                return
+            else:
+                return
+
+    def _grant(self) -> str:
+        sent = time.monotonic()
+        lease = self._client.grant(self.concurrency.ttl)
+        self._confirmed = sent
+        return lease
+
+    def _keep_alive(self, lease: str) -> bool:
+        """Renew the lease; False when etcd says it has expired (its keys are gone)."""
+        sent = time.monotonic()
+        if self._client.keep_alive(lease) == 0:
+            return False
+        self._confirmed = sent
+        return True
+
+    def _work(self) -> None:
+        self._lease = self._grant()
+        holders: Optional[tuple[str, ...]] = None
+        while not self._stopped.is_set():
+            revision, kvs = self._client.range(self.prefix)
+            if self._take(kvs):
+                self._tell(SlotGranted, self._confirmed, held=True)
+                self._hold()
+                return
+            taken = tuple(sorted(holder(kv.value) or "?" for kv in kvs))
+            if taken != holders:
+                holders = taken
+                self._tell(SlotBusy, taken)
+            for _ in self._client.watch(self.prefix, revision + 1, self.renew):
+                break  # a slot changed hands: try again
+            if not self._keep_alive(self._lease):
+                self._lease = self._grant()
+
+    def _take(self, kvs: list[KeyValue]) -> bool:
+        """Take back a slot this VM holds (after a restart: under the new lease), else a free
+        one; True when it is ours. A key of this VM at or beyond `max` (a reload or restart
+        lowered it) is no slot any more: it is deleted, never taken back."""
+        assert self._lease is not None  # noqa: S101 - granted before
+        for kv in kvs:
+            if kv.value is None or holder(kv.value) != self.vm:
+                continue
+            if not self._counts(kv.key):
+                self._client.delete(kv.key, kv.value)
+            elif self._client.replace(kv.key, kv.value, self.value, self._lease):
+                self._key = kv.key
+                return True
+        for n in range(self.concurrency.max):
+            key = f"{self.prefix}{n}"
+            if self._client.create(key, self.value, self._lease):
+                self._key = key
+                return True
+        return False
+
+    def _counts(self, key: str) -> bool:
+        """A slot key of the group below `max`: `<prefix><n>`, n < max."""
+        n = key[len(self.prefix) :] if key.startswith(self.prefix) else ""
+        return n.isdigit() and int(n) < self.concurrency.max
+
+    def _hold(self) -> None:
+        """Renew the lease a third of its ttl after the last renewal etcd acknowledged, and
+        say so (SlotKept), until released; a lease found expired means the slot was lost."""
+        assert self._lease is not None  # noqa: S101 - granted before
+        while not self._stopped.wait(max(0.0, self._confirmed + self.renew - time.monotonic())):
+            if not self._keep_alive(self._lease):
+                self._key = None
+                self._tell(SlotBusy, ("(lease expired)",), held=False)
+                return
+            self._tell(SlotKept, self._confirmed)
+
+
+class _Client(EtcdClient):
+    """An EtcdClient closed on leaving the block."""
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
