@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import signal
 import sys
 import tempfile
 import threading
@@ -228,8 +230,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"  approve:   {cfg.approve.value}")
     print(f"  users:     {cfg.user_events.value} (user_events)")
     print(f"  state:     {cfg.state_dir}")
-    for line in _fleet_lines(cfg):
-        print(f"  {line}")
     for event_type, rule in cfg.events.items():
         chain = " -> ".join(rule.before) if rule.before else "(no hooks; approve at once)"
         extra = [
@@ -250,26 +250,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for line in report.sections(cfg):
         print(f"  {line}")
     return 0
-
-
-def _fleet_lines(cfg: config.Config) -> list[str]:
-    """What this VM shares with others: coordination, slots and the cluster it drains in."""
-    lines = []
-    if cfg.coordination is not None and cfg.coordination.etcd is not None:
-        lines.append(f"coordination: etcd {', '.join(cfg.coordination.etcd.endpoints)}")
-    elif cfg.coordination is not None and cfg.coordination.gate is not None:
-        lines.append(f"coordination: gate {' '.join(cfg.coordination.gate.command.argv)}")
-    if cfg.concurrency is not None:
-        slots = cfg.concurrency
-        lines.append(f"slots:     group {slots.group}, at most {slots.max} (ttl {slots.ttl}s)")
-    if cfg.cluster is not None:
-        node = cfg.cluster
-        lines.append(
-            f"cluster:   pacemaker, method {node.method.value}, drains for "
-            f"{', '.join(node.event_types) or 'no event type'} (timeout {node.drain_timeout:g}s, "
-            f"min_healthy {node.min_healthy})"
-        )
-    return lines
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -535,6 +515,13 @@ COMMANDS = {
 def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader gone away is found here, not at the interpreter's exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`, `| grep -q`): end quietly with the status a
+        # command killed by SIGPIPE has, as cat and grep do, not with a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from .conftest import VM, cli
 
@@ -100,6 +104,28 @@ def _rehearsal_config(tmp_path, hooks_body):
         "events:\n  Reboot:\n    before: [drain]\n    after: [drain]\n"
     )
     return path
+
+
+@pytest.mark.parametrize("command", ["check-config", "test-hooks"])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path, command):
+    """`check-config | grep -q OK`, `test-hooks ... | head -1`: the reader goes away before
+    the output ends. The command ends as one killed by SIGPIPE does (141), without a traceback
+    (before: BrokenPipeError, exit 1 or 120)."""
+    path = _rehearsal_config(tmp_path, "echo drained")
+    argv = [command, *(["Reboot"] if command == "test-hooks" else []), "--config", str(path)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "scheduledeventsd", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parents[1],
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()  # gone before the first line
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err, err
+    assert "BrokenPipe" not in err, err
 
 
 def test_test_hooks_runs_a_stage_for_a_synthetic_event_as_a_real_one_would(tmp_path):

@@ -672,9 +672,11 @@ def test_slots_and_a_pacemaker_drain_load_together(tmp_path, hook):
     assert cfg.cluster.node_of("VM-A") == "node1"
     assert cfg.warnings == ()
     shown = cli("check-config", "--config", str(tmp_path / "config.yaml"), check=True)
-    assert "coordination: etcd http://127.0.0.1:2379" in shown.stdout
-    assert "slots:     group web, at most 2" in shown.stdout
-    assert "cluster:   pacemaker, method standby, drains for Reboot, Redeploy" in shown.stdout
+    assert shown.stdout.count("coordination: etcd http://127.0.0.1:2379") == 1
+    assert shown.stdout.count("concurrency: group web, 2 slot(s)") == 1
+    assert (
+        shown.stdout.count("cluster:   pacemaker, method standby; drains for Reboot, Redeploy") == 1
+    )
 
 
 def test_the_old_spelling_coordination_pacemaker_loads_the_same_cluster_with_a_warning(
