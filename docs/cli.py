@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from generate import between, refresh
+from generate import between, refresh, report
 
 from scheduledeventsd import cli
 
@@ -161,11 +161,7 @@ def rendered() -> dict[Path, Callable[[str], str]]:
 def main() -> int:
     check = "--check" in sys.argv
     stale = refresh(rendered(), check=check)
-    if check and stale:
-        print("stale, run docs/cli.py:", " ".join(stale))
-        return 1
-    print("\n".join(f"wrote {p}" for p in stale) or "up to date")
-    return 0
+    return report("cli.py", stale, check=check)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from generate import between, refresh
+from generate import between, refresh, report
 
 from scheduledeventsd.config import schema
 from scheduledeventsd.config.schema import Key, Kind, Value
@@ -257,11 +257,7 @@ def rendered() -> dict[Path, Callable[[str], str]]:
 def main() -> int:
     check = "--check" in sys.argv
     stale = refresh(rendered(), check=check)
-    if check and stale:
-        print("stale, run docs/config.py:", " ".join(stale))
-        return 1
-    print("\n".join(f"wrote {p}" for p in stale) or "up to date")
-    return 0
+    return report("config.py", stale, check=check)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,12 @@ def refresh(renders: Mapping[Path, Callable[[str], str]], *, check: bool) -> lis
             if not check:
                 path.write_text(new, encoding="utf-8")
     return stale
+
+
+def report(script: str, stale: list[str], *, check: bool) -> int:
+    """What every generator's main says at its end: with --check, stale files are a failure."""
+    if check and stale:
+        print(f"stale, run docs/{script}:", " ".join(stale))
+        return 1
+    print("\n".join(f"wrote {p}" for p in stale) or "up to date")
+    return 0

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from generate import between, refresh
+from generate import between, refresh, report
 
 from scheduledeventsd.engine import lifecycle, machine
 from scheduledeventsd.engine.gates import drain, slot
@@ -79,11 +79,7 @@ def main() -> int:
         stale.append(str(SVG))
         if not check:
             SVG.write_text(draw(), encoding="utf-8")
-    if check and stale:
-        print("stale, run docs/lifecycle.py:", " ".join(stale))
-        return 1
-    print("\n".join(f"wrote {p}" for p in stale) or "up to date")
-    return 0
+    return report("lifecycle.py", stale, check=check)
 
 
 if __name__ == "__main__":
