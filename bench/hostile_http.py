@@ -28,8 +28,8 @@ import yaml
 
 from scheduledeventsd.simulators.azure import Simulator
 from scheduledeventsd.simulators.scenario import Scenario
+from tests.edges.test_http_edges import Hostile, _Idlers, _probe, _rss_kib
 from tests.etcd_cluster import free_ports
-from tests.test_http_edges import Hostile, _Idlers, _probe, _rss_kib
 
 ROOT = Path(__file__).resolve().parents[1]
 VM = "bench-vm"

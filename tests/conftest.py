@@ -26,7 +26,7 @@ from scheduledeventsd.runtime.daemon import Daemon as InProcessDaemon
 from scheduledeventsd.simulators.azure import Simulator
 from scheduledeventsd.simulators.scenario import Scenario
 
-# The `cluster` fixture: a real 3-member etcd (tests/test_fleet.py, tests/test_slots.py).
+# The `cluster` fixture: a real 3-member etcd (tests/system/: test_fleet.py, test_slots.py).
 pytest_plugins = ["tests.etcd_cluster", "tests.pacemaker_cluster"]
 
 VM = "test-vm"

@@ -191,6 +191,6 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A fresh 3-member cluster for one test (tests/test_fleet.py, tests/test_slots.py)."""
+    """A fresh 3-member cluster for one test (tests/system/: test_fleet.py, test_slots.py)."""
     with Cluster(tmp_path_factory.mktemp("etcd")) as c:
         yield c

@@ -27,7 +27,7 @@ with atheris.instrument_imports():
     from scheduledeventsd.model import Document, DocumentError, parse_document
     from scheduledeventsd.providers import aws, gcp
     from scheduledeventsd.simulators.azure import _start_requests
-    from tests.test_properties import step_through_the_engine
+    from tests.engine.test_properties import step_through_the_engine
 
 
 def one(data: bytes) -> None:

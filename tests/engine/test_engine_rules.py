@@ -1,0 +1,218 @@
+"""The rules the engine package keeps (issue 27), each held by a test here: every per-event
+machine changes only through its declared table; every message has one owner, every effect one
+executor in the daemon and one failure message; every component's timers reach next_wakeup only
+through its due(); no engine module is over 400 lines."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from scheduledeventsd.engine import Drain, IllegalTransitionError, Phase, Slot, Tracked, compose
+from scheduledeventsd.engine.gates import drain, slot
+from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect
+from scheduledeventsd.engine.vocabulary.messages import Message
+from tests.engine.test_engine import event
+
+ROOT = Path(__file__).parents[2]
+ENGINE = ROOT / "scheduledeventsd" / "engine"
+MAX_LINES = 400
+
+
+def _modules():
+    return sorted(ENGINE.rglob("*.py"))
+
+
+# ---- (5) no engine module over 400 lines ---------------------------------------------------
+
+
+def test_no_engine_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := _lines(p)) > MAX_LINES}
+    assert not long
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+# ---- (2) every per-event machine changes only through its table ----------------------------
+
+# The field each machine keeps in a Tracked -> the one function that may change it.
+MOVES = {"phase": "_move", "slot": "move", "drain": "move"}
+OWNERS = {"phase": "state.py", "slot": "slot.py", "drain": "drain.py"}
+
+
+def _bare_moves(source: str, filename: str) -> list[str]:
+    """Each change of a machine's field outside its own move(): replace(..., slot=...) or a
+    field passed through another machine's move (_move(..., drain=...))."""
+    offenders = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        for call in ast.walk(function):
+            if not isinstance(call, ast.Call):
+                continue
+            name = getattr(call.func, "id", getattr(call.func, "attr", ""))
+            for keyword in call.keywords:
+                field = keyword.arg
+                if field not in MOVES or name not in ("replace", "_move", "move"):
+                    continue
+                own = function.name == MOVES[field] and filename == OWNERS[field]
+                if not (own and name == "replace"):
+                    offenders.append(f"{filename}:{function.name}: {name}(..., {field}=...)")
+    return offenders
+
+
+def test_every_per_event_machine_changes_only_through_its_table():
+    offenders = []
+    for path in _modules():
+        offenders += _bare_moves(path.read_text(), path.name)
+    assert not offenders
+
+
+def test_a_bare_move_planted_in_a_copy_is_caught():
+    """The check is not vacuous: a slot set by hand, or passed through the phase's move, fails."""
+    planted = "def f(t):\n    return replace(t, slot=Slot.HELD)\n"
+    assert _bare_moves(planted, "slot.py") == ["slot.py:f: replace(..., slot=...)"]
+    through = "def g(t):\n    return _move(t, On.SLOT, Phase.RUNNING, drain=Drain.NONE)\n"
+    assert _bare_moves(through, "events.py") == ["events.py:g: _move(..., drain=...)"]
+
+
+def test_a_gate_move_its_table_does_not_declare_raises_as_a_phase_move_does():
+    tracked = Tracked(event(), Phase.QUEUED)
+    with pytest.raises(IllegalTransitionError, match="slot none: nothing is declared"):
+        slot.move(tracked, slot.SlotOn.GRANTED, Slot.HELD)
+    with pytest.raises(IllegalTransitionError, match="only to"):
+        slot.move(tracked, slot.SlotOn.ASK, Slot.HELD)
+    with pytest.raises(IllegalTransitionError, match="drain none: nothing is declared"):
+        drain.move(tracked, drain.DrainOn.RESTORED, Drain.NONE)
+    assert slot.move(tracked, slot.SlotOn.ASK, Slot.ASKED).slot is Slot.ASKED
+
+
+def test_every_state_of_a_gate_is_reached_from_none():
+    for table, none in ((slot.TABLE, Slot.NONE), (drain.TABLE, Drain.NONE)):
+        reached, frontier = {none}, [none]
+        while frontier:
+            source = frontier.pop()
+            for (state, _), targets in table.moves.items():
+                if state is source:
+                    frontier += list(targets - reached)
+                    reached |= targets
+        assert reached == set(type(none)), table.name
+
+
+def test_every_gate_row_is_on_the_lifecycle_page():
+    """docs/lifecycle.py draws the gates' tables with the phase's (its --check is run in
+    test_lifecycle_table): each row's words are on the lifecycle reference page."""
+    readme = (ROOT / "docs" / "reference" / "lifecycle.md").read_text()
+    for table in (slot.TABLE, drain.TABLE):
+        for row in table.rows:
+            assert f"| {row.on.value} |" in readme, (table.name, row)
+            assert row.does in readme, (table.name, row)
+
+
+# ---- (3) one owner per message, one executor and one failure message per effect ------------
+
+
+def test_every_message_has_one_owner_in_the_engine():
+    assert set(compose._HANDLERS) == set(get_args(Message))
+    for message, handler in compose._HANDLERS.items():
+        assert handler.__module__.startswith("scheduledeventsd.engine."), message
+
+
+def _daemon() -> ast.Module:
+    (path,) = [p for p in (ROOT / "scheduledeventsd").rglob("daemon.py")]
+    return ast.parse(path.read_text())
+
+
+def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _branches(function: ast.FunctionDef):
+    """(the effect types an `isinstance(effect, ...)` test names, the branch's body)."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Call):
+            call = node.test
+            if getattr(call.func, "id", "") == "isinstance" and ast.unparse(call.args[0]) == (
+                "effect"
+            ):
+                kinds = call.args[1]
+                names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+                yield [ast.unparse(n) for n in names], node.body
+
+
+def test_every_effect_has_one_executor_in_the_daemon():
+    named: list[str] = []
+    for kinds, _ in _branches(_method(_daemon(), "_do")):
+        named += kinds
+    effects = sorted(e.__name__ for e in get_args(Effect))
+    assert sorted(named) == effects, "each effect in exactly one branch of Daemon._do"
+
+
+def test_every_effect_has_one_failure_message_sent_when_carrying_it_out_raised():
+    """Declared in FAILURE (None: nothing waits for its answer); Daemon._effect_failed sends
+    exactly that message, from one branch."""
+    assert set(FAILURE) == set(get_args(Effect))
+    tree = _daemon()
+    lanes = ast.parse((ROOT / "scheduledeventsd" / "runtime" / "lanes.py").read_text())
+    helpers = {  # the daemon's own, and the lanes' (`lanes.poll_error(detail)`)
+        **{n.name: n for n in lanes.body if isinstance(n, ast.FunctionDef)},
+        **{n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)},
+    }
+    sent: dict[str, str] = {}
+    for kinds, body in _branches(_method(tree, "_effect_failed")):
+        (put,) = [c for c in ast.walk(body[0]) if isinstance(c, ast.Call)][:1]
+        made = put.args[0]
+        assert isinstance(made, ast.Call)
+        name = ast.unparse(made.func).rpartition(".")[2]
+        if name in helpers:  # _poll_error(detail): the message its return builds
+            (ret,) = [r for r in ast.walk(helpers[name]) if isinstance(r, ast.Return)]
+            name = ast.unparse(ret.value.func)  # type: ignore[union-attr]
+        for kind in kinds:
+            assert kind not in sent, f"{kind}: two failure branches"
+            sent[kind] = name
+    declared = {e.__name__: m.__name__ for e, m in FAILURE.items() if m is not None}
+    assert sent == declared
+
+
+# ---- (3) every component's timers reach next_wakeup through its due() -----------------------
+
+
+def test_every_component_that_fires_timers_declares_when_they_are_due():
+    fires = {t.fire for t in compose.TIMERS if t.fire is not None}
+    for path in _modules():
+        source = path.read_text()
+        if "\ndef fire(" in source:
+            module = _module_of(path)
+            assert module.fire in fires, f"{path.name}: fire() is not in compose.TIMERS"
+            row = next(t for t in compose.TIMERS if t.fire is module.fire)
+            assert row.due is not None or row.due_for is not None, path.name
+            if row.due_for is not None:
+                assert row.phases == module.DUE_PHASES, path.name
+
+
+def _module_of(path: Path):
+    import importlib  # noqa: PLC0415
+
+    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return importlib.import_module(dotted)
+
+
+def test_next_wakeup_and_the_timers_read_no_timer_but_through_the_components():
+    """No parallel list of timers: next_wakeup reads the state only to walk its events, and
+    _timers fires only what compose.TIMERS lists (after the watchdog and the stop)."""
+    wakeup = ast.parse(inspect.getsource(compose.next_wakeup))
+    read = {
+        n.attr
+        for n in ast.walk(wakeup)
+        if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "state"
+    }
+    assert read == {"events"}
+    timers = ast.parse(inspect.getsource(compose._timers))
+    called = {ast.unparse(c.func) for c in ast.walk(timers) if isinstance(c, ast.Call)}
+    assert called == {"lifetime._watchdog", "lifetime._shutdown", "timers.fire"}
