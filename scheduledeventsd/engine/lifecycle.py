@@ -174,6 +174,7 @@ _ROWS: list[Transition] = [
     _t(P.QUEUED, On.SLOT, [P.RUNNING], "before-hooks start holding the slot"),
     _t(P.QUEUED, On.SLOT, [P.DRAINING], "pacemaker: the node is drained holding the slot"),
     _t(P.QUEUED, On.SLOT, _DECIDE, "a reload left it no before-hooks: approval per policy"),
+    _t(P.QUEUED, On.SLOT, [P.WAITING], "granted after its window: given back, waits again"),
     _t(
         P.QUEUED,
         On.LEAD_TIME,

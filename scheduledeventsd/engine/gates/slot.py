@@ -13,7 +13,7 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _with
+from ..state import State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
@@ -26,6 +26,7 @@ class SlotOn(str, enum.Enum):
     ASK = "its before-hooks are due"
     TOO_LATE = "too close to NotBefore to wait"
     GRANTED = "etcd granted it"
+    OUT_OF_WINDOW = "granted after its window closed"
     DEADLINE = "its deadline came first"
     BUSY = "it went to another VM while the daemon was down"
     TAKEN = "it went to another VM before its hooks ran again"
@@ -45,6 +46,12 @@ TABLE = Table(
         row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
         row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
         row([_.ASKED, _.HELD], SlotOn.GRANTED, _.HELD, "slot_acquired (taken_back)"),
+        row(
+            [_.ASKED],
+            SlotOn.OUT_OF_WINDOW,
+            _.NONE,
+            "ReleaseSlot: it waits for the next window, or the lead, and asks again then",
+        ),
         row([_.NONE, _.ASKED, _.HELD], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
         row([_.HELD], SlotOn.BUSY, _.MISSING, "ReleaseSlot, slot_unavailable"),
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
@@ -74,6 +81,10 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
+    if tracked.phase is Phase.QUEUED and tracked.slot is Slot.ASKED:
+        held = _window_closed(state, tracked, now)
+        if held is not None:
+            return _wait_for_window(state, tracked, held, out)
     group = state.config.concurrency.group if state.config.concurrency else None
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
@@ -84,6 +95,28 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
         return _with(state, msg.event_id, tracked)
     state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
     return _with(state, msg.event_id, tracked)
+
+
+def _window_closed(state: State, tracked: Tracked, now: float) -> Optional[window.Held]:
+    """The window gate's answer for a queued event granted its slot now: None when its hooks may
+    start now (in a window, no window before NotBefore, its lead come); else when they may."""
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    if not state.config.windows:
+        return None
+    return window._start_at(tracked.event, rule, state, now)
+
+
+def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: list[Effect]) -> State:
+    """The window bounds when preparation starts: a slot granted after the window closed (the
+    VM waited for it past the window's end) is given back, and the event waits for the next
+    window, or its lead, then asks again."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    out.append(ReleaseSlot(event.event_id))
+    waiting = window._waiting(event, rule, held, state)
+    out.append(replace(waiting, fields={**waiting.fields, "slot": "given back: its window closed"}))
+    given_back = move(tracked, SlotOn.OUT_OF_WINDOW, Slot.NONE)
+    return _with(state, event.event_id, _move(given_back, On.SLOT, Phase.WAITING, start_at=held.at))
 
 
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
