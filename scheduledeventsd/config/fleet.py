@@ -7,12 +7,21 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..model import EVENT_TYPES
 from . import files, logic, schema
 from .sections import command
-from .settings import Concurrency, Coordination, DrainMethod, Etcd, Gate, Pacemaker, frozen
+from .settings import (
+    Concurrency,
+    Coordination,
+    DrainMethod,
+    Etcd,
+    Gate,
+    Limit,
+    Pacemaker,
+    frozen,
+)
 from .walker import Checker, Entry, kind_of, url_parts
 
 # Pacemaker's own CLI, looked for where the distributions install it (never the caller's PATH).
@@ -122,10 +131,40 @@ def _nodes(c: Checker, raw: Mapping[Any, Any], where: str) -> Mapping[str, str]:
     return frozen(nodes)
 
 
-def concurrency(c: Checker, fields: Optional[dict[str, Any]]) -> Optional[Concurrency]:
-    if fields is None or "group" not in fields:
+def concurrency(
+    c: Checker, given: Union[dict[str, Any], list[Entry], None]
+) -> Optional[Concurrency]:
+    """The mapping form (one group), or the list form (one mapping per group: several limits
+    at once, all held under one lease, so `ttl` is one value)."""
+    if given is None:
         return None
-    group = fields["group"]
-    if not _GROUP.fullmatch(group):
-        c.fail("concurrency.group", f"letters, digits, '_', '.', '-' (at most 64), got {group!r}")
-    return Concurrency(**fields)
+    entries = given if isinstance(given, list) else [Entry("concurrency", given)]
+    limits: list[Limit] = []
+    ttls: dict[int, str] = {}
+    for entry in entries:
+        group = entry.fields.get("group")
+        if group is None:
+            continue  # required: said by the walk
+        if not _GROUP.fullmatch(group):
+            c.fail(
+                f"{entry.where}.group",
+                f"letters, digits, '_', '.', '-' (at most 64), got {group!r}",
+            )
+        elif group in (limit.group for limit in limits):
+            c.fail(f"{entry.where}.group", f"{group!r} is given twice: one limit per group")
+        max_ = entry.fields.get("max", Concurrency.max)
+        limits.append(Limit(group, max_))
+        if "ttl" in entry.fields:
+            ttls.setdefault(entry.fields["ttl"], entry.where)
+    if len(ttls) > 1:
+        (first, where), (second, other) = list(ttls.items())[:2]
+        c.fail(
+            f"{other}.ttl",
+            f"{second} differs from {where}.ttl's {first}: the slots of every group are held "
+            "under one lease (give ttl once, or the same on each)",
+        )
+    if not limits:
+        return None
+    ttl = next(iter(ttls), Concurrency.ttl)
+    first, *more = limits
+    return Concurrency(first.group, first.max, ttl, tuple(more))
