@@ -157,10 +157,10 @@ def concurrency(
         if "ttl" in entry.fields:
             ttls.setdefault(entry.fields["ttl"], entry.where)
     if len(ttls) > 1:
-        (first, where), (second, other) = list(ttls.items())[:2]
+        (one, where), (two, other) = list(ttls.items())[:2]
         c.fail(
             f"{other}.ttl",
-            f"{second} differs from {where}.ttl's {first}: the slots of every group are held "
+            f"{two} differs from {where}.ttl's {one}: the slots of every group are held "
             "under one lease (give ttl once, or the same on each)",
         )
     if not limits:
