@@ -40,8 +40,9 @@ class SlotOn(str, enum.Enum):
 _ = Slot
 TABLE = Table(
     "slot",
-    "an event's concurrency slot (concurrency, etcd): held from before its before-hooks until "
-    "it is over; missing, it is never approved early",
+    "an event's concurrency slot (concurrency, etcd; with several groups a slot in each, taken "
+    "and given back together): held from before its before-hooks until it is over; missing, "
+    "it is never approved early",
     (
         row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
         row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
@@ -85,9 +86,9 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
         held = _window_closed(state, tracked, now)
         if held is not None:
             return _wait_for_window(state, tracked, held, out)
-    group = state.config.concurrency.group if state.config.concurrency else None
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
-    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
+    groups = _groups(state)
+    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
     state = lease._slot_confirmed(state, msg.event_id, confirmed)
@@ -125,7 +126,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         return state
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
-        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state, msg.full))
         if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
             state = _without_lease(state, msg.event_id)
             tracked = move(tracked, SlotOn.TAKEN, Slot.ASKED)
@@ -230,20 +231,37 @@ def _queued_until(tracked: Tracked, state: State, now: float) -> float:
     return max(deadline, min(tracked.start_at, now + SLOT_GRACE))
 
 
-def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+def _slot_waiting(
+    event: Event,
+    deadline: float,
+    holders: tuple[str, ...],
+    state: State,
+    full: tuple[str, ...] = (),
+) -> Record:
     """`deadline` is inf after a restart until the next document places it: no instant then
-    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded). With
+    several groups, `full` names those without a slot for this VM (it holds one in each or none)."""
     wall = deadline + (state.wall_offset or 0.0)
-    concurrency = state.config.concurrency
     return _note(
         Level.INFO,
         What.EVENT_WAITING,
         event,
         reason="slot",
-        group=concurrency.group if concurrency else None,
+        **_groups(state),
         holders=list(holders),
+        **({"full": list(full)} if full else {}),
         hooks_start_at=_iso_wall(wall),
     )
+
+
+def _groups(state: State) -> dict[str, object]:
+    """The records' `group` (the first, or only, group); with several, `groups` too."""
+    concurrency = state.config.concurrency
+    if concurrency is None:
+        return {"group": None}
+    if not concurrency.more:
+        return {"group": concurrency.group}
+    return {"group": concurrency.group, "groups": list(concurrency.groups)}
 
 
 # Phases in which an event's slot is given back: it is over, or it never will be prepared.
