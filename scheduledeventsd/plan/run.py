@@ -1,0 +1,617 @@
+"""The plan's loop: every VM runs the daemon's own engine (`engine.step`, the same tables, no
+second model) on a simulated clock; its effects are carried out by the simulated parts
+(world.py) as runtime/daemon.py carries them out, and their answers come back as the messages
+the daemon's executors send.
+
+A heap holds (time, VM, what is due): a message, the engine's wake-up (WakeAt), the poll it
+ordered (Fetch), a document that changes, an event that starts, a VM back from its reboot. A
+poll whose document did not change and that did nothing but order the next (a quiet answer) is
+not replayed one by one: the VM's polls stay "quiet" until anything else is due for it, then the
+last ones are delivered (the last `RATE_WINDOW` of them at their own instants, so the engine's
+rate budget is what it would be), and the rest in one late answer. A held slot's keep-alives are
+delivered the same way, the latest before whatever comes next. A week's notice at 1 s polls costs
+a handful of steps, not 604 800.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+from .. import engine
+from ..config import Config
+from ..engine import (
+    AcquireSlot,
+    ApprovalFailed,
+    ApprovalSent,
+    AskCluster,
+    AskGate,
+    Boot,
+    CancelFetch,
+    CancelRuns,
+    CheckCluster,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterMark,
+    ClusterMarked,
+    ClusterRestored,
+    Coordinate,
+    DocumentFetched,
+    DrainNode,
+    Effect,
+    Exit,
+    Faulted,
+    Fetch,
+    GateAnswered,
+    HooksFinished,
+    Known,
+    Message,
+    NameResolved,
+    Notify,
+    Outcome,
+    Persist,
+    Persisted,
+    Phase,
+    PostApproval,
+    Record,
+    ReleaseSlot,
+    ResolveName,
+    RestoreNode,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
+    SlotKept,
+    SpawnHooks,
+    Stage,
+    StopCoordinating,
+    StopDraining,
+    UseConfig,
+    WakeAt,
+    What,
+)
+from ..engine.vocabulary.constants import RATE_WINDOW
+from .fleet import Fleet, VmSet
+from .timeline import Seen
+from .world import Answer, Cloud, EtcdSlots, Peers, Posting, Slots, hook_run, postings
+
+
+class PlanError(Exception):
+    """The planner met what it cannot simulate faithfully (a defect in the planner)."""
+
+
+_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE = range(7)
+_QUIET = (Fetch, WakeAt)  # all a quiet answer does
+SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
+
+
+@dataclass
+class _Run:
+    event_id: str
+    stage: Stage
+    token: int
+
+
+@dataclass
+class Vm:
+    """One VM: its daemon's engine state and what its executors hold."""
+
+    index: int
+    name: str
+    spec: VmSet
+    config: Config
+    state: engine.State
+    group: str
+    alive: bool = True
+    gen: int = 0  # bumped when its daemon dies: what was due for the old one is dropped
+    boots: int = 1
+    wake_at: float = math.inf
+    wake_token: int = 0
+    fetch_at: Optional[float] = None  # the poll it ordered
+    fetch_token: int = 0
+    quiet: bool = False  # that poll is taken as quiet: not in the heap until something else is
+    shown: int = -1  # the incarnation it last saw
+    kept_from: Optional[float] = None  # its slot's lease renewed every ttl/3 from then
+    kept_to: float = -math.inf  # the last renewal it was told of
+    slot_events: set[str] = field(default_factory=set)
+    persisted: Known = field(default_factory=dict)
+    mark: Optional[ClusterMark] = None
+    runs: dict[int, _Run] = field(default_factory=dict)
+    drains: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    waiting_after: set[str] = field(default_factory=set)  # back up: until the engine is done
+
+    def token(self) -> int:
+        self.tokens += 1
+        return self.tokens
+
+
+Guard = Optional[tuple[str, str, int]]  # ("run" | "drain", key, token): still wanted?
+
+
+class Plan:
+    """One wave over the fleet, from `start`: `run()`, then read `seen`, `steps`, `until`."""
+
+    def __init__(self, fleet: Fleet, start: dt.datetime, slots: Optional[Slots] = None) -> None:
+        self.fleet = fleet
+        self.start = start.astimezone(dt.timezone.utc)
+        self.wall0 = self.start.timestamp()
+        self.cloud = Cloud(postings(fleet, self.start), self.start)
+        self.slots: Slots = slots if slots is not None else EtcdSlots()
+        self.peers = Peers()
+        self.vms: list[Vm] = []
+        for s in fleet.sets:
+            for name in s.names:
+                config = s.config_for(name)
+                group = config.concurrency.group if config.concurrency else ""
+                self.vms.append(Vm(len(self.vms), name, s, config, engine.initial(config), group))
+        self.by_name = {vm.name: vm for vm in self.vms}
+        self.seen: dict[tuple[str, str], Seen] = {}
+        for p in self.cloud.events:
+            for name in p.vms:
+                group = self.by_name[name].group
+                self.seen[(name, p.event_id)] = Seen(
+                    name, group, p.event_id, p.event_type, p.posted, p.not_before
+                )
+        self._open = len(self.seen)
+        self._heap: list[tuple[float, int, int, int, int, Any]] = []
+        self._seq = 0
+        self.steps = 0
+        self.faults = 0
+        self.until = 0.0  # the last instant simulated
+        last = max((p.not_before + p.impact for p in self.cloud.events), default=0.0)
+        self.horizon = last + SLACK
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        for vm in self.vms:
+            self._feed(vm, Boot({}, "", f"plan-boot-{vm.boots}"), 0.0)
+        for p in self.cloud.events:
+            for name in p.vms:
+                self._push(p.posted, self.by_name[name], _DOC, None)
+            self._push(p.not_before, None, _START, p)
+        while self._heap and self._open:
+            t, _, index, gen, kind, payload = heapq.heappop(self._heap)
+            if t > self.horizon:
+                break
+            self.until = max(self.until, t)
+            due = self.vms[index] if index >= 0 else None
+            if due is not None and gen != due.gen:
+                continue  # for a daemon that has died since
+            self._due(due, kind, payload, t)
+        return self
+
+    def _due(self, vm: Optional[Vm], kind: int, payload: Any, t: float) -> None:  # noqa: ANN401
+        if kind == _START:
+            self._start(payload, t)
+        elif kind == _EXPIRE:
+            self._answer(self.slots.expire(t), t)
+        elif vm is None:
+            raise PlanError(f"nothing due for no VM: {kind}")
+        elif kind == _BACK:
+            self._back(vm, payload, t)
+        elif not vm.alive:
+            return
+        elif kind == _MSG:
+            message, guard = payload
+            if self._wanted(vm, guard):
+                self._catch_up(vm, t)
+                self._feed(vm, message, t)
+        elif kind == _TICK:
+            if payload == vm.wake_token:
+                self._tick(vm, t)
+        elif kind == _FETCH:
+            if payload == vm.fetch_token and not vm.quiet:
+                self._catch_up(vm, t)
+                self._poll(vm, t)
+        elif kind == _DOC and vm.quiet:
+            self._catch_up(vm, t)
+            self._unquiet(vm)
+
+    def _push(self, t: float, vm: Optional[Vm], kind: int, payload: Any) -> None:  # noqa: ANN401
+        self._seq += 1
+        index, gen = (vm.index, vm.gen) if vm is not None else (-1, 0)
+        heapq.heappush(self._heap, (t, self._seq, index, gen, kind, payload))
+
+    def _send(self, vm: Vm, message: Message, t: float, guard: Guard = None) -> None:
+        self._push(t, vm, _MSG, (message, guard))
+
+    def _wanted(self, vm: Vm, guard: Guard) -> bool:
+        if guard is None:
+            return True
+        what, key, token = guard
+        if what == "run":
+            run = vm.runs.get(int(key))
+            return run is not None and run.token == token
+        return vm.drains.get(key) == token
+
+    # ---- one step of one VM's engine ---------------------------------------------------------
+
+    def _step(self, vm: Vm, message: Message, t: float) -> tuple[Effect, ...]:
+        """`engine.step`, as the daemon's `_feed` calls it: a step that raises is a defect,
+        reported to the engine as Faulted (counted in the summary), never the end of the run."""
+        try:
+            vm.state, effects = engine.step(vm.state, message, t)
+        except Exception as e:  # noqa: BLE001 - the daemon survives it: so does the plan
+            self.faults += 1
+            if isinstance(message, Faulted):
+                return ()
+            fault = Faulted(f"step {type(message).__name__}", repr(e)[:500], message)
+            return self._step(vm, fault, t)
+        self.steps += 1
+        self._observe(vm, message, effects, t)
+        return effects
+
+    def _feed(self, vm: Vm, message: Message, t: float) -> None:
+        effects = self._step(vm, message, t)
+        self._carry(vm, effects, t)
+        if vm.quiet and not all(isinstance(e, _QUIET) for e in effects):
+            self._unquiet(vm)
+
+    def _carry(self, vm: Vm, effects: tuple[Effect, ...], t: float) -> None:
+        for effect in effects:
+            executor = EXECUTORS.get(type(effect))
+            if executor is None:
+                raise PlanError(
+                    f"the planner cannot carry out {type(effect).__name__}: give it an "
+                    "executor in plan/run.py EXECUTORS, as runtime/daemon.py has one"
+                )
+            executor(self, vm, effect, t)
+            if not vm.alive:
+                return
+
+    def _tick(self, vm: Vm, t: float) -> None:
+        self._catch_up(vm, t)
+        wake = engine.next_wakeup(vm.state, t)
+        if wake > t:  # what was due is done (a keep-alive came): no step to take
+            self._wake(vm, wake)
+            return
+        self._feed(vm, engine.Tick(), t)
+
+    def _wake(self, vm: Vm, at: float) -> None:
+        if at != vm.wake_at:
+            vm.wake_at = at
+            vm.wake_token += 1
+            self._push(at, vm, _TICK, vm.wake_token)
+
+    # ---- polls, and what is taken as quiet ---------------------------------------------------
+
+    def _poll(self, vm: Vm, t: float) -> None:
+        document = self.cloud.document(vm.name, t)
+        changed = document.incarnation != vm.shown
+        vm.shown = document.incarnation
+        vm.fetch_at = None
+        effects = self._step(vm, DocumentFetched(document, self.wall0 + t), t)
+        if not changed and all(isinstance(e, _QUIET) for e in effects):
+            vm.quiet = True
+        self._carry(vm, effects, t)
+
+    def _unquiet(self, vm: Vm) -> None:
+        """The ordered poll goes into the heap: what comes next may not be quiet."""
+        vm.quiet = False
+        if vm.fetch_at is not None:
+            vm.fetch_token += 1
+            self._push(vm.fetch_at, vm, _FETCH, vm.fetch_token)
+
+    def _catch_up(self, vm: Vm, t: float) -> None:
+        """The quiet polls ordered before `t`, and the latest keep-alive of a held slot."""
+        interval = vm.config.metadata.poll_interval
+        keep = RATE_WINDOW + 2 * interval
+        while vm.quiet and vm.fetch_at is not None and vm.fetch_at < t:
+            at = vm.fetch_at
+            ticks = math.floor((t - keep - at) / interval)
+            # Answered late (half an interval before the tick wanted next), the engine orders
+            # that tick next: the ticks between cost nothing.
+            when = at + (ticks - 0.5) * interval if ticks >= 2 else at
+            document = self.cloud.document(vm.name, when)
+            if document.incarnation != vm.shown:
+                raise PlanError(f"{vm.name}: its document changed at {when} while quiet")
+            vm.fetch_at = None
+            effects = self._step(vm, DocumentFetched(document, self.wall0 + when), when)
+            if not all(isinstance(e, _QUIET) for e in effects):
+                raise PlanError(f"{vm.name}: a poll taken as quiet was not at {when}")
+            self._carry(vm, effects, when)
+        concurrency = vm.config.concurrency
+        if vm.kept_from is None or concurrency is None:
+            return
+        renew = concurrency.ttl / 3
+        last = vm.kept_from + math.floor((t - vm.kept_from) / renew) * renew
+        if last > vm.kept_to:
+            vm.kept_to = last
+            for event_id in sorted(vm.slot_events):
+                self._carry(vm, self._step(vm, SlotKept(event_id, last), t), t)
+
+    # ---- the cloud: an event starts, a VM goes down and comes back ---------------------------
+
+    def _start(self, posting: Posting, t: float) -> None:
+        if posting.started is None:
+            posting.started = t
+        if posting.started != t:
+            return  # approved before its NotBefore
+        for name in posting.vms:
+            vm = self.by_name[name]
+            seen = self.seen[(name, posting.event_id)]
+            seen.down = t
+            if posting.reboots or posting.gone_for_good:
+                self._down(vm, posting, t)
+            else:  # paused: Started, then gone once it is over
+                seen.back = t + posting.impact
+                vm.waiting_after.add(posting.event_id)
+                self._push(t, vm, _DOC, None)
+                self._push(t + posting.impact, vm, _DOC, None)
+
+    def _down(self, vm: Vm, posting: Posting, t: float) -> None:
+        seen = self.seen[(vm.name, posting.event_id)]
+        if any(
+            r.event_id == posting.event_id and r.stage is Stage.BEFORE for r in vm.runs.values()
+        ):
+            seen.cut_off = True
+        if not vm.alive:
+            return
+        vm.alive = False
+        vm.gen += 1
+        vm.runs.clear()
+        vm.drains.clear()
+        vm.fetch_at, vm.quiet, vm.kept_from, vm.wake_at = None, False, None, math.inf
+        vm.slot_events.clear()
+        self.slots.stopped(vm.name, t)
+        self.peers.stopped(vm.name)
+        expiry = self.slots.next_expiry()
+        if expiry is not None:
+            self._push(expiry, None, _EXPIRE, None)
+        if posting.gone_for_good:
+            seen.never_back = True
+            self._finished(seen)
+        else:
+            self._push(t + posting.impact, vm, _BACK, posting)
+
+    def _back(self, vm: Vm, posting: Posting, t: float) -> None:
+        """A new boot: the daemon starts from its state file."""
+        vm.alive = True
+        vm.boots += 1
+        vm.state = engine.initial(vm.config)
+        vm.shown = -1
+        self.seen[(vm.name, posting.event_id)].back = t
+        vm.waiting_after.add(posting.event_id)
+        self._feed(vm, Boot(vm.persisted, "", f"plan-boot-{vm.boots}", vm.mark), t)
+
+    def _finished(self, seen: Seen) -> None:
+        self._open -= 1
+
+    # ---- what the engine did, as the report reads it -----------------------------------------
+
+    def _observe(self, vm: Vm, message: Message, effects: tuple[Effect, ...], t: float) -> None:
+        self._observe_message(vm, message, t)
+        for effect in effects:
+            self._observe_effect(vm, effect, t)
+        if vm.waiting_after:
+            for event_id in sorted(vm.waiting_after):
+                tracked = vm.state.events.get(event_id)
+                if tracked is None or tracked.phase is Phase.OVER:
+                    vm.waiting_after.discard(event_id)
+                    seen = self.seen[(vm.name, event_id)]
+                    seen.after_done = t
+                    self._finished(seen)
+
+    def _observe_message(self, vm: Vm, message: Message, t: float) -> None:
+        seen_of = self.seen.get
+        if isinstance(message, ApprovalSent):
+            seen = seen_of((vm.name, message.event_id))
+            if seen is not None and seen.approved is None:
+                seen.approved = t
+        elif isinstance(message, HooksFinished):
+            run = vm.runs.pop(message.run, None)
+            seen = seen_of((vm.name, run.event_id)) if run is not None else None
+            if seen is not None and run is not None and run.stage is Stage.BEFORE:
+                seen.hooks_end = t
+                seen.hooks_failed = message.outcome is not Outcome.SUCCEEDED
+        elif isinstance(message, SlotBusy):
+            seen = seen_of((vm.name, message.event_id))
+            if seen is not None:
+                seen.slot_busy = True
+        elif isinstance(message, SlotGranted):
+            seen = seen_of((vm.name, message.event_id))
+            if seen is not None and seen.slot_from is None:
+                seen.slot_from = t
+            vm.slot_events.add(message.event_id)
+            if vm.kept_from is None:
+                vm.kept_from = vm.kept_to = t if message.confirmed is None else message.confirmed
+        elif isinstance(message, ClusterDrained):
+            seen = seen_of((vm.name, message.event_id))
+            if seen is not None:
+                seen.drain_to = t
+
+    def _observe_effect(self, vm: Vm, effect: Effect, t: float) -> None:
+        if isinstance(effect, Record):
+            event_id = effect.fields.get("event_id")
+            seen = self.seen.get((vm.name, str(event_id)))
+            if seen is None:
+                return
+            if effect.what is What.EVENT_WAITING:
+                seen.waits.append(str(effect.fields.get("reason", "")))
+            elif effect.what is What.SLOT_UNAVAILABLE:
+                seen.no_slot = True
+            return
+        if isinstance(effect, SpawnHooks):
+            seen = self.seen.get((vm.name, effect.event.event_id))
+            if seen is None:
+                return
+            if effect.stage is Stage.BEFORE and seen.hooks_start is None:
+                seen.hooks_start = t
+            elif effect.stage is not Stage.BEFORE and seen.after_start is None:
+                seen.after_start = t
+        elif isinstance(effect, AcquireSlot):
+            seen = self.seen.get((vm.name, effect.event.event_id))
+            if seen is not None and seen.asked_slot is None:
+                seen.asked_slot = t
+        elif isinstance(effect, DrainNode):
+            seen = self.seen.get((vm.name, effect.event.event_id))
+            if seen is not None and seen.drain_from is None:
+                seen.drain_from = t
+
+    def _answer(self, answers: list[Answer], t: float) -> None:
+        for name, message in answers:
+            vm = self.by_name.get(name)
+            if vm is not None and vm.alive:
+                self._send(vm, message, t)
+
+    def rows(self) -> list[Seen]:
+        """Every VM's events, in the fleet's order, each with its slot's hold."""
+        holds: dict[str, list[tuple[float, Optional[float]]]] = {}
+        for _, name, since, to in self.slots.held():
+            holds.setdefault(name, []).append((since, to))
+        found = []
+        order = {vm.name: vm.index for vm in self.vms}
+        for seen in sorted(self.seen.values(), key=lambda s: (order[s.vm], s.posted)):
+            for since, to in holds.get(seen.vm, []):
+                if seen.slot_from is not None and since <= seen.slot_from:
+                    seen.slot_to = to
+            found.append(seen)
+        return found
+
+
+# ---- the executors: one per effect, as runtime/daemon.py `_do` has --------------------------
+
+
+def _fetch(plan: Plan, vm: Vm, e: Fetch, t: float) -> None:
+    """The poll lane: carried out at its instant (or now, if that has passed)."""
+    vm.fetch_at = max(e.at, t)
+    vm.fetch_token += 1
+    if not vm.quiet:
+        plan._push(vm.fetch_at, vm, _FETCH, vm.fetch_token)
+
+
+def _cancel_fetch(plan: Plan, vm: Vm, e: CancelFetch, t: float) -> None:
+    vm.fetch_at, vm.quiet = None, False
+    vm.fetch_token += 1
+
+
+def _resolve_name(plan: Plan, vm: Vm, e: ResolveName, t: float) -> None:
+    plan._send(vm, NameResolved(vm.name, "imds"), t)
+
+
+def _spawn(plan: Plan, vm: Vm, e: SpawnHooks, t: float) -> None:
+    seconds, outcome, detail = hook_run(e.hooks, vm.spec.hooks, vm.config.hooks)
+    token = vm.token()
+    vm.runs[e.run] = _Run(e.event.event_id, e.stage, token)
+    plan._send(vm, HooksFinished(e.run, outcome, detail), t + seconds, ("run", str(e.run), token))
+
+
+def _cancel_runs(plan: Plan, vm: Vm, e: CancelRuns, t: float) -> None:
+    for run in e.runs:
+        found = vm.runs.get(run)
+        if found is not None:
+            found.token = vm.token()  # its own end is not sent any more
+            plan._send(vm, HooksFinished(run, Outcome.CANCELLED), t, ("run", str(run), found.token))
+
+
+def _post_approval(plan: Plan, vm: Vm, e: PostApproval, t: float) -> None:
+    event_id = e.event.event_id
+    if e.deadline is not None and t >= e.deadline:
+        detail = "not sent: its slot's lease could expire before an answer"
+        plan._send(vm, ApprovalFailed(event_id, "deadline", detail), t)
+        return
+    plan._send(vm, ApprovalSent(event_id, 0.0, t), t)
+    if plan.cloud.approve(event_id, t):
+        plan._push(t, None, _START, plan.cloud.by_id[event_id])
+
+
+def _persist(plan: Plan, vm: Vm, e: Persist, t: float) -> None:
+    vm.persisted, vm.mark = e.events, e.mark
+    plan._send(vm, Persisted(""), t)
+
+
+def _nothing(plan: Plan, vm: Vm, e: Effect, t: float) -> None:
+    """Record (read by `_observe`), Notify, UseConfig (no reload in a plan)."""
+
+
+def _coordinate(plan: Plan, vm: Vm, e: Coordinate, t: float) -> None:
+    plan._answer(plan.peers.write(e.event.event_id, vm.name, e.ready), t)
+
+
+def _stop_coordinating(plan: Plan, vm: Vm, e: StopCoordinating, t: float) -> None:
+    plan.peers.stop(vm.name, e.event_ids)
+
+
+def _ask(plan: Plan, vm: Vm, e: Union[AskGate, AskCluster], t: float) -> None:
+    """The gate (or the cluster) says yes at once: the plan runs no gate command."""
+    plan._send(vm, GateAnswered(e.run, 0), t)
+
+
+def _acquire(plan: Plan, vm: Vm, e: AcquireSlot, t: float) -> None:
+    concurrency = vm.config.concurrency
+    if concurrency is None:  # as the daemon: no keeper without concurrency and etcd
+        plan._send(vm, SlotFailed(e.event.event_id, "internal", "no etcd configured"), t)
+        return
+    answers = plan.slots.acquire(concurrency.group, concurrency.max, vm.name, e.event.event_id, t)
+    plan._answer(answers, t)
+
+
+def _release(plan: Plan, vm: Vm, e: ReleaseSlot, t: float) -> None:
+    vm.slot_events.discard(e.event_id)
+    if not vm.slot_events:
+        vm.kept_from = None
+    plan._answer(plan.slots.release(vm.name, e.event_id, t), t)
+
+
+def _check_cluster(plan: Plan, vm: Vm, e: CheckCluster, t: float) -> None:
+    plan._send(vm, ClusterChecked(()), t)
+
+
+def _drain(plan: Plan, vm: Vm, e: DrainNode, t: float) -> None:
+    """Marked at once; drained after the set's `cluster_drain`."""
+    settings = vm.config.cluster
+    event_id = e.event.event_id
+    mark = engine.mark_of(settings) if settings is not None else None
+    plan._send(vm, ClusterMarked(event_id, True, mark), t)
+    token = vm.token()
+    vm.drains[event_id] = token
+    plan._send(vm, ClusterDrained(event_id), t + vm.spec.cluster_drain, ("drain", event_id, token))
+
+
+def _stop_draining(plan: Plan, vm: Vm, e: StopDraining, t: float) -> None:
+    vm.drains.pop(e.event_id, None)
+
+
+def _restore(plan: Plan, vm: Vm, e: RestoreNode, t: float) -> None:
+    if e.mark is not None:  # as the daemon: nothing to take off without a mark of its own
+        plan._send(vm, ClusterRestored(e.event_id), t)
+
+
+def _wake_at(plan: Plan, vm: Vm, e: WakeAt, t: float) -> None:
+    plan._wake(vm, e.at)
+
+
+def _exit(plan: Plan, vm: Vm, e: Exit, t: float) -> None:
+    vm.alive = False
+    vm.gen += 1
+
+
+EXECUTORS: Mapping[type, Callable[[Plan, Vm, Any, float], None]] = {
+    Fetch: _fetch,
+    CancelFetch: _cancel_fetch,
+    ResolveName: _resolve_name,
+    SpawnHooks: _spawn,
+    CancelRuns: _cancel_runs,
+    PostApproval: _post_approval,
+    Persist: _persist,
+    Record: _nothing,
+    Notify: _nothing,
+    UseConfig: _nothing,
+    Coordinate: _coordinate,
+    StopCoordinating: _stop_coordinating,
+    AskGate: _ask,
+    AskCluster: _ask,
+    AcquireSlot: _acquire,
+    ReleaseSlot: _release,
+    CheckCluster: _check_cluster,
+    DrainNode: _drain,
+    StopDraining: _stop_draining,
+    RestoreNode: _restore,
+    WakeAt: _wake_at,
+    Exit: _exit,
+}
