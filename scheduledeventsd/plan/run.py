@@ -19,11 +19,9 @@ import datetime as dt
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from .. import engine
-from ..config import Config
 from ..engine import (
     AcquireSlot,
     ApprovalFailed,
@@ -36,7 +34,6 @@ from ..engine import (
     CheckCluster,
     ClusterChecked,
     ClusterDrained,
-    ClusterMark,
     ClusterMarked,
     ClusterRestored,
     Coordinate,
@@ -48,20 +45,17 @@ from ..engine import (
     Fetch,
     GateAnswered,
     HooksFinished,
-    Known,
     Message,
     NameResolved,
     Notify,
     Outcome,
     Persist,
     Persisted,
-    Phase,
     PostApproval,
     Record,
     ReleaseSlot,
     ResolveName,
     RestoreNode,
-    SlotBusy,
     SlotFailed,
     SlotGranted,
     SlotKept,
@@ -71,11 +65,12 @@ from ..engine import (
     StopDraining,
     UseConfig,
     WakeAt,
-    What,
 )
 from ..engine.vocabulary.constants import RATE_WINDOW
-from .fleet import Fleet, VmSet
+from . import observe
+from .fleet import Fleet
 from .timeline import Seen
+from .vm import Guard, Run, Vm
 from .world import Answer, Cloud, EtcdSlots, Peers, Posting, Slots, hook_run, postings
 
 
@@ -83,60 +78,25 @@ class PlanError(Exception):
     """The planner met what it cannot simulate faithfully (a defect in the planner)."""
 
 
-_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE = range(7)
+_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP = range(8)
 _QUIET = (Fetch, WakeAt)  # all a quiet answer does
 SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
 
 
-@dataclass
-class _Run:
-    event_id: str
-    stage: Stage
-    token: int
-
-
-@dataclass
-class Vm:
-    """One VM: its daemon's engine state and what its executors hold."""
-
-    index: int
-    name: str
-    spec: VmSet
-    config: Config
-    state: engine.State
-    group: str
-    alive: bool = True
-    gen: int = 0  # bumped when its daemon dies: what was due for the old one is dropped
-    boots: int = 1
-    wake_at: float = math.inf
-    wake_token: int = 0
-    fetch_at: Optional[float] = None  # the poll it ordered
-    fetch_token: int = 0
-    quiet: bool = False  # that poll is taken as quiet: not in the heap until something else is
-    shown: int = -1  # the incarnation it last saw
-    kept_from: Optional[float] = None  # its slot's lease renewed every ttl/3 from then
-    kept_to: float = -math.inf  # the last renewal it was told of
-    slot_events: set[str] = field(default_factory=set)
-    persisted: Known = field(default_factory=dict)
-    mark: Optional[ClusterMark] = None
-    runs: dict[int, _Run] = field(default_factory=dict)
-    drains: dict[str, int] = field(default_factory=dict)
-    tokens: int = 0
-    waiting_after: set[str] = field(default_factory=set)  # back up: until the engine is done
-
-    def token(self) -> int:
-        self.tokens += 1
-        return self.tokens
-
-
-Guard = Optional[tuple[str, str, int]]  # ("run" | "drain", key, token): still wanted?
-
-
 class Plan:
-    """One wave over the fleet, from `start`: `run()`, then read `seen`, `steps`, `until`."""
+    """One wave over the fleet, from `start`: `run()`, then read `seen`, `steps`, `until`.
+    `skip_quiet=False` replays every poll and keep-alive one by one (tests: the same plan)."""
 
-    def __init__(self, fleet: Fleet, start: dt.datetime, slots: Optional[Slots] = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        start: dt.datetime,
+        slots: Optional[Slots] = None,
+        *,
+        skip_quiet: bool = True,
+    ) -> None:
         self.fleet = fleet
+        self.skip_quiet = skip_quiet
         self.start = start.astimezone(dt.timezone.utc)
         self.wall0 = self.start.timestamp()
         self.cloud = Cloud(postings(fleet, self.start), self.start)
@@ -194,9 +154,11 @@ class Plan:
             raise PlanError(f"nothing due for no VM: {kind}")
         elif kind == _BACK:
             self._back(vm, payload, t)
-        elif not vm.alive:
-            return
-        elif kind == _MSG:
+        elif vm.alive:
+            self._due_alive(vm, kind, payload, t)
+
+    def _due_alive(self, vm: Vm, kind: int, payload: Any, t: float) -> None:  # noqa: ANN401
+        if kind == _MSG:
             message, guard = payload
             if self._wanted(vm, guard):
                 self._catch_up(vm, t)
@@ -208,6 +170,8 @@ class Plan:
             if payload == vm.fetch_token and not vm.quiet:
                 self._catch_up(vm, t)
                 self._poll(vm, t)
+        elif kind == _KEEP:
+            self._keep_alive(vm, payload, t)
         elif kind == _DOC and vm.quiet:
             self._catch_up(vm, t)
             self._unquiet(vm)
@@ -286,7 +250,7 @@ class Plan:
         vm.shown = document.incarnation
         vm.fetch_at = None
         effects = self._step(vm, DocumentFetched(document, self.wall0 + t), t)
-        if not changed and all(isinstance(e, _QUIET) for e in effects):
+        if self.skip_quiet and not changed and all(isinstance(e, _QUIET) for e in effects):
             vm.quiet = True
         self._carry(vm, effects, t)
 
@@ -316,7 +280,7 @@ class Plan:
                 raise PlanError(f"{vm.name}: a poll taken as quiet was not at {when}")
             self._carry(vm, effects, when)
         concurrency = vm.config.concurrency
-        if vm.kept_from is None or concurrency is None:
+        if vm.kept_from is None or concurrency is None or not self.skip_quiet:
             return
         renew = concurrency.ttl / 3
         last = vm.kept_from + math.floor((t - vm.kept_from) / renew) * renew
@@ -324,6 +288,15 @@ class Plan:
             vm.kept_to = last
             for event_id in sorted(vm.slot_events):
                 self._carry(vm, self._step(vm, SlotKept(event_id, last), t), t)
+
+    def _keep_alive(self, vm: Vm, since: float, t: float) -> None:
+        """`skip_quiet=False`: each keep-alive at its instant, as the keeper renews."""
+        if vm.kept_from != since or vm.config.concurrency is None:
+            return  # given back (or lost with the daemon) since
+        vm.kept_to = t
+        for event_id in sorted(vm.slot_events):
+            self._feed(vm, SlotKept(event_id, t), t)
+        self._push(t + vm.config.concurrency.ttl / 3, vm, _KEEP, since)
 
     # ---- the cloud: an event starts, a VM goes down and comes back ---------------------------
 
@@ -365,7 +338,7 @@ class Plan:
             self._push(expiry, None, _EXPIRE, None)
         if posting.gone_for_good:
             seen.never_back = True
-            self._finished(seen)
+            self._open -= 1
         else:
             self._push(t + posting.impact, vm, _BACK, posting)
 
@@ -379,79 +352,20 @@ class Plan:
         vm.waiting_after.add(posting.event_id)
         self._feed(vm, Boot(vm.persisted, "", f"plan-boot-{vm.boots}", vm.mark), t)
 
-    def _finished(self, seen: Seen) -> None:
-        self._open -= 1
-
     # ---- what the engine did, as the report reads it -----------------------------------------
 
     def _observe(self, vm: Vm, message: Message, effects: tuple[Effect, ...], t: float) -> None:
-        self._observe_message(vm, message, t)
+        observe.message(self.seen, vm, message, t)
         for effect in effects:
-            self._observe_effect(vm, effect, t)
-        if vm.waiting_after:
-            for event_id in sorted(vm.waiting_after):
-                tracked = vm.state.events.get(event_id)
-                if tracked is None or tracked.phase is Phase.OVER:
-                    vm.waiting_after.discard(event_id)
-                    seen = self.seen[(vm.name, event_id)]
-                    seen.after_done = t
-                    self._finished(seen)
-
-    def _observe_message(self, vm: Vm, message: Message, t: float) -> None:
-        seen_of = self.seen.get
-        if isinstance(message, ApprovalSent):
-            seen = seen_of((vm.name, message.event_id))
-            if seen is not None and seen.approved is None:
-                seen.approved = t
-        elif isinstance(message, HooksFinished):
-            run = vm.runs.pop(message.run, None)
-            seen = seen_of((vm.name, run.event_id)) if run is not None else None
-            if seen is not None and run is not None and run.stage is Stage.BEFORE:
-                seen.hooks_end = t
-                seen.hooks_failed = message.outcome is not Outcome.SUCCEEDED
-        elif isinstance(message, SlotBusy):
-            seen = seen_of((vm.name, message.event_id))
-            if seen is not None:
-                seen.slot_busy = True
-        elif isinstance(message, SlotGranted):
-            seen = seen_of((vm.name, message.event_id))
-            if seen is not None and seen.slot_from is None:
-                seen.slot_from = t
+            observe.effect(self.seen, vm, effect, t)
+        self._open -= observe.done(self.seen, vm, t)
+        if isinstance(message, SlotGranted):  # its lease is kept alive from now on
             vm.slot_events.add(message.event_id)
-            if vm.kept_from is None:
-                vm.kept_from = vm.kept_to = t if message.confirmed is None else message.confirmed
-        elif isinstance(message, ClusterDrained):
-            seen = seen_of((vm.name, message.event_id))
-            if seen is not None:
-                seen.drain_to = t
-
-    def _observe_effect(self, vm: Vm, effect: Effect, t: float) -> None:
-        if isinstance(effect, Record):
-            event_id = effect.fields.get("event_id")
-            seen = self.seen.get((vm.name, str(event_id)))
-            if seen is None:
-                return
-            if effect.what is What.EVENT_WAITING:
-                seen.waits.append(str(effect.fields.get("reason", "")))
-            elif effect.what is What.SLOT_UNAVAILABLE:
-                seen.no_slot = True
-            return
-        if isinstance(effect, SpawnHooks):
-            seen = self.seen.get((vm.name, effect.event.event_id))
-            if seen is None:
-                return
-            if effect.stage is Stage.BEFORE and seen.hooks_start is None:
-                seen.hooks_start = t
-            elif effect.stage is not Stage.BEFORE and seen.after_start is None:
-                seen.after_start = t
-        elif isinstance(effect, AcquireSlot):
-            seen = self.seen.get((vm.name, effect.event.event_id))
-            if seen is not None and seen.asked_slot is None:
-                seen.asked_slot = t
-        elif isinstance(effect, DrainNode):
-            seen = self.seen.get((vm.name, effect.event.event_id))
-            if seen is not None and seen.drain_from is None:
-                seen.drain_from = t
+            if vm.kept_from is None and vm.config.concurrency is not None:
+                since = t if message.confirmed is None else message.confirmed
+                vm.kept_from = vm.kept_to = since
+                if not self.skip_quiet:
+                    self._push(since + vm.config.concurrency.ttl / 3, vm, _KEEP, since)
 
     def _answer(self, answers: list[Answer], t: float) -> None:
         for name, message in answers:
@@ -497,7 +411,7 @@ def _resolve_name(plan: Plan, vm: Vm, e: ResolveName, t: float) -> None:
 def _spawn(plan: Plan, vm: Vm, e: SpawnHooks, t: float) -> None:
     seconds, outcome, detail = hook_run(e.hooks, vm.spec.hooks, vm.config.hooks)
     token = vm.token()
-    vm.runs[e.run] = _Run(e.event.event_id, e.stage, token)
+    vm.runs[e.run] = Run(e.event.event_id, e.stage, token)
     plan._send(vm, HooksFinished(e.run, outcome, detail), t + seconds, ("run", str(e.run), token))
 
 
