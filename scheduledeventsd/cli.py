@@ -171,11 +171,22 @@ def parser() -> argparse.ArgumentParser:
         "in time, 1 if a VM is late or a group exceeds its max, 2 for bad input (every problem "
         "named by file and key path).",
     )
-    p.add_argument("--fleet", type=Path, required=True, metavar="FLEET.yaml", help="the fleet")
-    _add_config(p)
+    p.add_argument("--fleet", type=Path, required=True, metavar="FILE", help="the fleet (YAML)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=config.DEFAULT_PATH,
+        metavar="PATH",
+        help="the configuration of each VM whose entry names none (default: %(default)s)",
+    )
     p.add_argument("--from", dest="start", type=_instant, metavar="ISO8601",
                    help="when the plan starts (default: now)")  # fmt: skip
-    p.add_argument("--format", choices=("text", "json", "svg"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "svg"),
+        default="text",
+        help="a table, the rows and summary as JSON (for a pipeline), or a picture",
+    )
     p.add_argument("--output", type=Path, metavar="FILE", help="default: standard output")
 
     p = sub.add_parser(

@@ -291,6 +291,27 @@ def test_the_engine_reaches_no_io_and_nothing_of_the_io_layers():
     assert not problems, "the engine reaches I/O:\n" + "\n".join(problems)
 
 
+def test_the_planner_reaches_no_io_layer():
+    """`plan` runs the engine over a simulated fleet: it may read the configuration (config/,
+    PyYAML) but reaches none of the layers that talk to IMDS, etcd, Pacemaker or processes,
+    directly or through what it imports (issue 30)."""
+    planner = f"{PACKAGE}.plan"
+    inside: dict[str, list[Import]] = {}
+    for e in internal(imports(ROOT), KNOWN_EXCEPTIONS):
+        inside.setdefault(e.importer, []).append(e)
+    starts = [m for m in modules(ROOT) if _within(m, planner)]
+    reached, todo, problems = set(starts), list(starts), []
+    while todo:
+        module = todo.pop()
+        for e in inside.get(module, []):
+            if any(_within(e.target, layer) for layer in IO_LAYERS):
+                problems.append(f"{e.importer} imports {e.target} (line {e.line})")
+            elif e.target not in reached:
+                reached.add(e.target)
+                todo.append(e.target)
+    assert not problems, "the planner reaches an I/O layer:\n" + "\n".join(sorted(problems))
+
+
 def test_no_two_folders_of_the_package_import_each_other():
     """The folders (and top-level modules) form layers: an import cycle between two of them
     means neither can be read, tested or replaced without the other."""
