@@ -430,8 +430,12 @@ def _post_approval(plan: Plan, vm: Vm, e: PostApproval, t: float) -> None:
         plan._send(vm, ApprovalFailed(event_id, "deadline", detail), t)
         return
     plan._send(vm, ApprovalSent(event_id, 0.0, t), t)
-    if plan.cloud.approve(event_id, t):
-        plan._push(t, None, _START, plan.cloud.by_id[event_id])
+    if plan.cloud.approve(event_id, t):  # it starts now, for every VM it names
+        posting = plan.cloud.by_id[event_id]
+        for name in posting.vms:
+            seen = plan.seen[(name, event_id)]
+            seen.approved = t if seen.approved is None else seen.approved
+        plan._push(t, None, _START, posting)
 
 
 def _persist(plan: Plan, vm: Vm, e: Persist, t: float) -> None:

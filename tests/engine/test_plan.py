@@ -302,3 +302,46 @@ def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(t
 
 def test_the_slots_hand_over_as_long_as_the_etcd_keeper_does():
     assert world.HAND_OVER_TTL == etcd_slots.HAND_OVER_TTL
+
+
+SHARED = """\
+hooks:
+  drain: [{command: [/usr/local/bin/drain]}]
+events:
+  Reboot: {before: [drain]}
+approve: all
+coordination: {etcd: {endpoints: ["http://127.0.0.1:2379"]}}
+"""
+
+
+def test_a_shared_event_is_approved_once_every_vm_is_ready_and_starts_for_all(tmp_path):
+    """One Reboot naming three VMs, approve: all, drains of 1, 2 and 3 minutes: each VM writes
+    ready to the event's keys when its drain ends; once the last is ready (09:13) the event is
+    approved and all three go down together, early, 47 minutes before NotBefore."""
+    text = """\
+vms:
+  - names: app-1
+    config: web.yaml
+    hooks: {drain: 1m}
+  - names: app-2
+    config: web.yaml
+    hooks: {drain: 2m}
+  - names: app-3
+    config: web.yaml
+    hooks: {drain: 3m}
+maintenance:
+  - type: Reboot
+    vms: app-[1-3]
+    shared: true
+    posted: 10m
+    notice: 1h
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text, SHARED))
+    assert [r["hooks_start"] for r in data["rows"]] == ["2026-11-23T00:10:00Z"] * 3
+    for r in data["rows"]:
+        assert (r["approved"], r["approved_early"]) == ("2026-11-23T00:13:00Z", True)
+        assert r["down"] == "2026-11-23T00:13:00Z"
+        assert r["back"] == "2026-11-23T00:18:00Z"
+        assert r["flags"] == []
+    assert len({r["event_id"] for r in data["rows"]}) == 1
