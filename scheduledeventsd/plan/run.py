@@ -229,9 +229,14 @@ class Plan:
                 return
 
     def _tick(self, vm: Vm, t: float) -> None:
-        self._catch_up(vm, t)
+        """A Tick only when a timer is due. Asked first without the quiet polls caught up: they
+        can only delay a timer (the rate budget), so nothing due then is nothing due at all
+        (the engine's hourly wake-up); asked again once a keep-alive has come."""
         wake = engine.next_wakeup(vm.state, t)
-        if wake > t:  # what was due is done (a keep-alive came): no step to take
+        if wake <= t:
+            self._catch_up(vm, t)
+            wake = engine.next_wakeup(vm.state, t)
+        if wake > t:  # nothing is due, or what was (a slot's lease) a keep-alive put off
             self._wake(vm, wake)
             return
         self._feed(vm, engine.Tick(), t)
