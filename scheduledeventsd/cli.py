@@ -18,6 +18,8 @@ from . import __version__, config
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
 from .observe import observer, report
+from .plan.fleet import parse_instant
+from .plan.scenarios import SCENARIOS
 from .providers.identity import resolve
 from .providers.imds import ImdsError
 from .runtime import log
@@ -171,7 +173,13 @@ def parser() -> argparse.ArgumentParser:
         "in time, 1 if a VM is late or a group exceeds its max, 2 for bad input (every problem "
         "named by file and key path).",
     )
-    p.add_argument("--fleet", type=Path, required=True, metavar="FILE", help="the fleet (YAML)")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--fleet", type=Path, metavar="FILE", help="the fleet (YAML)")
+    given.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        help="one VM and one event with Azure's timings, instead of a fleet",
+    )
     p.add_argument(
         "--config",
         type=Path,
@@ -210,12 +218,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _instant(text: str) -> dt.datetime:
-    """ISO 8601, UTC unless it names a zone (a trailing Z allowed)."""
     try:
-        when = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "zZ" else text)
+        return parse_instant(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
-    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
 
 
 def _load_config(path: Path) -> Optional[config.Config]:
@@ -539,27 +545,26 @@ def _demo(
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    import importlib  # noqa: PLC0415 - the planner stays out of the daemon's memory
-
-    from .plan import fleet, report, run  # noqa: PLC0415
+    from .plan import fleet, run, scenarios  # noqa: PLC0415 - out of the daemon's memory
+    from .plan import report as plan_report  # noqa: PLC0415
 
     try:
-        planned = fleet.load(args.fleet, args.config)
+        if args.fleet is None:
+            planned = scenarios.load(args.scenario, args.config)
+        else:
+            planned = fleet.load(args.fleet, args.config)
     except config.ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
-        print(f"{args.fleet}: {len(e.problems)} problem(s); nothing was planned", file=sys.stderr)
+        given = args.fleet or f"scenario {args.scenario}"
+        print(f"{given}: {len(e.problems)} problem(s); nothing was planned", file=sys.stderr)
         return EXIT_CONFIG
     start = args.start or dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    data = report.build(run.Plan(planned, start).run())
-    if args.format == "svg":
-        try:
-            text = importlib.import_module(f"{__package__}.plan.svg").render(data)
-        except ModuleNotFoundError:
-            print("error: --format svg: this version draws no SVG yet", file=sys.stderr)
-            return EXIT_CONFIG
-    else:
-        text = report.as_json(data) if args.format == "json" else report.as_text(data)
+    data = plan_report.build(run.Plan(planned, start).run())
+    text = plan_report.render(data, args.format)
+    if text is None:
+        print("error: --format svg: this version draws no SVG yet", file=sys.stderr)
+        return EXIT_CONFIG
     if args.output is None:
         sys.stdout.write(text)
     else:

@@ -68,6 +68,7 @@ class Maintenance:
     spread: float  # the events are posted at uniformly spaced instants over this
     impact: float  # how long a VM is down once the event starts
     duration: Optional[int] = None  # DurationInSeconds, as IMDS would say it
+    cancelled: Optional[float] = None  # withdrawn this long after it is posted, if not started
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def _maintenance(
     c: Checker, where: str, entry: Mapping[str, Any], fleet: Mapping[str, str]
 ) -> Optional[Maintenance]:
     keys = ("type", "vms", "shared", "notice", "not_before", "posted", "spread", "impact")
-    _known(c, where, entry, (*keys, "duration"))
+    _known(c, where, entry, (*keys, "duration", "cancelled"))
     event_type = entry.get("type")
     if event_type not in EVENT_TYPES:
         c.fail(f"{where}.type", f"must be one of {', '.join(EVENT_TYPES)}, got {event_type!r}")
@@ -289,6 +290,7 @@ def _maintenance(
     posted = _seconds(c, f"{where}.posted", entry.get("posted"), 0.0)
     spread = _seconds(c, f"{where}.spread", entry.get("spread"), 0.0)
     impact = _seconds(c, f"{where}.impact", entry.get("impact"), 0.0)
+    cancelled = _seconds(c, f"{where}.cancelled", entry.get("cancelled"), None)
     length = entry.get("duration")
     if length is not None and (not isinstance(length, int) or isinstance(length, bool)):
         c.fail(f"{where}.duration", f"must be whole seconds (DurationInSeconds), got {length!r}")
@@ -305,7 +307,7 @@ def _maintenance(
         return None
     return Maintenance(
         where, str(event_type), vms, shared is True, notice, not_before, posted, spread, impact,
-        length,
+        length, cancelled,
     )  # fmt: skip
 
 

@@ -10,7 +10,9 @@ happen:
                "hooks_start", "waited_for" (null | "window" | "slot" | "lead"),
                "approved", "approved_early" (true: approved when its hooks succeeded; false:
                it proceeded at NotBefore, and `approved` is NotBefore),
-               "down", "back" (null: a Preempt or Terminate, gone for good), "after_done",
+               "down", "back" (null: a Preempt or Terminate, gone for good), "after_done"
+               (back up, the engine has nothing left to do for it), "cancelled" (withdrawn
+               by the cloud before it started: never down),
                "slot_from", "slot_to",
                "flags": [sorted of "late", "no_slot", "cut_off", "no_window", "hooks_failed"],
                "spans": [{"phase", "from", "to"}]}],   # phase: queued (waiting for a slot),
@@ -31,6 +33,7 @@ its before-hooks until its after-hooks are done (back up, if it has none).
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -101,6 +104,7 @@ def _row(plan: Plan, seen: Seen) -> dict[str, Any]:
         "down": iso(start, seen.down),
         "back": iso(start, seen.back),
         "after_done": iso(start, seen.after_done),
+        "cancelled": iso(start, seen.cancelled),
         "slot_from": iso(start, seen.slot_from),
         "slot_to": iso(start, seen.slot_to),
         "flags": flags(plan, seen),
@@ -126,6 +130,8 @@ def waited_for(seen: Seen) -> Optional[str]:
 
 def flags(plan: Plan, seen: Seen) -> list[str]:
     found = set()
+    if seen.cancelled is not None:  # never due: nothing was late or cut
+        return ["no_window"] if _no_window(plan, seen) else []
     prepared = seen.hooks_end is not None and seen.hooks_end <= seen.not_before
     if seen.hooks_start is not None and (seen.cut_off or not prepared):
         found.add("late")
@@ -146,6 +152,8 @@ def _no_window(plan: Plan, seen: Seen) -> bool:
     config = plan.by_name[seen.vm].config
     rule = config.events.get(seen.event_type, EventRule())
     if not config.windows or not rule.obeys_windows(seen.event_type):
+        return False
+    if seen.not_before <= seen.posted:  # no notice: no window could
         return False
     wall0 = plan.wall0
     until = wall0 + seen.not_before - window_lead(rule)
@@ -252,6 +260,19 @@ def _sweep(spans_of: Iterable[tuple[float, float]]) -> tuple[int, float]:
 
 
 # ---- renderings ------------------------------------------------------------------------------
+
+
+def render(data: dict[str, Any], form: str) -> Optional[str]:
+    """`text`, `json`, or `svg` (plan/svg.py's `render`; None in a version without it)."""
+    if form == "svg":
+        try:
+            module = importlib.import_module(f"{__package__}.svg")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.svg":
+                raise
+            return None
+        return str(module.render(data))
+    return as_json(data) if form == "json" else as_text(data)
 
 
 def as_json(data: dict[str, Any]) -> str:

@@ -78,7 +78,7 @@ class PlanError(Exception):
     """The planner met what it cannot simulate faithfully (a defect in the planner)."""
 
 
-_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP = range(8)
+_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP, _CANCEL = range(9)
 _QUIET = (Fetch, WakeAt)  # all a quiet answer does
 SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
 
@@ -133,6 +133,8 @@ class Plan:
         for p in self.cloud.events:
             for name in p.vms:
                 self._push(p.posted, self.by_name[name], _DOC, None)
+                if p.cancelled is not None:
+                    self._push(p.cancelled, self.by_name[name], _CANCEL, p)
             self._push(p.not_before, None, _START, p)
         while self._heap and self._open:
             t, _, index, gen, kind, payload = heapq.heappop(self._heap)
@@ -154,6 +156,8 @@ class Plan:
             raise PlanError(f"nothing due for no VM: {kind}")
         elif kind == _BACK:
             self._back(vm, payload, t)
+        elif kind == _CANCEL:
+            self._cancel(vm, payload, t)
         elif vm.alive:
             self._due_alive(vm, kind, payload, t)
 
@@ -306,6 +310,8 @@ class Plan:
     # ---- the cloud: an event starts, a VM goes down and comes back ---------------------------
 
     def _start(self, posting: Posting, t: float) -> None:
+        if posting.started is None and posting.cancelled is not None and posting.cancelled <= t:
+            return  # withdrawn before it started
         if posting.started is None:
             posting.started = t
         if posting.started != t:
@@ -321,6 +327,17 @@ class Plan:
                 vm.waiting_after.add(posting.event_id)
                 self._push(t, vm, _DOC, None)
                 self._push(t + posting.impact, vm, _DOC, None)
+
+    def _cancel(self, vm: Vm, posting: Posting, t: float) -> None:
+        """Withdrawn before it started: it leaves the document; the engine's cancelled-hooks
+        (if it prepared) end it."""
+        if posting.started is not None and posting.started <= t:
+            return
+        self.seen[(vm.name, posting.event_id)].cancelled = t
+        vm.waiting_after.add(posting.event_id)
+        if vm.alive and vm.quiet:
+            self._catch_up(vm, t)
+            self._unquiet(vm)
 
     def _down(self, vm: Vm, posting: Posting, t: float) -> None:
         seen = self.seen[(vm.name, posting.event_id)]

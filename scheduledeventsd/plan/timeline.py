@@ -36,6 +36,7 @@ class Seen:
     slot_from: Optional[float] = None
     slot_to: Optional[float] = None
     never_back: bool = False  # Preempt, Terminate: the VM is gone
+    cancelled: Optional[float] = None  # withdrawn by the cloud before it started
 
     @property
     def prepared_from(self) -> Optional[float]:

@@ -37,6 +37,7 @@ class Posting:
     not_before: float
     impact: float
     duration: Optional[int] = None
+    cancelled: Optional[float] = None  # withdrawn then, unless it started before
     started: Optional[float] = None  # approved, or its NotBefore came
 
     @property
@@ -48,7 +49,10 @@ class Posting:
         return self.event_type in GONE_FOR_GOOD
 
     def ends(self) -> Optional[float]:
-        """When it leaves the document: once the VM is back (never, for a VM gone for good)."""
+        """When it leaves the document: withdrawn, or once the VM is back (never, for a VM
+        gone for good)."""
+        if self.cancelled is not None and (self.started is None or self.cancelled < self.started):
+            return self.cancelled
         if self.started is None or self.gone_for_good:
             return None
         return self.started + self.impact
@@ -67,9 +71,15 @@ def postings(fleet: Fleet, start: dt.datetime) -> list[Posting]:
                 not_before = posted + (m.notice or 0.0)
             name = f"scheduledeventsd-plan/{i}/{','.join(vms)}"
             event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, name)).upper()
+            cancelled = None if m.cancelled is None else posted + m.cancelled
+            # No notice (a host failure): it is Started when first listed.
+            started = posted if not_before <= posted else None
             found.append(
-                Posting(event_id, m.event_type, vms, posted, not_before, m.impact, m.duration)
-            )
+                Posting(
+                    event_id, m.event_type, vms, posted, not_before, m.impact, m.duration,
+                    cancelled, started,
+                )
+            )  # fmt: skip
     found.sort(key=lambda p: (p.posted, p.event_id))
     return found
 
@@ -95,6 +105,8 @@ class Cloud:
         """An approval starts the event now (for every VM it names); True if it did."""
         posting = self.by_id.get(event_id)
         if posting is None or posting.started is not None or posting.posted > now:
+            return False
+        if posting.cancelled is not None and posting.cancelled <= now:
             return False
         posting.started = now
         return True

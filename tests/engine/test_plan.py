@@ -16,7 +16,7 @@ import pytest
 from scheduledeventsd import cli, engine
 from scheduledeventsd.config import ConfigError
 from scheduledeventsd.coordination import slots as etcd_slots
-from scheduledeventsd.plan import fleet, report, run, world
+from scheduledeventsd.plan import fleet, report, run, scenarios, world
 
 START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
 START_ISO = "2026-11-23T00:00:00Z"
@@ -345,3 +345,34 @@ maintenance:
         assert r["back"] == "2026-11-23T00:18:00Z"
         assert r["flags"] == []
     assert len({r["event_id"] for r in data["rows"]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # web.yaml: Reboot waits for Saturday's window; Freeze and Terminate have no rule.
+        ("live-migration", {"down": "00:15:00", "back": "00:15:05", "hooks_start": None}),
+        ("reboot", {"down": "00:15:00", "back": "00:20:00", "hooks_start": "00:00:00"}),
+        ("redeploy", {"down": "00:10:00", "back": "00:20:00", "hooks_start": None}),
+        ("preempt", {"down": "00:00:30", "back": None, "hooks_start": "00:00:00"}),
+        ("terminate", {"down": "00:05:00", "back": None, "hooks_start": None}),
+        ("canceled", {"down": None, "back": None, "cancelled": "00:05:00"}),
+        ("host-failure", {"down": "00:00:00", "back": "00:10:00", "hooks_start": None}),
+    ],
+)
+def test_each_built_in_scenario_plays_azures_timings_for_one_vm(tmp_path, name, expected):
+    """`--scenario NAME`: one VM, one event, Azure's minimum notice for its type. With no
+    window before NotBefore the Reboot's drain starts at once, as without windows, and takes
+    30 minutes here: cut off at NotBefore. A canceled Reboot is withdrawn while it drains; a
+    host failure is Started when first seen: no hooks."""
+    (tmp_path / "web.yaml").write_text(WEB)
+    loaded = scenarios.load(name, tmp_path / "web.yaml")
+    loaded = dataclasses.replace(
+        loaded,
+        sets=tuple(
+            dataclasses.replace(s, hooks={"drain": fleet.HookTime(1800.0)}) for s in loaded.sets
+        ),
+    )
+    (row,) = report.build(run.Plan(loaded, START).run())["rows"]
+    for key, clock in expected.items():
+        assert row[key] == (None if clock is None else f"2026-11-23T{clock}Z"), key
