@@ -376,3 +376,34 @@ def test_each_built_in_scenario_plays_azures_timings_for_one_vm(tmp_path, name, 
     (row,) = report.build(run.Plan(loaded, START).run())["rows"]
     for key, clock in expected.items():
         assert row[key] == (None if clock is None else f"2026-11-23T{clock}Z"), key
+
+
+def test_a_dst_weekend_window_lasts_the_hours_the_clocks_show(tmp_path):
+    """Sunday 25 October 2026, Europe/Berlin: 02:00-05:00 local opens at the first 02:00
+    (CEST, 00:00 UTC) and closes at 05:00 CET (04:00 UTC), four hours. Seven VMs, 35 minutes
+    each, one at a time: the seventh starts at 03:30 UTC and is back at 04:05, before its
+    lead (04:20; NotBefore 04:30). Had the window opened at the second 02:00 (01:00 UTC), the
+    seventh would still wait at the lead, without a slot."""
+    config = WEB.replace(
+        'days: [sat], start: "02:00", end: "05:00", timezone: UTC',
+        'days: [sun], start: "02:00", end: "05:00", timezone: Europe/Berlin',
+    )
+    path = files(tmp_path, wave(7, not_before="2026-10-25T04:30:00Z"), config)
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 10, 19, tzinfo=dt.timezone.utc)
+    data = report.build(run.Plan(loaded, start).run())
+    starts = [r["hooks_start"] for r in data["rows"]]
+    assert starts == [
+        f"2026-10-25T{h}Z"
+        for h in ("00:00:00", "00:35:00", "01:10:00", "01:45:00", "02:20:00", "02:55:00",
+                  "03:30:00")
+    ]  # fmt: skip
+    assert all(r["flags"] == [] and r["approved_early"] for r in data["rows"])
+    assert data["rows"][-1]["back"] == "2026-10-25T04:05:00Z"
+    (window,) = data["windows"]
+    assert (window["from"], window["to"]) == ("2026-10-25T00:00:00Z", "2026-10-25T04:00:00Z")
+    assert (window["local_from"], window["local_to"]) == (
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T05:00:00+01:00",
+    )
+    assert data["summary"]["exit"] == 0
