@@ -56,6 +56,7 @@ from ..engine import (
     ReleaseSlot,
     ResolveName,
     RestoreNode,
+    SlotBusy,
     SlotFailed,
     SlotGranted,
     SlotKept,
@@ -80,6 +81,8 @@ class PlanError(Exception):
 
 _MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP, _CANCEL = range(9)
 _QUIET = (Fetch, WakeAt)  # all a quiet answer does
+_HARMLESS = (WakeAt, Record, Notify)  # a step that did only this started nothing
+_SPECULATED = (SlotBusy, SlotKept, Persisted)  # messages stepped before the polls caught up
 SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
 
 
@@ -164,9 +167,13 @@ class Plan:
     def _due_alive(self, vm: Vm, kind: int, payload: Any, t: float) -> None:  # noqa: ANN401
         if kind == _MSG:
             message, guard = payload
-            if self._wanted(vm, guard):
-                self._catch_up(vm, t)
-                self._feed(vm, message, t)
+            if not self._wanted(vm, guard):
+                return
+            speculated = self.skip_quiet and vm.quiet and isinstance(message, _SPECULATED)
+            if speculated and self._speculate(vm, message, t):
+                return
+            self._catch_up(vm, t)
+            self._feed(vm, message, t)
         elif kind == _TICK:
             if payload == vm.wake_token:
                 self._tick(vm, t)
@@ -237,6 +244,9 @@ class Plan:
         can only delay a timer (the rate budget), so nothing due then is nothing due at all
         (the engine's hourly wake-up); asked again once a keep-alive has come."""
         wake = engine.next_wakeup(vm.state, t)
+        if wake <= t and vm.quiet:  # a slot's lease: a keep-alive, before anything else
+            self._keep_up(vm, t, speculate=True)
+            wake = engine.next_wakeup(vm.state, t)
         if wake <= t:
             self._catch_up(vm, t)
             wake = engine.next_wakeup(vm.state, t)
@@ -271,15 +281,18 @@ class Plan:
             self._push(vm.fetch_at, vm, _FETCH, vm.fetch_token)
 
     def _catch_up(self, vm: Vm, t: float) -> None:
-        """The quiet polls ordered before `t`, and the latest keep-alive of a held slot."""
+        """The quiet polls ordered before `t`, then the latest keep-alive of a held slot.
+
+        The polls of the last RATE_WINDOW and an interval are answered at their own instants,
+        so the engine's rate budget (the requests it counts in that window) is what it would
+        be; the ones before in one answer, late (half an interval before the first of those
+        ticks: the engine orders that tick next, skipping the rest, as for any late answer)."""
         interval = vm.config.metadata.poll_interval
-        keep = RATE_WINDOW + 2 * interval
+        keep = RATE_WINDOW + interval
         while vm.quiet and vm.fetch_at is not None and vm.fetch_at < t:
             at = vm.fetch_at
-            ticks = math.floor((t - keep - at) / interval)
-            # Answered late (half an interval before the tick wanted next), the engine orders
-            # that tick next: the ticks between cost nothing.
-            when = at + (ticks - 0.5) * interval if ticks >= 2 else at
+            first = math.ceil((t - keep - at) / interval)  # the first tick answered on time
+            when = at + (first - 0.5) * interval if first >= 2 else at
             document = self.cloud.document(vm.name, when)
             if document.incarnation != vm.shown:
                 raise PlanError(f"{vm.name}: its document changed at {when} while quiet")
@@ -288,15 +301,42 @@ class Plan:
             if not all(isinstance(e, _QUIET) for e in effects):
                 raise PlanError(f"{vm.name}: a poll taken as quiet was not at {when}")
             self._carry(vm, effects, when)
+        self._keep_up(vm, t, speculate=False)
+
+    def _keep_up(self, vm: Vm, t: float, *, speculate: bool) -> None:
+        """The slot keeper's latest renewal before `t`, told to each event holding the slot."""
         concurrency = vm.config.concurrency
         if vm.kept_from is None or concurrency is None or not self.skip_quiet:
             return
         renew = concurrency.ttl / 3
         last = vm.kept_from + math.floor((t - vm.kept_from) / renew) * renew
-        if last > vm.kept_to:
-            vm.kept_to = last
-            for event_id in sorted(vm.slot_events):
-                self._carry(vm, self._step(vm, SlotKept(event_id, last), t), t)
+        if last <= vm.kept_to:
+            return
+        vm.kept_to = last
+        for event_id in sorted(vm.slot_events):
+            kept = SlotKept(event_id, last)
+            if not (speculate and self._speculate(vm, kept, t)):
+                self._catch_up(vm, t)
+                self._carry(vm, self._step(vm, kept, t), t)
+
+    def _speculate(self, vm: Vm, message: Message, t: float) -> bool:
+        """A message that may not need the quiet polls caught up first (a slot's news, a
+        write's end): stepped without them, kept if all it did was record and wake. Sound:
+        the polls can only delay what is due (the rate budget; none is in flight then), so a
+        step that started nothing without them starts nothing with them; and what it changed
+        (a lease, the holders) is not what a quiet poll reads or writes, so the polls still
+        owed are answered later as they would have been before it."""
+        try:
+            state, effects = engine.step(vm.state, message, t)
+        except Exception:  # noqa: BLE001 - taken again the daemon's way, caught up
+            return False
+        if not all(isinstance(e, _HARMLESS) for e in effects):
+            return False
+        vm.state = state
+        self.steps += 1
+        self._observe(vm, message, effects, t)
+        self._carry(vm, effects, t)
+        return True
 
     def _keep_alive(self, vm: Vm, since: float, t: float) -> None:
         """`skip_quiet=False`: each keep-alive at its instant, as the keeper renews."""

@@ -407,3 +407,17 @@ def test_a_dst_weekend_window_lasts_the_hours_the_clocks_show(tmp_path):
         "2026-10-25T05:00:00+01:00",
     )
     assert data["summary"]["exit"] == 0
+
+
+def test_skipping_quiet_polls_changes_nothing_where_slots_run_out(tmp_path):
+    """The eight-VM wave (slots handed on, refused, given up at the lead, hooks cut off),
+    from an hour before the window opens, at 2 s polls: the same plan either way."""
+    path = files(tmp_path, wave(8))
+    (tmp_path / "web.yaml").write_text(WEB + "metadata: {poll_interval: 2}\n")
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 1, tzinfo=dt.timezone.utc)
+    fast = report.build(run.Plan(loaded, start).run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert fast["rows"] == slow["rows"]
+    assert fast["summary"]["problems"]["no_slot"] == 2
+    assert fast["summary"]["steps"] * 10 < slow["summary"]["steps"]
