@@ -545,31 +545,12 @@ def _demo(
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import fleet, run, scenarios  # noqa: PLC0415 - out of the daemon's memory
-    from .plan import report as plan_report  # noqa: PLC0415
+    from .plan import command  # noqa: PLC0415 - the planner stays out of the daemon's memory
 
-    try:
-        if args.fleet is None:
-            planned = scenarios.load(args.scenario, args.config)
-        else:
-            planned = fleet.load(args.fleet, args.config)
-    except config.ConfigError as e:
-        for problem in e.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        given = args.fleet or f"scenario {args.scenario}"
-        print(f"{given}: {len(e.problems)} problem(s); nothing was planned", file=sys.stderr)
-        return EXIT_CONFIG
-    start = args.start or dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    data = plan_report.build(run.Plan(planned, start).run())
-    text = plan_report.render(data, args.format)
-    if text is None:
-        print("error: --format svg: this version draws no SVG yet", file=sys.stderr)
-        return EXIT_CONFIG
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        args.output.write_text(text, encoding="utf-8")
-    return int(data["summary"]["exit"])
+    return command.main(
+        args.fleet, args.scenario, args.config,
+        start=args.start, form=args.format, output=args.output,
+    )  # fmt: skip
 
 
 COMMANDS = {

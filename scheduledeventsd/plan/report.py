@@ -20,7 +20,8 @@ happen:
                    # for approval or NotBefore), down, after (back up, until after-hooks done)
      "windows": [{"vm" or "group", "window" (as configured), "zone", "from", "to",
                   "local_from", "local_to" (in the window's zone, ISO 8601 with offset)}],
-     "summary": {"vms", "events", "steps" (engine steps taken), "exit" (0 or 1),
+     "summary": {"vms", "events", "steps" (engine steps taken), "faults" (steps that raised,
+                 as the daemon survives them: a defect), "exit" (0 or 1),
                  "problems": {flag: count},
                  "groups": [{"group", "max" (null: no concurrency), "vms", "most_at_once",
                              "exceeds_max", "short_s" (seconds with one or more of its VMs

@@ -421,3 +421,35 @@ def test_skipping_quiet_polls_changes_nothing_where_slots_run_out(tmp_path):
     assert fast["rows"] == slow["rows"]
     assert fast["summary"]["problems"]["no_slot"] == 2
     assert fast["summary"]["steps"] * 10 < slow["summary"]["steps"]
+
+
+def test_every_key_of_the_json_is_the_one_report_py_documents(tmp_path):
+    """plan/svg.py and CI jobs read this shape: a key added, renamed or dropped without its
+    line in plan/report.py's docstring fails here."""
+    data = planned(files(tmp_path, wave(8)))
+    doc = report.__doc__ or ""
+    keys = {*data, *data["summary"], *data["summary"]["groups"][0], *data["rows"][0]}
+    keys |= {*data["rows"][0]["spans"][0], *data["windows"][0]}
+    assert sorted(k for k in keys if f'"{k}"' not in doc) == []
+    assert {*data["rows"][0]} == {
+        "vm", "group", "event_type", "event_id", "posted", "not_before", "hooks_start",
+        "waited_for", "approved", "approved_early", "down", "back", "after_done", "cancelled",
+        "slot_from", "slot_to", "flags", "spans",
+    }  # fmt: skip
+    phases = {s["phase"] for r in data["rows"] for s in r["spans"]}
+    assert phases <= {"queued", "draining", "hooks", "ready", "down", "after"}
+    assert all(f'"{flag}"' in doc for flag in report.FLAGS)
+
+
+def test_a_plan_the_planner_cannot_simulate_ends_in_an_error_not_a_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    def cannot(self: run.Plan) -> run.Plan:
+        raise run.PlanError("web-1: a poll taken as quiet was not at 12.0")
+
+    monkeypatch.setattr(run.Plan, "run", cannot)
+    code = cli.main(["plan", "--fleet", str(files(tmp_path, wave(1))), "--from", START_ISO])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: the plan could not be simulated: web-1" in err
+    assert "Traceback" not in err
