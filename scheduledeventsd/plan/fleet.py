@@ -230,11 +230,16 @@ def _vm_set(  # noqa: PLR0917 - one call site
 
 
 def _config(path: Path, problems: list[str]) -> Optional[Config]:
-    """The VM's config as the daemon reads it, less its hook files (they are on the VMs)."""
+    """The VM's config as the daemon reads it, less its hook files (they are on the VMs), and
+    `provider: auto` as Azure: auto reads the machine's DMI data, and the machine that plans
+    is not the VM (a CI runner on AWS would plan Azure's events without approvals)."""
     from ..config import yaml  # noqa: PLC0415
 
     try:
-        return config_mod.parse(yaml.read(path), str(path), path, check_files=False)
+        raw = yaml.read(path)
+        if isinstance(raw, dict) and raw.get("provider", "auto") == "auto":
+            raw = {**raw, "provider": "azure"}
+        return config_mod.parse(raw, str(path), path, check_files=False)
     except ConfigError as e:
         problems.extend(e.problems)
         return None

@@ -453,3 +453,14 @@ def test_a_plan_the_planner_cannot_simulate_ends_in_an_error_not_a_traceback(
     assert code == 1
     assert "error: the plan could not be simulated: web-1" in err
     assert "Traceback" not in err
+
+
+def test_provider_auto_is_planned_as_azure_whatever_machine_plans(tmp_path):
+    """`provider: auto` reads the DMI data of the machine it runs on; the planner is not the VM.
+    On a machine whose DMI data says AWS, the VMs' Azure events are still approved early."""
+    dmi = tmp_path / "dmi"
+    dmi.mkdir()
+    (dmi / "sys_vendor").write_text("Amazon EC2\n")
+    data = planned(files(tmp_path, wave(1), WEB + f"dmi_dir: {dmi}\n"))
+    (row,) = data["rows"]
+    assert (row["approved"], row["approved_early"]) == (at(28, "02:30:00"), True)
