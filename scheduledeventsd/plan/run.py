@@ -359,6 +359,10 @@ class Plan:
         for name in posting.vms:
             vm = self.by_name[name]
             seen = self.seen[(name, posting.event_id)]
+            if vm.gone:  # a Preempt or Terminate took it before: it never happens
+                seen.never_back = True
+                self._open -= 1
+                continue
             seen.down = t
             if posting.reboots or posting.gone_for_good:
                 self._down(vm, posting, t)
@@ -385,7 +389,7 @@ class Plan:
             r.event_id == posting.event_id and r.stage is Stage.BEFORE for r in vm.runs.values()
         ):
             seen.cut_off = True
-        if not vm.alive:
+        if not vm.alive:  # down already, for another event: this one happens meanwhile
             return
         vm.alive = False
         vm.gen += 1
@@ -399,6 +403,7 @@ class Plan:
         if expiry is not None:
             self._push(expiry, None, _EXPIRE, None)
         if posting.gone_for_good:
+            vm.gone = True
             seen.never_back = True
             self._open -= 1
         else:
@@ -410,8 +415,11 @@ class Plan:
         vm.boots += 1
         vm.state = engine.initial(vm.config)
         vm.shown = -1
-        self.seen[(vm.name, posting.event_id)].back = t
-        vm.waiting_after.add(posting.event_id)
+        for other in self.cloud.of(vm.name):  # this one, and any that started meanwhile
+            seen = self.seen[(vm.name, other.event_id)]
+            if seen.down is not None and seen.back is None:
+                seen.back = t
+                vm.waiting_after.add(other.event_id)
         self._feed(vm, Boot(vm.persisted, "", f"plan-boot-{vm.boots}", vm.mark), t)
 
     # ---- what the engine did, as the report reads it -----------------------------------------

@@ -30,6 +30,7 @@ class Vm:
     state: engine.State
     group: str
     alive: bool = True
+    gone: bool = False  # Preempt, Terminate: it never comes back
     gen: int = 0  # bumped when its daemon dies: what was due for the old one is dropped
     boots: int = 1
     wake_at: float = math.inf

@@ -464,3 +464,30 @@ def test_provider_auto_is_planned_as_azure_whatever_machine_plans(tmp_path):
     data = planned(files(tmp_path, wave(1), WEB + f"dmi_dir: {dmi}\n"))
     (row,) = data["rows"]
     assert (row["approved"], row["approved_early"]) == (at(28, "02:30:00"), True)
+
+
+def test_a_vm_taken_for_good_never_has_the_maintenance_due_after(tmp_path):
+    """A Preempt takes spot-1 once its 10 s drain is done and approved (01:00:10); the Reboot
+    due on Saturday never happens to it: no down, no back, and the plan ends at its NotBefore
+    (nothing is left to wait for)."""
+    text = """\
+vms:
+  - names: spot-1
+    config: web.yaml
+    hooks: {drain: 10s}
+maintenance:
+  - type: Preempt
+    vms: spot-1
+    posted: 1h
+    notice: 30s
+  - type: Reboot
+    vms: spot-1
+    not_before: 2026-11-28T05:30:00Z
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text))
+    reboot, preempt = data["rows"]
+    assert preempt["event_type"] == "Preempt"
+    assert preempt["down"] == preempt["approved"] == "2026-11-23T01:00:10Z"
+    assert (reboot["down"], reboot["back"], reboot["hooks_start"]) == (None, None, None)
+    assert data["until"] == reboot["not_before"]
