@@ -43,6 +43,10 @@ def main(
         return EXIT_CONFIG
     if output is None:
         sys.stdout.write(text)
-    else:
+        return int(data["summary"]["exit"])
+    try:
         output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        print(f"error: {output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return int(data["summary"]["exit"])

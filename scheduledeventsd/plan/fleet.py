@@ -34,7 +34,8 @@ MAX_RANGE = 100_000  # VMs one range may name
 
 @dataclass(frozen=True)
 class HookTime:
-    """How long one named hook runs in the plan, and whether it fails then."""
+    """How long one named hook runs in the plan, and whether it fails then (`fail`: at once).
+    A hook of the config that FLEET.yaml does not name takes no time."""
 
     seconds: float
     fails: bool = False

@@ -491,3 +491,36 @@ maintenance:
     assert preempt["down"] == preempt["approved"] == "2026-11-23T01:00:10Z"
     assert (reboot["down"], reboot["back"], reboot["hooks_start"]) == (None, None, None)
     assert data["until"] == reboot["not_before"]
+
+
+def test_a_hook_that_fails_is_never_approved_early_and_a_hook_past_its_timeout_fails(tmp_path):
+    """`drain: fail`: the VM is prepared (hooks_failed), not approved, down at NotBefore; it
+    keeps the group's slot until then (the slot is held until its event is over), so the
+    second VM gets none and prepares at the lead. A drain of 2 hours against its 3600 s
+    timeout fails when the timeout ends (03:00)."""
+    data = planned(files(tmp_path, wave(2).replace("drain: 30m", "drain: fail")))
+    first, second = data["rows"]
+    assert first["flags"] == ["hooks_failed"]
+    assert first["slot_to"] == at(28, "05:35:00")
+    assert (second["hooks_start"], second["flags"]) == (
+        at(28, "05:20:00"),
+        ["hooks_failed", "no_slot"],
+    )
+    for r in data["rows"]:
+        assert (r["approved"], r["approved_early"]) == (at(28, "05:30:00"), False)
+    timed_out = planned(files(tmp_path, wave(1).replace("drain: 30m", "drain: 2h")))
+    (r,) = timed_out["rows"]
+    assert r["flags"] == ["hooks_failed"]
+    assert [s for s in r["spans"] if s["phase"] == "hooks"] == [
+        {"phase": "hooks", "from": at(28, "02:00:00"), "to": at(28, "03:00:00")}
+    ]
+
+
+def test_an_output_file_that_cannot_be_written_is_an_error_not_a_traceback(tmp_path, capsys):
+    path = files(tmp_path, wave(1))
+    out = tmp_path / "no-such-dir" / "plan.json"
+    code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"error: {out}: No such file or directory" in err
+    assert "Traceback" not in err
