@@ -83,6 +83,7 @@ _MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP, _CANCEL = range(9)
 _QUIET = (Fetch, WakeAt)  # all a quiet answer does
 _HARMLESS = (WakeAt, Record, Notify)  # a step that did only this started nothing
 _SPECULATED = (SlotBusy, SlotKept, Persisted)  # messages stepped before the polls caught up
+_ANY_BOOT = (_DOC, _CANCEL)  # the cloud's doing: due whichever daemon runs then
 SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
 
 
@@ -145,7 +146,7 @@ class Plan:
                 break
             self.until = max(self.until, t)
             due = self.vms[index] if index >= 0 else None
-            if due is not None and gen != due.gen:
+            if due is not None and gen != due.gen and kind not in _ANY_BOOT:
                 continue  # for a daemon that has died since
             self._due(due, kind, payload, t)
         return self

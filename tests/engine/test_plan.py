@@ -524,3 +524,30 @@ def test_an_output_file_that_cannot_be_written_is_an_error_not_a_traceback(tmp_p
     assert code == 1
     assert f"error: {out}: No such file or directory" in err
     assert "Traceback" not in err
+
+
+def test_an_event_posted_after_the_vm_rebooted_is_seen_at_the_next_poll(tmp_path):
+    """A first Reboot (no window before its NotBefore: at once) takes the VM down at 00:00:10
+    and back at 00:05:10 on a new boot; a second is posted at 02:00: the new daemon's next
+    poll sees it, and its drain starts then."""
+    text = """\
+vms:
+  - names: web-1
+    config: web.yaml
+    hooks: {drain: 10s}
+maintenance:
+  - type: Reboot
+    vms: web-1
+    notice: 1h
+    impact: 5m
+  - type: Reboot
+    vms: web-1
+    posted: 2h
+    notice: 1h
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text))
+    first, second = data["rows"]
+    assert first["back"] == "2026-11-23T00:05:10Z"
+    assert second["hooks_start"] == second["posted"] == "2026-11-23T02:00:00Z"
+    assert second["back"] == "2026-11-23T02:05:10Z"
