@@ -18,72 +18,42 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import math
-from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 from .. import engine
 from ..engine import (
-    AcquireSlot,
-    ApprovalFailed,
-    ApprovalSent,
-    AskCluster,
-    AskGate,
     Boot,
-    CancelFetch,
-    CancelRuns,
-    CheckCluster,
-    ClusterChecked,
-    ClusterDrained,
-    ClusterMarked,
-    ClusterRestored,
-    Coordinate,
     DocumentFetched,
-    DrainNode,
     Effect,
-    Exit,
     Faulted,
     Fetch,
-    GateAnswered,
-    HooksFinished,
     Message,
-    NameResolved,
     Notify,
-    Outcome,
-    Persist,
     Persisted,
-    PostApproval,
     Record,
-    ReleaseSlot,
-    ResolveName,
-    RestoreNode,
     SlotBusy,
-    SlotFailed,
     SlotGranted,
     SlotKept,
-    SpawnHooks,
     Stage,
-    StopCoordinating,
-    StopDraining,
-    UseConfig,
     WakeAt,
 )
 from ..engine.vocabulary.constants import RATE_WINDOW
 from . import observe
+from .executors import EXECUTORS
 from .fleet import Fleet
 from .timeline import Seen
-from .vm import Guard, Run, Vm
-from .world import Answer, Cloud, EtcdSlots, Peers, Posting, Slots, hook_run, postings
+from .vm import BACK, CANCEL, DOC, EXPIRE, FETCH, KEEP, MSG, START, TICK, Guard, Vm
+from .world import Answer, Cloud, EtcdSlots, Peers, Posting, Slots, postings
 
 
 class PlanError(Exception):
     """The planner met what it cannot simulate faithfully (a defect in the planner)."""
 
 
-_MSG, _TICK, _FETCH, _DOC, _START, _BACK, _EXPIRE, _KEEP, _CANCEL = range(9)
 _QUIET = (Fetch, WakeAt)  # all a quiet answer does
 _HARMLESS = (WakeAt, Record, Notify)  # a step that did only this started nothing
 _SPECULATED = (SlotBusy, SlotKept, Persisted)  # messages stepped before the polls caught up
-_ANY_BOOT = (_DOC, _CANCEL)  # the cloud's doing: due whichever daemon runs then
+_ANY_BOOT = (DOC, CANCEL)  # the cloud's doing: due whichever daemon runs then
 SLACK = 2 * 86400.0  # the plan ends this long after the last NotBefore at the latest
 
 
@@ -136,10 +106,10 @@ class Plan:
             self._feed(vm, Boot({}, "", f"plan-boot-{vm.boots}"), 0.0)
         for p in self.cloud.events:
             for name in p.vms:
-                self._push(p.posted, self.by_name[name], _DOC, None)
+                self.push(p.posted, self.by_name[name], DOC, None)
                 if p.cancelled is not None:
-                    self._push(p.cancelled, self.by_name[name], _CANCEL, p)
-            self._push(p.not_before, None, _START, p)
+                    self.push(p.cancelled, self.by_name[name], CANCEL, p)
+            self.push(p.not_before, None, START, p)
         while self._heap and self._open:
             t, _, index, gen, kind, payload = heapq.heappop(self._heap)
             if t > self.horizon:
@@ -152,21 +122,21 @@ class Plan:
         return self
 
     def _due(self, vm: Optional[Vm], kind: int, payload: Any, t: float) -> None:  # noqa: ANN401
-        if kind == _START:
+        if kind == START:
             self._start(payload, t)
-        elif kind == _EXPIRE:
-            self._answer(self.slots.expire(t), t)
+        elif kind == EXPIRE:
+            self.answer(self.slots.expire(t), t)
         elif vm is None:
             raise PlanError(f"nothing due for no VM: {kind}")
-        elif kind == _BACK:
+        elif kind == BACK:
             self._back(vm, payload, t)
-        elif kind == _CANCEL:
+        elif kind == CANCEL:
             self._cancel(vm, payload, t)
         elif vm.alive:
             self._due_alive(vm, kind, payload, t)
 
     def _due_alive(self, vm: Vm, kind: int, payload: Any, t: float) -> None:  # noqa: ANN401
-        if kind == _MSG:
+        if kind == MSG:
             message, guard = payload
             if not self._wanted(vm, guard):
                 return
@@ -175,26 +145,26 @@ class Plan:
                 return
             self._catch_up(vm, t)
             self._feed(vm, message, t)
-        elif kind == _TICK:
+        elif kind == TICK:
             if payload == vm.wake_token:
                 self._tick(vm, t)
-        elif kind == _FETCH:
+        elif kind == FETCH:
             if payload == vm.fetch_token and not vm.quiet:
                 self._catch_up(vm, t)
                 self._poll(vm, t)
-        elif kind == _KEEP:
+        elif kind == KEEP:
             self._keep_alive(vm, payload, t)
-        elif kind == _DOC and vm.quiet:
+        elif kind == DOC and vm.quiet:
             self._catch_up(vm, t)
             self._unquiet(vm)
 
-    def _push(self, t: float, vm: Optional[Vm], kind: int, payload: Any) -> None:  # noqa: ANN401
+    def push(self, t: float, vm: Optional[Vm], kind: int, payload: Any) -> None:  # noqa: ANN401
         self._seq += 1
         index, gen = (vm.index, vm.gen) if vm is not None else (-1, 0)
         heapq.heappush(self._heap, (t, self._seq, index, gen, kind, payload))
 
-    def _send(self, vm: Vm, message: Message, t: float, guard: Guard = None) -> None:
-        self._push(t, vm, _MSG, (message, guard))
+    def send(self, vm: Vm, message: Message, t: float, guard: Guard = None) -> None:
+        self.push(t, vm, MSG, (message, guard))
 
     def _wanted(self, vm: Vm, guard: Guard) -> bool:
         if guard is None:
@@ -252,15 +222,15 @@ class Plan:
             self._catch_up(vm, t)
             wake = engine.next_wakeup(vm.state, t)
         if wake > t:  # nothing is due, or what was (a slot's lease) a keep-alive put off
-            self._wake(vm, wake)
+            self.wake(vm, wake)
             return
         self._feed(vm, engine.Tick(), t)
 
-    def _wake(self, vm: Vm, at: float) -> None:
+    def wake(self, vm: Vm, at: float) -> None:
         if at != vm.wake_at:
             vm.wake_at = at
             vm.wake_token += 1
-            self._push(at, vm, _TICK, vm.wake_token)
+            self.push(at, vm, TICK, vm.wake_token)
 
     # ---- polls, and what is taken as quiet ---------------------------------------------------
 
@@ -279,7 +249,7 @@ class Plan:
         vm.quiet = False
         if vm.fetch_at is not None:
             vm.fetch_token += 1
-            self._push(vm.fetch_at, vm, _FETCH, vm.fetch_token)
+            self.push(vm.fetch_at, vm, FETCH, vm.fetch_token)
 
     def _catch_up(self, vm: Vm, t: float) -> None:
         """The quiet polls ordered before `t`, then the latest keep-alive of a held slot.
@@ -346,7 +316,7 @@ class Plan:
         vm.kept_to = t
         for event_id in sorted(vm.slot_events):
             self._feed(vm, SlotKept(event_id, t), t)
-        self._push(t + vm.config.concurrency.ttl / 3, vm, _KEEP, since)
+        self.push(t + vm.config.concurrency.ttl / 3, vm, KEEP, since)
 
     # ---- the cloud: an event starts, a VM goes down and comes back ---------------------------
 
@@ -370,8 +340,8 @@ class Plan:
             else:  # paused: Started, then gone once it is over
                 seen.back = t + posting.impact
                 vm.waiting_after.add(posting.event_id)
-                self._push(t, vm, _DOC, None)
-                self._push(t + posting.impact, vm, _DOC, None)
+                self.push(t, vm, DOC, None)
+                self.push(t + posting.impact, vm, DOC, None)
 
     def _cancel(self, vm: Vm, posting: Posting, t: float) -> None:
         """Withdrawn before it started: it leaves the document; the engine's cancelled-hooks
@@ -402,13 +372,13 @@ class Plan:
         self.peers.stopped(vm.name)
         expiry = self.slots.next_expiry()
         if expiry is not None:
-            self._push(expiry, None, _EXPIRE, None)
+            self.push(expiry, None, EXPIRE, None)
         if posting.gone_for_good:
             vm.gone = True
             seen.never_back = True
             self._open -= 1
         else:
-            self._push(t + posting.impact, vm, _BACK, posting)
+            self.push(t + posting.impact, vm, BACK, posting)
 
     def _back(self, vm: Vm, posting: Posting, t: float) -> None:
         """A new boot: the daemon starts from its state file."""
@@ -436,13 +406,13 @@ class Plan:
                 since = t if message.confirmed is None else message.confirmed
                 vm.kept_from = vm.kept_to = since
                 if not self.skip_quiet:
-                    self._push(since + vm.config.concurrency.ttl / 3, vm, _KEEP, since)
+                    self.push(since + vm.config.concurrency.ttl / 3, vm, KEEP, since)
 
-    def _answer(self, answers: list[Answer], t: float) -> None:
+    def answer(self, answers: list[Answer], t: float) -> None:
         for name, message in answers:
             vm = self.by_name.get(name)
             if vm is not None and vm.alive:
-                self._send(vm, message, t)
+                self.send(vm, message, t)
 
     def rows(self) -> list[Seen]:
         """Every VM's events, in the fleet's order, each with its slot's hold."""
@@ -457,150 +427,3 @@ class Plan:
                     seen.slot_to = to
             found.append(seen)
         return found
-
-
-# ---- the executors: one per effect, as runtime/daemon.py `_do` has --------------------------
-
-
-def _fetch(plan: Plan, vm: Vm, e: Fetch, t: float) -> None:
-    """The poll lane: carried out at its instant (or now, if that has passed)."""
-    vm.fetch_at = max(e.at, t)
-    vm.fetch_token += 1
-    if not vm.quiet:
-        plan._push(vm.fetch_at, vm, _FETCH, vm.fetch_token)
-
-
-def _cancel_fetch(plan: Plan, vm: Vm, e: CancelFetch, t: float) -> None:
-    vm.fetch_at, vm.quiet = None, False
-    vm.fetch_token += 1
-
-
-def _resolve_name(plan: Plan, vm: Vm, e: ResolveName, t: float) -> None:
-    plan._send(vm, NameResolved(vm.name, "imds"), t)
-
-
-def _spawn(plan: Plan, vm: Vm, e: SpawnHooks, t: float) -> None:
-    seconds, outcome, detail = hook_run(e.hooks, vm.spec.hooks, vm.config.hooks)
-    token = vm.token()
-    vm.runs[e.run] = Run(e.event.event_id, e.stage, token)
-    plan._send(vm, HooksFinished(e.run, outcome, detail), t + seconds, ("run", str(e.run), token))
-
-
-def _cancel_runs(plan: Plan, vm: Vm, e: CancelRuns, t: float) -> None:
-    for run in e.runs:
-        found = vm.runs.get(run)
-        if found is not None:
-            found.token = vm.token()  # its own end is not sent any more
-            plan._send(vm, HooksFinished(run, Outcome.CANCELLED), t, ("run", str(run), found.token))
-
-
-def _post_approval(plan: Plan, vm: Vm, e: PostApproval, t: float) -> None:
-    event_id = e.event.event_id
-    if e.deadline is not None and t >= e.deadline:
-        detail = "not sent: its slot's lease could expire before an answer"
-        plan._send(vm, ApprovalFailed(event_id, "deadline", detail), t)
-        return
-    plan._send(vm, ApprovalSent(event_id, 0.0, t), t)
-    if plan.cloud.approve(event_id, t):  # it starts now, for every VM it names
-        posting = plan.cloud.by_id[event_id]
-        for name in posting.vms:
-            seen = plan.seen[(name, event_id)]
-            seen.approved = t if seen.approved is None else seen.approved
-        plan._push(t, None, _START, posting)
-
-
-def _persist(plan: Plan, vm: Vm, e: Persist, t: float) -> None:
-    vm.persisted, vm.mark = e.events, e.mark
-    plan._send(vm, Persisted(""), t)
-
-
-def _nothing(plan: Plan, vm: Vm, e: Effect, t: float) -> None:
-    """Record (read by `_observe`), Notify, UseConfig (no reload in a plan)."""
-
-
-def _coordinate(plan: Plan, vm: Vm, e: Coordinate, t: float) -> None:
-    plan._answer(plan.peers.write(e.event.event_id, vm.name, e.ready), t)
-
-
-def _stop_coordinating(plan: Plan, vm: Vm, e: StopCoordinating, t: float) -> None:
-    plan.peers.stop(vm.name, e.event_ids)
-
-
-def _ask(plan: Plan, vm: Vm, e: Union[AskGate, AskCluster], t: float) -> None:
-    """The gate (or the cluster) says yes at once: the plan runs no gate command."""
-    plan._send(vm, GateAnswered(e.run, 0), t)
-
-
-def _acquire(plan: Plan, vm: Vm, e: AcquireSlot, t: float) -> None:
-    concurrency = vm.config.concurrency
-    if concurrency is None:  # as the daemon: no keeper without concurrency and etcd
-        plan._send(vm, SlotFailed(e.event.event_id, "internal", "no etcd configured"), t)
-        return
-    answers = plan.slots.acquire(concurrency.group, concurrency.max, vm.name, e.event.event_id, t)
-    plan._answer(answers, t)
-
-
-def _release(plan: Plan, vm: Vm, e: ReleaseSlot, t: float) -> None:
-    vm.slot_events.discard(e.event_id)
-    if not vm.slot_events:
-        vm.kept_from = None
-    plan._answer(plan.slots.release(vm.name, e.event_id, t), t)
-
-
-def _check_cluster(plan: Plan, vm: Vm, e: CheckCluster, t: float) -> None:
-    plan._send(vm, ClusterChecked(()), t)
-
-
-def _drain(plan: Plan, vm: Vm, e: DrainNode, t: float) -> None:
-    """Marked at once; drained after the set's `cluster_drain`."""
-    settings = vm.config.cluster
-    event_id = e.event.event_id
-    mark = engine.mark_of(settings) if settings is not None else None
-    plan._send(vm, ClusterMarked(event_id, True, mark), t)
-    token = vm.token()
-    vm.drains[event_id] = token
-    plan._send(vm, ClusterDrained(event_id), t + vm.spec.cluster_drain, ("drain", event_id, token))
-
-
-def _stop_draining(plan: Plan, vm: Vm, e: StopDraining, t: float) -> None:
-    vm.drains.pop(e.event_id, None)
-
-
-def _restore(plan: Plan, vm: Vm, e: RestoreNode, t: float) -> None:
-    if e.mark is not None:  # as the daemon: nothing to take off without a mark of its own
-        plan._send(vm, ClusterRestored(e.event_id), t)
-
-
-def _wake_at(plan: Plan, vm: Vm, e: WakeAt, t: float) -> None:
-    plan._wake(vm, e.at)
-
-
-def _exit(plan: Plan, vm: Vm, e: Exit, t: float) -> None:
-    vm.alive = False
-    vm.gen += 1
-
-
-EXECUTORS: Mapping[type, Callable[[Plan, Vm, Any, float], None]] = {
-    Fetch: _fetch,
-    CancelFetch: _cancel_fetch,
-    ResolveName: _resolve_name,
-    SpawnHooks: _spawn,
-    CancelRuns: _cancel_runs,
-    PostApproval: _post_approval,
-    Persist: _persist,
-    Record: _nothing,
-    Notify: _nothing,
-    UseConfig: _nothing,
-    Coordinate: _coordinate,
-    StopCoordinating: _stop_coordinating,
-    AskGate: _ask,
-    AskCluster: _ask,
-    AcquireSlot: _acquire,
-    ReleaseSlot: _release,
-    CheckCluster: _check_cluster,
-    DrainNode: _drain,
-    StopDraining: _stop_draining,
-    RestoreNode: _restore,
-    WakeAt: _wake_at,
-    Exit: _exit,
-}

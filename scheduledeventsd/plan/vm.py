@@ -11,6 +11,11 @@ from ..config import Config
 from ..engine import ClusterMark, Known, Stage
 from .fleet import VmSet
 
+# What the plan's heap holds, by kind: a message for the engine, its wake-up, the poll it
+# ordered, a document that changes, an event that starts, a VM back, a handed-over slot that
+# expires, a keep-alive (replayed one by one), an event withdrawn.
+MSG, TICK, FETCH, DOC, START, BACK, EXPIRE, KEEP, CANCEL = range(9)
+
 
 @dataclass
 class Run:
