@@ -13,6 +13,7 @@ from scheduledeventsd.config import (
     Etcd,
     EventRule,
     Gate,
+    HealthFrom,
     HookCommand,
     Limit,
 )
@@ -45,8 +46,9 @@ from scheduledeventsd.engine import (
 )
 from scheduledeventsd.engine.lifecycle import Slot
 from scheduledeventsd.observe.metrics import Metrics
+from scheduledeventsd.observe.observer import Observer
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
-from tests.engine.test_engine_when import EVENTS, MONO0, due_in, seen
+from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, seen
 from tests.engine.test_engine_when import machine as when_machine
 
 ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
@@ -646,6 +648,9 @@ def test_with_several_groups_the_hooks_wait_for_a_slot_in_every_one_and_say_whic
     (waiting,) = logs(m.effects, "event_waiting")
     assert waiting.fields["full"] == ["zone-a"]
     assert waiting.fields["holders"] == ["vm-c", "vm-d"]
+    shown = Observer(WALL0).document(m.state, WALL0 + 1, HealthFrom.DETECTED)["concurrency"]
+    assert shown["groups"] == [{"group": "web", "max": 1}, {"group": "zone-a", "max": 2}]
+    assert shown["last_seen_holders"] == ["vm-c", "vm-d"]
     assert not of(m.effects, SpawnHooks)
     m.send(SlotGranted("E1", MONO0 + 2), at=MONO0 + 2)
     (acquired,) = logs(m.effects, "slot_acquired")
