@@ -4,8 +4,8 @@ The group's slots are the keys `<prefix>/slots/<group>/<n>`, n < max. A VM takes
 transaction that puts it only if it does not exist, under a lease of `concurrency.ttl` it
 renews every third of that: a daemon that dies loses its slot within the TTL. With several
 groups (a tier and a zone) it takes one in each in the same transaction, or none (slotset.py),
-and gives them back together. No lock service,
-no leader: etcd's transactions decide, and every daemon reads the same keys. The engine decides
+and gives them back together. No lock service, no leader: etcd's transactions decide, and
+every daemon reads the same keys. The engine decides
 when to ask and when to give back (AcquireSlot, ReleaseSlot); this module carries that out, one
 worker thread per VM (its events share its one slot, given back after the last of them), and
 tells each of those events SlotGranted and SlotKept (with when etcd's acknowledged grant or
