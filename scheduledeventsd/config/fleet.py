@@ -131,16 +131,21 @@ def _nodes(c: Checker, raw: Mapping[Any, Any], where: str) -> Mapping[str, str]:
     return frozen(nodes)
 
 
+# The keys of `concurrency` that hold for a VM's slots together, not per group (one lease
+# holds them all): in the list form, the values given must agree.
+SHARED = ("ttl",)
+
+
 def concurrency(
     c: Checker, given: Union[dict[str, Any], list[Entry], None]
 ) -> Optional[Concurrency]:
     """The mapping form (one group), or the list form (one mapping per group: several limits
-    at once, all held under one lease, so `ttl` is one value)."""
+    at once, all held together, so `ttl` is one value)."""
     if given is None:
         return None
     entries = given if isinstance(given, list) else [Entry("concurrency", given)]
     limits: list[Limit] = []
-    ttls: dict[int, str] = {}
+    shared: dict[str, dict[Any, str]] = {name: {} for name in SHARED}  # value -> where given
     for entry in entries:
         group = entry.fields.get("group")
         if group is None:
@@ -152,19 +157,20 @@ def concurrency(
             )
         elif group in (limit.group for limit in limits):
             c.fail(f"{entry.where}.group", f"{group!r} is given twice: one limit per group")
-        max_ = entry.fields.get("max", Concurrency.max)
-        limits.append(Limit(group, max_))
-        if "ttl" in entry.fields:
-            ttls.setdefault(entry.fields["ttl"], entry.where)
-    if len(ttls) > 1:
-        (one, where), (two, other) = list(ttls.items())[:2]
-        c.fail(
-            f"{other}.ttl",
-            f"{two} differs from {where}.ttl's {one}: the slots of every group are held "
-            "under one lease (give ttl once, or the same on each)",
-        )
+        limits.append(Limit(group, entry.fields.get("max", Concurrency.max)))
+        for name in SHARED:
+            if name in entry.fields:
+                shared[name].setdefault(entry.fields[name], entry.where)
+    for name, found in shared.items():
+        if len(found) > 1:
+            (one, where), (two, other) = list(found.items())[:2]
+            c.fail(
+                f"{other}.{name}",
+                f"{two} differs from {where}.{name}'s {one}: the slots of every group are held "
+                f"together (give {name} once, or the same on each)",
+            )
     if not limits:
         return None
-    ttl = next(iter(ttls), Concurrency.ttl)
+    values = {name: next(iter(found)) for name, found in shared.items() if found}
     first, *more = limits
-    return Concurrency(first.group, first.max, ttl, tuple(more))
+    return Concurrency(first.group, first.max, more=tuple(more), **values)

@@ -630,7 +630,7 @@ def test_after_a_crash_a_drain_whose_slot_went_to_another_vm_queues_for_one():
 
 # ---- issue 28: several limits at once -----------------------------------------------------------
 
-LIMITS = Concurrency("web", 1, TTL, (Limit("zone-a", 2),))
+LIMITS = Concurrency("web", 1, TTL, more=(Limit("zone-a", 2),))
 
 
 def test_with_several_groups_the_hooks_wait_for_a_slot_in_every_one_and_say_which_is_full():

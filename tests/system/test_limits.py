@@ -23,7 +23,7 @@ from tests.system.test_fleet import keys
 from tests.system.test_slots import Tier, iso_seconds
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
-WEB_ZONE = Concurrency("web", 1, 6, (Limit("zone-a", 2),))
+WEB_ZONE = Concurrency("web", 1, 6, more=(Limit("zone-a", 2),))
 
 
 def settings(cluster) -> Etcd:
@@ -127,8 +127,8 @@ def test_two_vms_asking_for_two_groups_in_opposite_order_never_wait_on_each_othe
     granted once the first gives both back."""
     etcd = settings(cluster)
     slots = f"{etcd.prefix}/slots/"
-    a_limits = Concurrency("g1", 1, 6, (Limit("g2", 1),))
-    b_limits = Concurrency("g2", 1, 6, (Limit("g1", 1),))
+    a_limits = Concurrency("g1", 1, 6, more=(Limit("g2", 1),))
+    b_limits = Concurrency("g2", 1, 6, more=(Limit("g1", 1),))
     for round_ in range(20):
         inbox = Inbox()
         keepers = {"vm-a": SlotKeeper(etcd, a_limits, inbox.put)}
