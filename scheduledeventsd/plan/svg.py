@@ -29,18 +29,12 @@ FONT = "font-family:sans-serif;font-size:11px"
 # The colour of each phase the planner names, in the legend's order; a phase not listed here
 # takes the next of SPARE, in the order of its name, so the picture stays the same.
 PHASES: Mapping[str, str] = {
-    "waiting": "#c6dbef",
-    "window": "#c6dbef",
-    "slot": "#9ecae1",
-    "hooks": "#74c476",
-    "before": "#74c476",
-    "ready": "#c7e9c0",
-    "prepared": "#c7e9c0",
-    "down": "#fd8d3c",
-    "impact": "#fd8d3c",
-    "maintenance": "#fd8d3c",
-    "after": "#9e9ac8",
-    "done": "#d9d9d9",
+    "queued": "#c6dbef",  # waiting for a slot
+    "draining": "#a1d99b",  # the cluster moving its resources away
+    "hooks": "#41ab5d",  # before-hooks
+    "ready": "#fdd0a2",  # prepared: waiting for approval or NotBefore
+    "down": "#e6550d",
+    "after": "#807dba",  # back up, until the after-hooks are done
 }
 SPARE = ("#e7969c", "#8dd3c7", "#bc80bd", "#ccebc5", "#ffed6f", "#b3de69", "#fccde5")
 WINDOW = "#fff3b0"
@@ -97,13 +91,15 @@ class Lane:
     slot_from: Optional[dt.datetime]
     slot_to: Optional[dt.datetime]
     not_before: Optional[dt.datetime]
+    posted: Optional[dt.datetime]
     flags: tuple[str, ...]
 
 
-def _lane(row: Mapping[str, Any]) -> Lane:
+def _lane(row: Mapping[str, Any], until: Optional[dt.datetime] = None) -> Lane:
+    """A row; a span still open when the plan ended (`to` null) lasts until its end."""
     spans = []
     for span in row.get("spans") or ():
-        start, end = instant(span.get("from")), instant(span.get("to"))
+        start, end = instant(span.get("from")), instant(span.get("to")) or until
         if start is not None and end is not None and end >= start:
             spans.append(Span(str(span.get("phase", "")), start, end))
     return Lane(
@@ -113,6 +109,7 @@ def _lane(row: Mapping[str, Any]) -> Lane:
         slot_from=instant(row.get("slot_from")),
         slot_to=instant(row.get("slot_to")),
         not_before=instant(row.get("not_before")),
+        posted=instant(row.get("posted")),
         flags=tuple(str(f) for f in row.get("flags") or ()),
     )
 
@@ -188,14 +185,18 @@ def _axis(scale: Scale, bottom: float) -> list[str]:
     """Ticks at round UTC instants, and each cut idle stretch shaded with its length."""
     fmt = "%a %d %b" if scale.step() >= 86400 else "%a %d %H:%M"
     out = []
+    labelled = -MIN_TICK_GAP
     for cut in scale.cuts():
-        mid = _num((cut.x0 + cut.x1) / 2)
+        mid = (cut.x0 + cut.x1) / 2
         out.append(
             f'<rect class="cut" x="{_num(cut.x0)}" y="{_num(TOP - 6)}" '
             f'width="{_num(cut.x1 - cut.x0)}" height="{_num(bottom - TOP + 6)}" fill="{CUT}"/>'
         )
+        if mid - labelled < 50:
+            continue  # its length would overwrite the previous one's
+        labelled = mid
         out.append(
-            f'<text x="{mid}" y="{_num(TOP - 9)}" text-anchor="middle" '
+            f'<text x="{_num(mid)}" y="{_num(TOP - 9)}" text-anchor="middle" '
             f'style="{FONT};fill:#636363">{text(duration(cut.end - cut.start))}</text>'
         )
     last = -MIN_TICK_GAP
@@ -327,11 +328,17 @@ def _legend(y: float, colours: Mapping[str, str]) -> list[str]:
 
 def render(plan: Mapping[str, Any]) -> str:
     """The plan (the JSON `plan --format json` prints, parsed) as an SVG document."""
-    lanes = [_lane(row) for row in plan.get("rows") or ()]
+    until = instant(plan.get("until"))
+    lanes = [_lane(row, until) for row in plan.get("rows") or ()]
     windows = _windows(plan)
     instants = [s.start for lane in lanes for s in lane.spans]
     instants += [s.end for lane in lanes for s in lane.spans]
-    instants += [t for lane in lanes for t in (lane.slot_from, lane.slot_to, lane.not_before) if t]
+    instants += [
+        t
+        for lane in lanes
+        for t in (lane.posted, lane.slot_from, lane.slot_to, lane.not_before)
+        if t is not None
+    ]
     edges = [t for w in windows for t in (w.start, w.end)]
     if instants:  # a window's edges are drawn where they fall in the rows' time, not beyond
         edges = [t for t in edges if min(instants) <= t <= max(instants)]

@@ -1,6 +1,7 @@
-"""`plan --format svg`'s drawing, on a plan written by hand (tests/edges/plan_sample.json: a web
-tier of four VMs handing one slot on in a Saturday window, and a db VM prepared at the lead
-without a slot): well-formed, one lane per VM, hostile names escaped, the same bytes every time."""
+"""`plan --format svg`'s drawing, on a plan written by hand (tests/edges/plan_sample.json,
+in the shape plan/report.py documents: a web tier of four VMs handing one slot on in a Saturday
+window, a db VM whose window never opened in time, a spot VM gone for good): well-formed, one
+lane per VM, hostile names escaped, the same bytes every time."""
 
 from __future__ import annotations
 
@@ -152,14 +153,31 @@ def test_a_groups_window_is_shaded_across_its_lanes_and_a_vms_across_its_own():
 def test_notbefore_is_marked_on_every_lane_that_has_one():
     plan = sample()
     plan["rows"][4]["not_before"] = None
-    marks = parsed(plan).findall(".//s:g[@class='lane']/s:path[@class='not-before']", NS)
-    assert len(marks) == 4
-    assert all("NotBefore 2026-12-04T00:00:00Z" in m.find("s:title", NS).text for m in marks)
+    lanes_marked = parsed(plan).findall(".//s:g[@class='lane']", NS)
+    marks = {
+        lane.get("data-vm"): lane.find("s:path[@class='not-before']/s:title", NS)
+        for lane in lanes_marked
+    }
+    expected = {r["vm"]: r["not_before"] for r in plan["rows"] if r["not_before"]}
+    assert {vm: m.text for vm, m in marks.items() if m is not None} == {
+        vm: f"{vm}: NotBefore {at}" for vm, at in expected.items()
+    }
 
 
 def test_flags_are_written_beside_the_lane():
     texts = parsed(sample()).findall(".//s:text[@class='flags']", NS)
-    assert [t.text for t in texts] == ["no_slot"]
+    assert [t.text for t in texts] == ["no_window", "cut_off"]
+
+
+def test_a_span_still_open_at_the_end_lasts_until_the_plans_end():
+    """A Preempt's VM is gone for good: its `down` span has no end; it is drawn to `until`."""
+    plan = sample()
+    tree = parsed(plan)
+    spot = next(lane for lane in lanes(tree) if lane.get("data-vm") == "spot-1")
+    down = spot.findall("s:rect[@class='span']", NS)[-1]
+    assert down.find("s:title", NS).text.endswith(f"to {plan['until']}")
+    width = float(down.get("x", "0")) + float(down.get("width", "0"))
+    assert width == pytest.approx(svg.LABEL_W + svg.CHART_W, abs=0.1)
 
 
 def test_an_empty_plan_still_draws_a_valid_document():
