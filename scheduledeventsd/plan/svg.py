@@ -326,6 +326,16 @@ def _legend(y: float, colours: Mapping[str, str]) -> list[str]:
     return out
 
 
+def _title(plan: Mapping[str, Any], vms: int) -> str:
+    """How many VMs, and the problems the summary counts (none: said so)."""
+    summary = plan.get("summary")
+    problems = summary.get("problems") if isinstance(summary, Mapping) else None
+    if not isinstance(problems, Mapping):
+        return f"Plan: {vms} VM(s)"
+    found = [f"{count} {flag}" for flag, count in problems.items() if count]
+    return f"Plan: {vms} VM(s); problems: {', '.join(found) or 'none'}"
+
+
 def render(plan: Mapping[str, Any]) -> str:
     """The plan (the JSON `plan --format json` prints, parsed) as an SVG document."""
     until = instant(plan.get("until"))
@@ -349,7 +359,7 @@ def render(plan: Mapping[str, Any]) -> str:
     legend_rows = -(-(len(colours) + 4) // 6)
     width = LABEL_W + CHART_W + FLAGS_W + MARGIN
     height = bottom + 20 + legend_rows * 16 + MARGIN
-    title = f"Plan: {len(lanes)} VM(s)"
+    title = _title(plan, len(lanes))
     parts = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" '

@@ -183,6 +183,14 @@ def test_a_span_still_open_at_the_end_lasts_until_the_plans_end():
     assert width == pytest.approx(svg.LABEL_W + svg.CHART_W, abs=0.1)
 
 
+def test_the_title_counts_the_vms_and_the_problems():
+    plan = sample()
+    title = parsed(plan).find("s:title", NS).text
+    assert title == "Plan: 6 VM(s); problems: 1 no_window, 1 cut_off"
+    plan["summary"]["problems"] = {"late": 0}
+    assert parsed(plan).find("s:title", NS).text == "Plan: 6 VM(s); problems: none"
+
+
 def test_an_empty_plan_still_draws_a_valid_document():
     tree = parse(svg.render({"rows": [], "windows": []}))
     assert lanes(tree) == []
