@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-plan bench-fleet bench-observed bench-pacemaker bench-clouds crash-campaign soak fuzz fuzz-quick
+.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-plan bench-fleet bench-observed bench-pacemaker bench-clouds bench-versus crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -99,9 +99,15 @@ bench-pacemaker: bootstrap
 	$(PY) -m bench.pacemaker
 
 # `scheduledeventsd plan` over 100, 1 000 and 10 000 VMs (groups of 100, max 5, weekend
-# windows, 7 days' notice): wall time, steps per second, peak RSS and their growth.
+# windows, 7 days' notice): wall and CPU time, steps per second, peak RSS and their growth.
 bench-plan: bootstrap
 	$(PY) -m bench.plan
+
+# This tree against REV side by side: engine step at rest and churn, CPU at rest at 1 Hz and
+# 4 Hz (~3 minutes). Issue 27 compared with the commit before the layout: REV=7d756ca^.
+REV ?= HEAD~1
+bench-versus: bootstrap
+	$(PY) -m bench.versus $(REV)
 
 # Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.
 bench-fleet: bootstrap
