@@ -73,24 +73,31 @@ def write_fleet(where: Path, vms: int) -> Path:
     return fleet
 
 
-def planner() -> Optional[tuple[Callable[..., Any], Callable[..., Any]]]:
-    """The planner's public parts (fleet.load, run.Plan), or None while the planner is not in
-    this tree."""
+def planner() -> Optional[tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]]:
+    """The planner's public parts (fleet.load, run.Plan, report.build), or None while the
+    planner is not in this tree."""
     try:
         fleet = importlib.import_module("scheduledeventsd.plan.fleet")
         run = importlib.import_module("scheduledeventsd.plan.run")
+        report = importlib.import_module("scheduledeventsd.plan.report")
     except ImportError:
         return None
-    if not callable(getattr(run, "Plan", None)) or not callable(getattr(fleet, "load", None)):
+    parts = (
+        getattr(fleet, "load", None),
+        getattr(run, "Plan", None),
+        getattr(report, "build", None),
+    )
+    if not all(callable(part) for part in parts):
         return None
-    return fleet.load, run.Plan
+    return fleet.load, run.Plan, report.build
 
 
 def one(vms: int) -> dict[str, Any]:
-    """One size, in this process: the fleet written and read, then planned, timed."""
+    """One size, in this process: the fleet written and read, planned, then reported (the rows
+    and summary `plan` prints), each timed."""
     parts = planner()
     assert parts is not None
-    load, plan_class = parts
+    load, plan_class, build = parts
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         fleet_path = write_fleet(Path(tmp), vms)
         started = time.perf_counter()
@@ -99,16 +106,23 @@ def one(vms: int) -> dict[str, Any]:
         started, cpu = time.perf_counter(), time.process_time()
         plan = plan_class(fleet, START).run()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        started = time.perf_counter()
+        data = build(plan)
+        reported = time.perf_counter() - started
+    problems = data["summary"]["problems"]
     return {
         "vms": vms,
         "groups": vms // GROUP,
         "read_s": read,
         "wall_s": wall,
         "cpu_s": cpu,
+        "report_s": reported,
         "steps": plan.steps,
         "events": len(plan.seen),
-        "hooks_failed": sum(1 for seen in plan.seen.values() if seen.hooks_failed),
-        "no_slot": sum(1 for seen in plan.seen.values() if seen.no_slot),
+        "hooks_failed": problems.get("hooks_failed", 0),
+        "no_slot": problems.get("no_slot", 0),
+        "late": problems.get("late", 0),
+        "exit": data["summary"]["exit"],
         "simulated_days": plan.until / 86400,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -118,7 +132,7 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
     """The sizes side by side; each growth is against the size before it (linear: ratio 1.0)."""
     lines = [
         f"{'VMs':>7} {'groups':>6} {'no slot':>7} {'read s':>7} {'plan s':>7} {'CPU s':>7} "
-        f"{'steps':>9} {'steps/CPU s':>11} "
+        f"{'report s':>8} {'steps':>9} {'steps/CPU s':>11} "
         f"{'RSS MB':>7} {'time/VM growth':>15} {'steps/VM growth':>16}"
     ]
     for k, run in enumerate(runs):
@@ -131,8 +145,8 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
             steps = f"{run['steps'] / max(before['steps'], 1) / scale:.2f}"
         lines.append(
             f"{run['vms']:>7} {run['groups']:>6} {run['no_slot']:>7} {run['read_s']:>7.2f} "
-            f"{run['wall_s']:>7.2f} "
-            f"{run['cpu_s']:>7.2f} {run['steps']:>9} {rate:>11.0f} {run['peak_rss_mb']:>7.0f} "
+            f"{run['wall_s']:>7.2f} {run['cpu_s']:>7.2f} {run['report_s']:>8.2f} "
+            f"{run['steps']:>9} {rate:>11.0f} {run['peak_rss_mb']:>7.0f} "
             f"{growth:>15} {steps:>16}"
         )
     lines.append(
@@ -145,6 +159,7 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 and 300 VMs only")
+    parser.add_argument("--sizes", type=int, nargs="+", help="VMs of each run (groups of 100)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
     args = parser.parse_args()
     if planner() is None:
@@ -154,7 +169,7 @@ def main() -> int:
         print(json.dumps(one(args.one)))
         return 0
     runs = []
-    for vms in QUICK if args.quick else FULL:
+    for vms in args.sizes or (QUICK if args.quick else FULL):
         done = subprocess.run(
             [sys.executable, "-m", "bench.plan", "--one", str(vms)],
             cwd=ROOT,
