@@ -120,6 +120,7 @@ class Window:
     name: str
     start: dt.datetime
     end: dt.datetime
+    said: str  # how the config says it, and its times in its own zone: the rectangle's title
 
 
 def _windows(plan: Mapping[str, Any]) -> list[Window]:
@@ -129,7 +130,11 @@ def _windows(plan: Mapping[str, Any]) -> list[Window]:
         if start is None or end is None or end < start:
             continue
         owner = "vm" if "vm" in window else "group" if "group" in window else ""
-        found.append(Window(owner, str(window.get(owner, "")) if owner else "", start, end))
+        name = str(window.get(owner, "")) if owner else ""
+        said = f"{name}: {window.get('window', 'window')}, {_iso(start)} to {_iso(end)}"
+        if window.get("local_from") and window.get("local_to"):
+            said += f" ({window['local_from']} to {window['local_to']} {window.get('zone', '')})"
+        found.append(Window(owner, name, start, end, said.strip()))
     return found
 
 
@@ -176,7 +181,8 @@ def _window_rects(lanes: Sequence[Lane], windows: Sequence[Window], scale: Scale
         for k, n in runs:
             out.append(
                 f'<rect class="window" x="{_num(x0)}" y="{_num(_lane_y(k))}" '
-                f'width="{_num(x1 - x0)}" height="{_num(n * LANE_H)}" fill="{WINDOW}"/>'
+                f'width="{_num(x1 - x0)}" height="{_num(n * LANE_H)}" fill="{WINDOW}">'
+                f"<title>{text(window.said)}</title></rect>"
             )
     return out
 

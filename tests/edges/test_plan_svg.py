@@ -145,12 +145,17 @@ def test_two_slots_are_handed_on_to_the_latest_release_each():
 
 
 def test_a_groups_window_is_shaded_across_its_lanes_and_a_vms_across_its_own():
+    """Its title says the window as configured, in UTC and in its own zone."""
     tree = parsed(sample())
     windows = tree.findall(".//s:rect[@class='window']", NS)
     heights = sorted(float(w.get("height", "0")) for w in windows)
     assert heights == [svg.LANE_H, 4 * svg.LANE_H]
     web = next(w for w in windows if float(w.get("height", "0")) == 4 * svg.LANE_H)
     assert float(web.get("y", "0")) == svg.TOP
+    assert web.find("s:title", NS).text == (
+        "web: sat 02:00-05:00 UTC, 2026-11-28T02:00:00Z to 2026-11-28T05:00:00Z"
+        " (2026-11-28T02:00:00+00:00 to 2026-11-28T05:00:00+00:00 UTC)"
+    )
 
 
 def test_notbefore_is_marked_on_every_lane_that_has_one():
