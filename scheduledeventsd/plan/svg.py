@@ -9,6 +9,7 @@ drawing library, so `plan --format svg` works wherever the daemon does. Every te
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -271,7 +272,8 @@ def _iso(when: dt.datetime) -> str:
 
 def handoffs(lanes: Sequence[Lane]) -> list[tuple[int, int]]:
     """The slot hand-offs, as (lane that gave it up, lane that took it): in each group, a slot
-    taken after one was given up follows the latest release not yet handed on."""
+    taken after one was given up follows the latest release not yet handed on (of releases at
+    the same instant, the first lane's first: the lines do not cross)."""
     taking: dict[str, list[tuple[dt.datetime, int]]] = {}
     giving: dict[str, list[tuple[dt.datetime, int]]] = {}
     for k, lane in enumerate(lanes):
@@ -283,14 +285,14 @@ def handoffs(lanes: Sequence[Lane]) -> list[tuple[int, int]]:
     for group, taken in taking.items():
         taken.sort()
         released = sorted(giving.get(group, ()))
-        free: list[int] = []  # released, not yet handed on: the latest last
+        free: list[tuple[float, int]] = []  # released, not yet handed on: the latest first
         at = 0
         for when, taker in taken:
             while at < len(released) and released[at][0] <= when:
-                free.append(released[at][1])
+                heapq.heappush(free, (-released[at][0].timestamp(), released[at][1]))
                 at += 1
             if free:
-                pairs.append((free.pop(), taker))
+                pairs.append((heapq.heappop(free)[1], taker))
     return sorted(pairs, key=lambda p: (p[1], p[0]))
 
 

@@ -144,6 +144,17 @@ def test_two_slots_are_handed_on_to_the_latest_release_each():
     assert svg.handoffs([svg._lane(r) for r in rows]) == [(1, 2), (0, 3)]
 
 
+def test_slots_given_up_at_once_are_handed_on_in_lane_order():
+    """Five VMs give their slots up at one instant and five take them: the first gives to the
+    first, and so on, so the lines do not cross."""
+    t = "2026-11-28T{}:00Z".format
+    rows = [{"vm": f"a{k}", "group": "g", "slot_from": t("02:00"), "slot_to": t("02:15")}
+            for k in range(5)]  # fmt: skip
+    rows += [{"vm": f"b{k}", "group": "g", "slot_from": t("02:15"), "slot_to": t("02:30")}
+             for k in range(5)]  # fmt: skip
+    assert svg.handoffs([svg._lane(r) for r in rows]) == [(k, k + 5) for k in range(5)]
+
+
 def test_a_groups_window_is_shaded_across_its_lanes_and_a_vms_across_its_own():
     """Its title says the window as configured, in UTC and in its own zone."""
     tree = parsed(sample())
