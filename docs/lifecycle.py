@@ -1,5 +1,5 @@
 """Write every description of the event's lifecycle from its declarations, the phase's table in
-scheduledeventsd/engine/lifecycle.py and each gate's (engine/gates/slot.py, engine/gates/drain.py):
+scheduledeventsd/engine/lifecycle.py and each gate's (engine/gates/window.py, slot.py, drain.py):
 the tables of docs/reference/lifecycle.md, the man page's LIFECYCLE section and
 docs/lifecycle.svg (drawn by Graphviz' dot, with the tables' digest inside).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from generate import between, refresh, report
 
 from scheduledeventsd.engine import lifecycle, machine
-from scheduledeventsd.engine.gates import drain, slot
+from scheduledeventsd.engine.gates import drain, slot, window
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "lifecycle.md"
@@ -28,7 +28,7 @@ MAN_END = '.\\" end of the lifecycle table'
 
 
 # Every per-event machine beside the phase: the gates an event passes before its before-hooks.
-GATES = (slot.TABLE, drain.TABLE)
+GATES = (window.TABLE, slot.TABLE, drain.TABLE)
 
 
 def dot() -> str:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, stages
-from .gates import drain, lease, slot
+from .gates import drain, lease, slot, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -134,8 +134,8 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
             )
         )
         return state, _move(tracked, on, Phase.INTERRUPTED)
-    if phase is Phase.WAITING:  # placed again by the next document (the clock may have jumped)
-        return state, _move(tracked, on, phase, start_at=math.inf)
+    if phase is Phase.WAITING:
+        return state, window._restarted(tracked, on)
     if phase is Phase.QUEUED:  # its deadline placed again by the next document
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
