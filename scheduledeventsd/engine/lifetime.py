@@ -231,7 +231,9 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     stopping = state.stopping
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = approval._retry_approvals(state, now, out)
-    if not state.runs and not state.approvals.posting:
+    # After-hooks waiting for their node's restore are waited for as a run is (started then).
+    restoring = any(stages._awaiting_restore(t) for t in state.events.values())
+    if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
     if stopping.kill_until is None and now >= stopping.grace_until:
         if state.runs:
