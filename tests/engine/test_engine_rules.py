@@ -21,7 +21,7 @@ from scheduledeventsd.engine import (
     Tracked,
     compose,
 )
-from scheduledeventsd.engine.gates import drain, slot, window
+from scheduledeventsd.engine.gates import drain, pipeline, slot, window
 from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect
 from scheduledeventsd.engine.vocabulary.messages import Message
 from tests.engine.test_engine import event
@@ -108,6 +108,16 @@ def test_a_gate_move_its_table_does_not_declare_raises_as_a_phase_move_does():
 
 
 GATES = ((window.TABLE, Hold.NONE), (slot.TABLE, Slot.NONE), (drain.TABLE, Drain.NONE))
+
+
+def test_every_gate_with_a_table_is_in_the_pipeline_that_the_docs_draw():
+    """A gate module declaring a TABLE is listed in gates/pipeline.GATES, in the order an event
+    passes them; docs/lifecycle.py draws the tables from that list, so none is left out."""
+    declaring = {
+        path.stem for path in (ENGINE / "gates").glob("*.py") if "\nTABLE = " in path.read_text()
+    }
+    assert {gate.__name__.rpartition(".")[2] for gate in pipeline.GATES} == declaring
+    assert [gate.TABLE for gate in pipeline.GATES] == [table for table, _ in GATES]
 
 
 def test_every_state_of_a_gate_is_reached_from_none():
