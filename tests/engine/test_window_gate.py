@@ -192,7 +192,7 @@ def test_a_move_the_window_table_does_not_declare_raises():
         window.move(Tracked(due_in(600), Phase.NEW), WindowOn.HELD, Hold.OPEN)
 
 
-def test_an_undeclared_window_move_is_refused_whole_and_the_daemon_still_polls():
+def test_an_undeclared_window_move_is_refused_whole_and_its_timer_is_not_retried_at_once():
     """Outside tests (not strict) the step that breaks the table is refused, as for a phase
     move: transition_refused, the event left as it was, no busy loop on its due timer."""
     m = gate(events=LEAD)
