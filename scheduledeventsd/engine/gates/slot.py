@@ -13,7 +13,7 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _move, _with
+from ..state import State, Tracked, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
@@ -117,7 +117,7 @@ def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: lis
     waiting = window._waiting(event, rule, held, state)
     out.append(replace(waiting, fields={**waiting.fields, "slot": "given back: its window closed"}))
     given_back = move(tracked, SlotOn.OUT_OF_WINDOW, Slot.NONE)
-    return _with(state, event.event_id, _move(given_back, On.SLOT, Phase.WAITING, start_at=held.at))
+    return _with(state, event.event_id, window._hold_again(given_back, On.SLOT, held))
 
 
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
