@@ -101,9 +101,9 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
 def _window_closed(state: State, tracked: Tracked, now: float) -> Optional[window.Held]:
     """The window gate's answer for a queued event granted its slot now: None when its hooks may
     start now (in a window, no window before NotBefore, its lead come); else when they may."""
-    rule = state.config.events.get(tracked.event.event_type, EventRule())
     if not state.config.windows:
         return None
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
     return window._start_at(tracked.event, rule, state, now)
 
 
