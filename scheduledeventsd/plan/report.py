@@ -9,7 +9,9 @@ happen:
                "posted", "not_before",
                "hooks_start", "waited_for" (null | "window" | "slot" | "lead"),
                "approved", "approved_early" (true: approved when its hooks succeeded; false:
-               it proceeded at NotBefore, and `approved` is NotBefore),
+               it proceeded at NotBefore, and `approved` is NotBefore, or when it was posted
+               if NotBefore was past; null: it never started, withdrawn or its VM gone
+               for good before),
                "down", "back" (null: a Preempt or Terminate, gone for good), "after_done"
                (back up, the engine has nothing left to do for it), "cancelled" (withdrawn
                by the cloud before it started: never down),
@@ -90,7 +92,11 @@ def build(plan: Plan) -> dict[str, Any]:
 def _row(plan: Plan, seen: Seen) -> dict[str, Any]:
     start = plan.start
     early = seen.approved is not None
-    approved = seen.approved if early else seen.not_before
+    # Not approved: it started at NotBefore (when posted, if that was past), unless it was
+    # withdrawn or its VM was gone for good before (a Preempt, a Terminate): it never started.
+    approved = seen.approved if early else max(seen.not_before, seen.posted)
+    if not early and (_never_due(seen) or seen.cancelled is not None):
+        approved = None
     return {
         "vm": seen.vm,
         "group": seen.group,
@@ -134,7 +140,7 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     if seen.cancelled is not None:  # never due: nothing was late or cut
         return ["no_window"] if _no_window(plan, seen) else []
     prepared = seen.hooks_end is not None and seen.hooks_end <= seen.not_before
-    if seen.hooks_start is not None and (seen.cut_off or not prepared):
+    if seen.hooks_start is not None and (seen.cut_off or not prepared) and not _never_due(seen):
         found.add("late")
     if seen.no_slot:
         found.add("no_slot")
@@ -145,6 +151,11 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     if _no_window(plan, seen):
         found.add("no_window")
     return sorted(found)
+
+
+def _never_due(seen: Seen) -> bool:
+    """Its VM was gone for good (a Preempt, a Terminate) before it started: it never did."""
+    return seen.never_back and seen.down is None
 
 
 def _no_window(plan: Plan, seen: Seen) -> bool:
@@ -293,7 +304,9 @@ def as_text(data: dict[str, Any]) -> str:
             "after done", "slot from", "slot to", "flags")  # fmt: skip
     table = [head]
     for r in data["rows"]:
-        approved = _short(r["approved"]) + (" early" if r["approved_early"] else " NotBefore")
+        approved = _short(r["approved"])
+        if r["approved"] is not None:
+            approved += " early" if r["approved_early"] else " NotBefore"
         table.append((
             r["vm"], r["event_type"], _short(r["posted"]), _short(r["hooks_start"]),
             r["waited_for"] or "-", approved, _short(r["down"]), _short(r["back"]),

@@ -96,7 +96,7 @@ class Plan:
         self.steps = 0
         self.faults = 0
         self.until = 0.0  # the last instant simulated
-        last = max((p.not_before + p.impact for p in self.cloud.events), default=0.0)
+        last = max((p.due() + p.impact for p in self.cloud.events), default=0.0)
         self.horizon = last + SLACK
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -109,7 +109,7 @@ class Plan:
                 self.push(p.posted, self.by_name[name], DOC, None)
                 if p.cancelled is not None:
                     self.push(p.cancelled, self.by_name[name], CANCEL, p)
-            self.push(p.not_before, None, START, p)
+            self.push(p.due(), None, START, p)
         while self._heap and self._open:
             t, _, index, gen, kind, payload = heapq.heappop(self._heap)
             if t > self.horizon:
