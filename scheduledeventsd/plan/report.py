@@ -235,12 +235,11 @@ def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
             concurrency = plan.by_name[r.vm].config.concurrency
             if concurrency is not None:
                 most = concurrency.max
-        spans_of = [
-            (r.prepared_from, r.maintenance_to)
-            for r in members
-            if r.prepared_from is not None and r.maintenance_to is not None
-        ]
-        at_once, short = _sweep(spans_of)
+        by_vm: dict[str, list[tuple[float, float]]] = {}
+        for r in members:
+            if r.prepared_from is not None and r.maintenance_to is not None:
+                by_vm.setdefault(r.vm, []).append((r.prepared_from, r.maintenance_to))
+        at_once, short = _sweep([span for spans in by_vm.values() for span in _merged(spans)])
         backs = [r.back for r in members if r.back is not None]
         found.append({
             "group": group,
@@ -252,6 +251,18 @@ def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
             "approved_early": sum(r.approved is not None for r in members),
             "last_back": iso(plan.start, max(backs) if backs else None),
         })  # fmt: skip
+    return found
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """One VM's spans in maintenance, overlapping ones as one: a VM with two events at once
+    is one VM in maintenance (its events share its slot)."""
+    found: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if found and a < found[-1][1]:
+            found[-1] = (found[-1][0], max(found[-1][1], b))
+        else:
+            found.append((a, b))
     return found
 
 

@@ -629,3 +629,41 @@ maintenance:
     assert data["summary"]["problems"]["late"] == 1
     (line,) = [x for x in report.as_text(data).splitlines() if x.startswith("spot-1  Reboot")]
     assert "NotBefore" not in line
+
+
+TWO_REBOOTS = """\
+vms:
+  - names: web-1
+    config: web.yaml
+    hooks: {drain: 30m, undrain: 0s}
+maintenance:
+  - type: Reboot
+    vms: web-1
+    not_before: 2026-11-28T05:30:00Z
+    impact: 5m
+  - type: Reboot
+    vms: web-1
+    posted: 1m
+    not_before: 2026-11-28T05:31:00Z
+    impact: 5m
+"""
+
+
+def test_two_events_of_one_vm_share_its_slot_and_skipping_quiet_polls_changes_nothing(tmp_path):
+    """Two Reboots of web-1 prepare together in Saturday's window and share its one slot: both
+    are approved when the drains end (02:30) and it is back at 02:35, as when every keep-alive
+    is replayed (the slot is not lost to a keep-alive told late to one event after the other).
+    One VM is one VM in maintenance: the group is not over its max of 1."""
+    loaded = fleet.load(files(tmp_path, TWO_REBOOTS), tmp_path / "absent.yaml")
+    saturday = dt.datetime(2026, 11, 28, 1, 0, tzinfo=dt.timezone.utc)  # replayed: 1 s polls
+    skipped, replayed = (
+        report.build(run.Plan(loaded, saturday, skip_quiet=skip).run()) for skip in (True, False)
+    )
+    for data in (skipped, replayed):
+        for r in data["rows"]:
+            assert (r["approved"], r["approved_early"]) == (at(28, "02:30:00"), True)
+            assert (r["back"], r["flags"]) == (at(28, "02:35:00"), [])
+        (group,) = data["summary"]["groups"]
+        assert (group["most_at_once"], group["exceeds_max"]) == (1, False)
+        assert data["summary"]["exit"] == 0
+    assert skipped["rows"] == replayed["rows"]
