@@ -351,6 +351,8 @@ class Plan:
             seen.down = t
             if posting.reboots or posting.gone_for_good:
                 self._down(vm, posting, t)
+                if posting.reboots:  # it leaves the document then, also if the VM was down
+                    self.push(t + posting.impact, vm, DOC, None)  # already (back earlier)
             else:  # paused: Started, then gone once it is over
                 seen.back = t + posting.impact
                 vm.waiting_after.add(posting.event_id)

@@ -667,3 +667,53 @@ def test_two_events_of_one_vm_share_its_slot_and_skipping_quiet_polls_changes_no
         assert (group["most_at_once"], group["exceeds_max"]) == (1, False)
         assert data["summary"]["exit"] == 0
     assert skipped["rows"] == replayed["rows"]
+
+
+DOWN_TWICE = """\
+vms:
+  - names: v-[1-2]
+    config: web.yaml
+    hooks: {drain: 0s, undrain: 0s}
+maintenance:
+  - type: Redeploy
+    vms: v-2
+    posted: 10m
+    notice: 0s
+    impact: 5m
+  - type: Redeploy
+    vms: v-2
+    posted: 10m
+    notice: 30s
+    impact: 5m
+  - type: Reboot
+    vms: v-2
+    posted: 40m
+    notice: 1h
+    impact: 5m
+"""
+DOWN_TWICE_CONFIG = """\
+hooks:
+  drain: [{command: [/bin/true]}]
+  undrain: [{command: [/bin/true]}]
+events:
+  Reboot: {before: [drain], after: [undrain]}
+  Redeploy: {before: [drain], after: [undrain]}
+concurrency: {group: g, max: 1}
+coordination: {etcd: {endpoints: ["http://127.0.0.1:2379"]}}
+approve: all
+"""
+
+
+def test_an_event_that_starts_while_its_vm_is_down_leaves_the_document_for_quiet_polls(tmp_path):
+    """A host failure takes v-2 down at 00:10 (back 00:15); a second Redeploy starts at its
+    NotBefore (00:10:30) while it is down and leaves the document 5 minutes later (00:15:30),
+    after v-2 is back and polling quietly: that change is due in the plan's heap (it was not:
+    "its document changed while quiet", no plan at all), and the plan is the one replayed
+    poll by poll."""
+    loaded = fleet.load(files(tmp_path, DOWN_TWICE, DOWN_TWICE_CONFIG), tmp_path / "absent.yaml")
+    skipped, replayed = (
+        report.build(run.Plan(loaded, START, skip_quiet=skip).run()) for skip in (True, False)
+    )
+    assert skipped["rows"] == replayed["rows"]
+    reboot = next(r for r in skipped["rows"] if r["event_type"] == "Reboot")
+    assert reboot["hooks_start"] == "2026-11-23T00:40:00Z"
