@@ -159,17 +159,21 @@ def _never_due(seen: Seen) -> bool:
 
 
 def _no_window(plan: Plan, seen: Seen) -> bool:
-    """Windows hold its type, and none opens between its posting and its lead (the engine's
-    own `window_lead`) before NotBefore."""
+    """Windows hold its type, and none opens from its posting (or its start_before) to its
+    lead (the engine's own `window_lead`) before NotBefore: as the window gate's `hold`
+    chooses, a window opening exactly at the lead included."""
     config = plan.by_name[seen.vm].config
     rule = config.events.get(seen.event_type, EventRule())
     if not config.windows or not rule.obeys_windows(seen.event_type):
         return False
     if seen.not_before <= seen.posted:  # no notice: no window could
         return False
-    wall0 = plan.wall0
-    until = wall0 + seen.not_before - window_lead(rule)
-    return first_opening(config.windows, wall0 + seen.posted, until) is None
+    not_before = plan.wall0 + seen.not_before
+    earliest = plan.wall0 + seen.posted
+    if rule.start_before is not None and rule.before:
+        earliest = max(earliest, not_before - rule.start_before)
+    found = first_opening(config.windows, earliest, not_before)
+    return found is None or found[0] > not_before - window_lead(rule)
 
 
 def spans(seen: Seen) -> list[tuple[str, float, Optional[float]]]:

@@ -717,3 +717,14 @@ def test_an_event_that_starts_while_its_vm_is_down_leaves_the_document_for_quiet
     assert skipped["rows"] == replayed["rows"]
     reboot = next(r for r in skipped["rows"] if r["event_type"] == "Reboot")
     assert reboot["hooks_start"] == "2026-11-23T00:40:00Z"
+
+
+def test_a_window_opening_exactly_at_the_lead_is_used_and_not_flagged_no_window(tmp_path):
+    """NotBefore 02:10 on Saturday: the window opens at 02:00, exactly the 10-minute lead
+    before it, and the engine starts the drain in it (waited_for window); the row is late and
+    cut off (a 30-minute drain), but not no_window (it was: the flag read the window as
+    having to open before the lead, the engine takes one opening at it)."""
+    data = planned(files(tmp_path, wave(1, not_before="2026-11-28T02:10:00Z")))
+    (r,) = data["rows"]
+    assert (r["hooks_start"], r["waited_for"]) == (at(28, "02:00:00"), "window")
+    assert r["flags"] == ["cut_off", "late"]
