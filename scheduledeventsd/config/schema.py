@@ -304,6 +304,25 @@ KEYS: tuple[Key, ...] = (
         300,
     ),
     Key(
+        "concurrency.hold_max",
+        Kind.WHOLE,
+        "A daemon that stops holding a slot (for the maintenance it approved) leaves it held this "
+        "long, until it is back and its after-hooks succeeded; free after this if the VM never "
+        "returns. Terminate and Preempt free it at once (that VM does not come back).",
+        3600,
+        5,
+        7 * 24 * 3600,
+    ),
+    Key(
+        "concurrency.after_retry",
+        Kind.SECONDS,
+        "After-hooks (or cancelled-hooks) that fail while the event holds a slot keep it held "
+        "(the VM is not healthy) and run again this long after, until they succeed.",
+        60,
+        1,
+        3600,
+    ),
+    Key(
         "environment",
         Kind.NAMED,
         "Extra variables for every hook (the daemon's own environment is not passed on).",

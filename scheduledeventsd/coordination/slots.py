@@ -26,11 +26,6 @@ from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, Sl
 from ..retry import Backoff
 from .etcd import EtcdClient, EtcdError, KeyValue
 
-# A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
-# slot under a lease this long, so the next VM does not start before this one's undrain; taken
-# back when the daemon starts again, or free after this if the VM never comes back.
-HAND_OVER_TTL = 900
-
 
 def group_prefix(settings: Etcd, group: str) -> str:
     return f"{settings.prefix.rstrip('/')}/slots/{urllib.parse.quote(group, safe='-_.~')}/"
@@ -86,13 +81,25 @@ class SlotKeeper:
             del self._workers[vm]  # type: ignore[arg-type]
         worker.release()
 
-    def stop_all(self, *, hand_over: bool) -> None:
-        """On the daemon's stop: held slots are kept for HAND_OVER_TTL (or, without
-        `hand_over`, left to expire within TTL); asking ends."""
+    def hold(self, event_id: str, seconds: int) -> None:
+        """The daemon stops while this event holds the VM's slot (HoldSlot): the slot key moves
+        to a lease of `seconds` that nothing renews, in one transaction; the VM's worker ends."""
+        with self._lock:
+            vm = self._vm_of.get(event_id)
+            worker = self._workers.pop(vm, None) if vm is not None else None
+            if worker is None:
+                return
+            self._vm_of = {e: v for e, v in self._vm_of.items() if v != vm}
+        worker.stop(hold=seconds)
+
+    def stop_all(self) -> None:
+        """On the daemon's stop (after HoldSlot for the slots to keep), or a reload that
+        replaces this keeper: asking ends; a slot still held is left to its lease, which
+        expires within `ttl` (the new keeper takes it back before then)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
         for worker in workers:
-            worker.stop(hand_over=hand_over)
+            worker.stop()
 
 
 class _Worker:
@@ -166,14 +173,17 @@ class _Worker:
         self._client.close()
         threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
 
-    def stop(self, *, hand_over: bool) -> None:
+    def stop(self, hold: int = 0) -> None:
+        """End this worker; with `hold`, a slot held moves to a lease of its own of that many
+        seconds (granted, then one transaction that puts the key under it only while it is
+        still ours)."""
         self._stopped.set()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
-        if hand_over and self._key is not None:
+        if hold and self._key is not None:
             try:
                 with _Client(self.settings) as client:
-                    lease = client.grant(HAND_OVER_TTL)
+                    lease = client.grant(hold)
                     client.replace(self._key, self.value, self.value, lease)
             except EtcdError:
                 pass  # the slot expires within TTL instead

@@ -60,6 +60,7 @@ class On(str, enum.Enum):
     GATE_NEVER = "the gate said never"
     ACCEPTED = "approval accepted"
     STAGE_ENDED = "after/cancelled-hooks ended"
+    RETRY = "its after_retry came"
     RESTARTED = "daemon restarted, same boot"
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
@@ -134,6 +135,7 @@ _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
 # A new boot proves the maintenance happened only once the event is Started or gone: until the
 # first document says which, a prepared event waits in REBOOTED.
 _REBOOTS = (P.REBOOTED, *_ENDS)
+_HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
 
 
 def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition:
@@ -299,11 +301,14 @@ _ROWS: list[Transition] = [
         "forgotten if it left; if it came back Scheduled after "
         "being cancelled, judged anew at the next poll",
     ),
+    _t(P.AFTER, On.STAGE_ENDED, [P.AFTER], f"failed or cut off {_HELD}"),
+    _t(P.AFTER, On.RETRY, [P.AFTER, P.OVER, P.GONE], "run again while held, else over"),
     _t(P.AFTER, On.LISTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.STARTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
+    *[_t(P.AFTER, on, [P.AFTER], _HELD) for on in (On.RESTARTED, On.REBOOTED)],
     _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
     _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),
