@@ -125,7 +125,7 @@ class Daemon:
         self._approver = Lane("imds-approve", self.inbox, wiring.client_for(config))
         self._namer = Lane("imds-name", self.inbox, wiring.client_for(config))
         self._coordinator = wiring.coordinator(config, self.inbox.put)
-        self._slots = wiring.slot_keeper(config, self.inbox.put)
+        self._slots = wiring.slot_keeper(config, self.inbox.put, self._coordinator)
         self._drainer = wiring.drainer(config, self.runner, self.inbox.put)
         self._restorer: Optional[Drainer] = None  # a mark of ours with no pacemaker configured
         self._wake_at = 0.0
@@ -470,7 +470,7 @@ class Daemon:
             # new settings do not use would block them for as long.
             if self._slots is not None:
                 self._slots.stop_all()
-            self._slots = wiring.slot_keeper(new, self.inbox.put)
+            self._slots = wiring.slot_keeper(new, self.inbox.put, self._coordinator)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:
