@@ -109,9 +109,12 @@ class DaemonLease:
         while not self._stopped.is_set():
             with self._lock:
                 lease, confirmed = self._id, self._confirmed
-            wait = 3600.0 if lease is None else confirmed + self._every() - time.monotonic()
-            if failures:
-                wait = min(wait, backoff.delay(failures))
+            if lease is None:
+                wait = 3600.0  # until `get` grants one
+            elif failures:  # asked again with backoff (the engine counts the slot lost at ttl)
+                wait = backoff.delay(failures)
+            else:
+                wait = confirmed + self._every() - time.monotonic()
             if self._wake.wait(max(0.0, wait)):
                 self._wake.clear()
                 continue
@@ -121,6 +124,8 @@ class DaemonLease:
             try:
                 left = self._client.keep_alive(lease)
             except EtcdError:
+                if self._stopped.is_set():
+                    return
                 failures += 1
                 self._client.close()
                 self._client = EtcdClient(self.settings)

@@ -162,8 +162,8 @@ def test_without_etcd_nobody_is_approved_early_and_the_hooks_start_at_the_deadli
 def test_a_daemon_stopped_while_holding_its_slot_keeps_it_for_the_reboot_and_takes_it_back(
     tier, sim, cluster
 ):
-    """SIGTERM (a reboot, most likely): the slot key stays, under a lease of HAND_OVER_TTL;
-    the daemon started again takes it back under its own short lease."""
+    """SIGTERM (a reboot, most likely): the slot key stays, under a lease of hold_max (60
+    minutes by default); the daemon started again takes it back under its own short lease."""
     cfg = tier.config("vm-a", ttl=6)
     cfg["hooks"]["drain"] = [{"command": [tier.drain], "timeout": 60}]
     a = tier.start("vm-a", cfg)
