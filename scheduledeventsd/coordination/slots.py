@@ -116,12 +116,13 @@ class SlotKeeper:
 
     def stop_all(self) -> None:
         """On the daemon's stop (after HoldSlot for the slots to keep), or a reload that
-        replaces this keeper: asking ends; a slot still held is left to its lease, which
-        expires within `ttl` (the new keeper takes it back before then)."""
+        replaces this keeper: asking ends; a slot still held moves to a lease of `ttl` of its
+        own, so it is gone within `ttl` unless the new keeper takes it back meanwhile (on the
+        daemon's lease, which lives on, a key in a group the reload left would stay held)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
         for worker in workers:
-            worker.stop()
+            worker.stop(hold=self.concurrency.ttl)
         if self._own_lease:
             self.lease.close()
 
