@@ -99,6 +99,26 @@ def test_a_vm_that_never_returns_lets_the_next_one_go_at_hold_max_not_before(tie
     assert started <= stopped + hold_max + 5, f"vm-2 started {started - stopped:.1f} s after"
 
 
+def test_a_terminated_vm_frees_its_slot_as_it_goes(tier, sim):
+    """A Terminate (taking slots with `window: true`) approved: vm-1 does not come back, so its
+    stop gives the slot back at once and vm-2 starts within seconds, not at hold_max."""
+    cfg1 = held_config(tier, "vm-1")
+    cfg1["events"] = {"Terminate": {"before": ["drain"], "window": True}}
+    sim.scenario.start_after_approval = 600
+    one = tier.start("vm-1", cfg1)
+    two = tier.start("vm-2", held_config(tier, "vm-2"))
+    first = sim.add_event("Terminate", ["vm-1"], not_before_in=3600)
+    one.wait_log("slot_acquired", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    assert one.stop() == 0
+    stopped = time.time()
+    assert one.logs("slot_released", event_id=first)
+    wait_for(lambda: stamps(tier, "drain", "vm-2"), 10, "vm-2's before-hooks")
+    assert stamps(tier, "drain", "vm-2")[0] - stopped < 3
+
+
 @needs_root
 def test_an_undrain_that_fails_keeps_the_slot_held_until_a_retry_succeeds(
     tier, sim, hooks, tmp_path
