@@ -60,7 +60,6 @@ class On(str, enum.Enum):
     GATE_NEVER = "the gate said never"
     ACCEPTED = "approval accepted"
     STAGE_ENDED = "after/cancelled-hooks ended"
-    RETRY = "its after_retry came"
     RESTARTED = "daemon restarted, same boot"
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
@@ -105,6 +104,7 @@ class Drain(str, enum.Enum):
     ASKED = "draining"
     DONE = "drained"
     HELD = "hold"  # the cluster could not spare it: never approved early
+    RESTORING = "restoring"  # over: RestoreNode asked, its after-hooks wait for the answer
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ _ROWS: list[Transition] = [
         "being cancelled, judged anew at the next poll",
     ),
     _t(P.AFTER, On.STAGE_ENDED, [P.AFTER], f"failed or cut off {_HELD}"),
-    _t(P.AFTER, On.RETRY, [P.AFTER, P.OVER, P.GONE], "run again while held, else over"),
+    _t(P.AFTER, On.LEAD_TIME, [P.AFTER, P.OVER, P.GONE], "after_retry: again if held, else over"),
     _t(P.AFTER, On.LISTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.STARTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),

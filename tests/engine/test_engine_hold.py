@@ -181,3 +181,14 @@ def test_a_slot_that_went_elsewhere_while_after_hooks_wait_ends_their_retries():
     assert m.state.events["E1"].slot is not Slot.HELD
     assert not of(m.tick(MONO0 + 71), SpawnHooks)
     assert "E1" not in m.state.events
+
+
+def test_a_stop_while_after_hooks_wait_for_their_retry_exits_at_once_holding_the_slot():
+    """Waiting for a retry is not a run to wait for (nor a node's restore): the stop exits at
+    once, the slot held, and the restarted daemon runs them again."""
+    m = approved()
+    spawn = over_and_after_hooks(m, MONO0 + 10)
+    m.send(HooksFinished(spawn.run, Outcome.FAILED, "exit 1"), at=MONO0 + 11)
+    effects = m.send(StopRequested("SIGTERM"), at=MONO0 + 12)
+    assert of(effects, HoldSlot) == [HoldSlot("E1", 900)]
+    assert of(effects, Exit)

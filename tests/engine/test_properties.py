@@ -416,8 +416,9 @@ class History:
             else:
                 self.doc[event_id] = dataclasses.replace(self.doc[event_id], status="Started")
             self.document()
-        elif kind == "finish" and self.state.runs:
-            runs = sorted(self.state.runs)
+        elif kind == "finish" and any(r in self.run_of for r in self.state.runs):
+            # Hook runs only: a gate run (AskGate, AskCluster) is answered by GateAnswered.
+            runs = sorted(r for r in self.state.runs if r in self.run_of)
             run = runs[step[1] % len(runs)]
             event_id, stage = self.run_of[run]
             if step[2] is Outcome.SUCCEEDED and stage == "before":

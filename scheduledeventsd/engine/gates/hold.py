@@ -11,7 +11,7 @@ from typing import Optional
 
 from ...config.fleet import NOT_BACK
 from ...records import Level, What
-from ..lifecycle import Phase, Slot
+from ..lifecycle import Drain, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _with
 from ..vocabulary.constants import Outcome
@@ -84,8 +84,9 @@ DUE_PHASES = frozenset({Phase.AFTER})
 
 def waiting(t: Tracked) -> bool:
     """An event whose after-hooks wait for their next try (run again while its slot is held;
-    over once it is not: lost, or freed by an operator)."""
-    return t.phase is Phase.AFTER and t.run is None
+    over once it is not: lost, or freed by an operator). Not one whose hooks wait for its
+    node's restore (stages._awaiting_restore: its node still marked)."""
+    return t.phase is Phase.AFTER and t.run is None and t.drain is Drain.NONE
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
