@@ -220,6 +220,11 @@ def sections(cfg: Config) -> list[str]:
         else f"concurrency: {'; '.join(f'group {g.group}, {g.max} slot(s)' for g in slots.limits)}"
         f", ttl {slots.ttl}s, by etcd"
     )
+    if slots is not None:
+        lines.append(
+            f"  held up to {slots.hold_max}s while its VM is away (hold_max); after-hooks that "
+            f"fail holding it run again every {slots.after_retry:g}s (after_retry)"
+        )
     co = cfg.coordination
     if co is None or (co.etcd is None and co.gate is None):
         lines.append("coordination: none")

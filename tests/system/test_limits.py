@@ -76,7 +76,7 @@ def test_the_keeper_takes_a_slot_in_every_group_or_in_none(cluster):
         keeper.release("R1")
         wait_for(lambda: not keys(cluster, slots), 10, "both slots given back")
     finally:
-        keeper.stop_all(hand_over=False)
+        keeper.stop_all()
         seed.close()
 
 
@@ -101,7 +101,7 @@ def test_a_vm_back_from_a_restart_takes_back_every_group_or_gives_its_leftover_k
         assert all(v["vm"] == "vm-a" for v in held.values())
         assert all(v.get("at") for v in held.values()), "rewritten by the new keeper"
     finally:
-        keeper.stop_all(hand_over=False)
+        keeper.stop_all()
     wait_for(lambda: not keys(cluster, slots), 15, "gone with the keeper's lease")
     other = seed.grant(600)
     assert seed.create(f"{slots}web/0", json.dumps({"vm": "vm-x"}).encode(), other)
@@ -114,7 +114,7 @@ def test_a_vm_back_from_a_restart_takes_back_every_group_or_gives_its_leftover_k
         assert busy.full == ("web",)
         assert sorted(keys(cluster, slots)) == [f"{slots}web/0"], "its zone key given up"
     finally:
-        keeper.stop_all(hand_over=False)
+        keeper.stop_all()
         seed.revoke(lease)
         seed.revoke(other)
         seed.close()
@@ -157,7 +157,7 @@ def test_two_vms_asking_for_two_groups_in_opposite_order_never_wait_on_each_othe
             wait_for(lambda: not keys(cluster, slots), 10, "both given back")
         finally:
             for keeper in keepers.values():
-                keeper.stop_all(hand_over=False)
+                keeper.stop_all()
 
 
 def ask(go: threading.Barrier, keeper: SlotKeeper, event_id: str, vm: str) -> None:
