@@ -190,12 +190,7 @@ _ROWS: list[Transition] = [
         [P.DONE],
         "no before-hooks and no longer Scheduled (an unknown status): after-hooks once it is over",
     ),
-    _t(
-        P.QUEUED,
-        On.LEAD_TIME,
-        [P.DRAINING],
-        "no slot by its deadline: drained, never approved early",
-    ),
+    _t(P.QUEUED, On.LEAD_TIME, [P.DRAINING], "no slot by its deadline: drained, not early"),
     _t(P.DRAINING, On.DRAINED, [P.RUNNING], "cluster_drained: before-hooks start"),
     _t(P.DRAINING, On.DRAINED, _DECIDE, "cluster_drained, no before-hooks: approval per policy"),
     _t(
