@@ -370,9 +370,9 @@ class Plan:
         VM's lead), which, passed by then, changes its deadline (or is due) in the probe."""
         if not self.skip_quiet or not vm.quiet or vm.kept_from is not None:
             return False
-        if vm.busy_probe is not vm.state or t > vm.busy_until:
-            if vm.deferred is not None or not self._probe(vm, message, t):
-                return False
+        probed = vm.busy_probe is vm.state and t <= vm.busy_until
+        if not probed and (vm.deferred is not None or not self._probe(vm, message, t)):
+            return False
         vm.deferred = (t, message)
         return True
 
@@ -392,7 +392,8 @@ class Plan:
 
     def _flush(self, vm: Vm) -> None:
         """The last slot's news kept back, stepped at its own instant."""
-        assert vm.deferred is not None
+        if vm.deferred is None:
+            return
         (t, message), vm.deferred = vm.deferred, None
         if not self._speculate(vm, message, t):
             raise PlanError(f"{vm.name}: a slot's news taken as harmless was not at {t}")
