@@ -487,10 +487,13 @@ class Plan:
     # ---- what the engine did, as the report reads it -----------------------------------------
 
     def _observe(self, vm: Vm, message: Message, effects: tuple[Effect, ...], t: float) -> None:
-        observe.message(self.seen, vm, message, t)
+        if type(message) is not DocumentFetched:  # a poll's answer says nothing observe reads
+            observe.message(self.seen, vm, message, t)
         for effect in effects:
-            observe.effect(self.seen, vm, effect, t)
-        self._open -= observe.done(self.seen, vm, t)
+            if type(effect) not in _QUIET:
+                observe.effect(self.seen, vm, effect, t)
+        if vm.waiting_after:
+            self._open -= observe.done(self.seen, vm, t)
         if isinstance(message, SlotGranted):  # its lease is kept alive from now on
             vm.slot_events.add(message.event_id)
             if vm.kept_from is None and vm.config.concurrency is not None:
