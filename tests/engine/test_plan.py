@@ -5,6 +5,7 @@ changes nothing but the number of steps. Pure: no process, no socket, no sleep."
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -551,3 +552,42 @@ maintenance:
     assert first["back"] == "2026-11-23T00:05:10Z"
     assert second["hooks_start"] == second["posted"] == "2026-11-23T02:00:00Z"
     assert second["back"] == "2026-11-23T02:05:10Z"
+
+
+class _Told(run.Plan):
+    """The plan, counting what each VM's engine is told (by message type)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.told: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def _observe(self, vm: Any, message: Any, effects: Any, t: float) -> None:
+        self.told[(vm.name, type(message).__name__)] += 1
+        super()._observe(vm, message, effects, t)
+
+
+def test_a_slot_handed_on_eleven_times_and_renewed_every_10s_is_told_a_few_times_the_same_plan(
+    tmp_path,
+):
+    """Twelve VMs, one slot, 10-minute drains: the slot changes hands 11 times while the last
+    VM waits, and each holder's lease (ttl 30 s) is renewed every 10 s for 15 minutes. Each
+    waiting VM's engine is told only the last of a run of the slot's news (a probe showed
+    they only say who holds it), and a holder is not woken at each end of its lease (the
+    latest renewal is told before each step): a few messages each, not 11 and 20 (main
+    told web-12 of every hand-off and each holder of 20 renewals). The plan is the one with
+    every poll, hand-off and renewal replayed one by one."""
+    path = files(tmp_path, wave(12).replace("drain: 30m", "drain: 10m"))
+    (tmp_path / "web.yaml").write_text(WEB + "metadata: {poll_interval: 2}\n")
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 1, 50, tzinfo=dt.timezone.utc)
+    fast = _Told(loaded, start)
+    data = report.build(fast.run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert data["rows"] == slow["rows"]
+    assert data["summary"].pop("steps") * 100 < slow["summary"].pop("steps")
+    assert data["summary"] == slow["summary"]
+    assert [r["slot_from"] for r in data["rows"]][-1] == "2026-11-28T04:45:00Z"
+    busy = [fast.told[(f"web-{i}", "SlotBusy")] for i in range(1, 13)]
+    kept = [fast.told[(f"web-{i}", "SlotKept")] for i in range(1, 13)]
+    assert max(busy) <= 3, busy
+    assert max(kept) <= 3, kept
