@@ -42,7 +42,7 @@ from ..engine import (
     State,
     WakeAt,
 )
-from ..engine.vocabulary.constants import RATE_WINDOW
+from ..engine.vocabulary.constants import IMDS_RATE, RATE_WINDOW
 from . import observe
 from .executors import EXECUTORS
 from .fleet import Fleet
@@ -273,9 +273,12 @@ class Plan:
         The polls of the last RATE_WINDOW and an interval are answered at their own instants,
         so the engine's rate budget (the requests it counts in that window) is what it would
         be; the ones before in one answer, late (half an interval before the first of those
-        ticks: the engine orders that tick next, skipping the rest, as for any late answer)."""
+        ticks: the engine orders that tick next, skipping the rest, as for any late answer).
+        Only those of the last RATE_WINDOW where the polls alone can never fill the budget
+        (`_few_polls`): a poll the budget does not hold back is ordered at its tick either way,
+        and the requests before that window are never counted again."""
         interval = vm.config.metadata.poll_interval
-        keep = RATE_WINDOW + interval
+        keep = RATE_WINDOW if _few_polls(interval) else RATE_WINDOW + interval
         while vm.quiet and vm.fetch_at is not None and vm.fetch_at < t:
             at = vm.fetch_at
             first = math.ceil((t - keep - at) / interval)  # the first tick answered on time
@@ -530,3 +533,11 @@ def _holders_only(old: State, new: State) -> bool:
         if name not in _HOLDERS_ONLY and value is not before[name] and value != before[name]:
             return False
     return True
+
+
+def _few_polls(interval: float) -> bool:
+    """The polls of any RATE_WINDOW and the one ordered next stay under IMDS' budget, whatever
+    the window holds of the ticks before it: the rate limit then holds no poll back, so the
+    ticks before the last RATE_WINDOW need not be answered one by one (`Plan._catch_up`).
+    True for 1 s polls (two of five), false at 4 Hz."""
+    return math.ceil(RATE_WINDOW / interval) + 1 < IMDS_RATE

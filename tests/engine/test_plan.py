@@ -591,3 +591,29 @@ def test_a_slot_handed_on_eleven_times_and_renewed_every_10s_is_told_a_few_times
     kept = [fast.told[(f"web-{i}", "SlotKept")] for i in range(1, 13)]
     assert max(busy) <= 3, busy
     assert max(kept) <= 3, kept
+
+
+@pytest.mark.parametrize("interval", [0.25, 1])
+def test_skipping_quiet_polls_at_1_hz_and_4_hz_changes_nothing(tmp_path, interval):
+    """At 1 s the polls of a rate window and the next can never fill IMDS' budget, so only the
+    last window's are answered one by one when a VM's quiet polls are caught up; at 4 Hz they
+    can, and the window and an interval are (the budget then holds polls back). Either way
+    the plan is the one with every poll replayed, hand-offs and approvals at the same
+    instants (at 4 Hz each approval 20 ms late, behind the polls in the budget)."""
+    path = files(tmp_path, wave(3, not_before="2026-11-28T02:00:00Z"))
+    path.write_text(path.read_text().replace("drain: 30m", "drain: 10m"))
+    (tmp_path / "web.yaml").write_text(
+        WEB.replace('start: "02:00"', 'start: "01:00"')
+        + f"metadata: {{poll_interval: {interval}}}\n"
+    )
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 0, 55, tzinfo=dt.timezone.utc)
+    fast = report.build(run.Plan(loaded, start).run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert fast["rows"] == slow["rows"]
+    assert fast["summary"].pop("steps") * 50 < slow["summary"].pop("steps")
+    assert fast["summary"] == slow["summary"]
+    late = ".020" if interval < 1 else ""  # at 4 Hz the polls fill the budget: the POST waits
+    assert [r["approved"] for r in fast["rows"]] == [
+        f"2026-11-28T01:10:00{late}Z", f"2026-11-28T01:25:00{late}Z", f"2026-11-28T01:40:00{late}Z",
+    ]  # fmt: skip
