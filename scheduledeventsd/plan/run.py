@@ -20,6 +20,7 @@ for the last of a run of them, once a probe showed they only tell it who holds t
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import heapq
 import math
 from typing import Any, Optional
@@ -109,6 +110,18 @@ class Plan:
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self) -> Plan:
+        """The whole wave. Without the cyclic garbage collector meanwhile: what the loop makes
+        (frozen states, messages, heap entries) holds no cycles, and at 10 000 VMs collecting
+        walked every live state again and again (about a fifth of the plan's CPU at 2 000)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self) -> Plan:
         for vm in self.vms:
             self._feed(vm, Boot({}, "", f"plan-boot-{vm.boots}"), 0.0)
         for p in self.cloud.events:
@@ -398,6 +411,7 @@ class Plan:
         if vm.deferred is None:
             return
         (t, message), vm.deferred = vm.deferred, None
+        vm.busy_probe = None  # its state is not kept alive for a probe that no longer holds
         if not self._speculate(vm, message, t):
             raise PlanError(f"{vm.name}: a slot's news taken as harmless was not at {t}")
 
