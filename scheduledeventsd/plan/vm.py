@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import engine
 from ..config import Config
-from ..engine import ClusterMark, Known, Message, Stage
+from ..engine import ClusterMark, Known, SlotBusy, Stage
 from .fleet import VmSet
 
 # What the plan's heap holds, by kind: a message for the engine, its wake-up, the poll it
@@ -46,6 +46,7 @@ class Vm:
     shown: int = -1  # the incarnation it last saw
     kept_from: Optional[float] = None  # its slot's lease renewed every ttl/3 from then
     kept_to: float = -math.inf  # the last renewal it was told of
+    keeping: Optional[float] = None  # the kept_from its renewals are told one by one for
     slot_events: set[str] = field(default_factory=set)
     persisted: Known = field(default_factory=dict)
     mark: Optional[ClusterMark] = None
@@ -55,8 +56,9 @@ class Vm:
     waiting_after: set[str] = field(default_factory=set)  # back up: until the engine is done
     # A slot's news (SlotBusy) not stepped yet: only the last of a run of them is (run.py
     # `_defer`), while the state a probe found them harmless in is the VM's, until then.
-    deferred: Optional[tuple[float, Message]] = None
+    deferred: Optional[tuple[float, SlotBusy]] = None
     busy_probe: Optional[engine.State] = None
+    busy_event: str = ""  # the event whose news the probe was about
     busy_until: float = -math.inf
 
     def token(self) -> int:
