@@ -179,7 +179,9 @@ class Slots(Protocol):
     """Concurrency slots as the engine's AcquireSlot and ReleaseSlot meet them. One VM holds
     at most one slot of each of its groups, shared by its events (coordination/slots.py)."""
 
-    def acquire(self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float) -> list[Answer]:
+    def acquire(
+        self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float
+    ) -> list[Answer]:
         """Ask for a slot in every group of `limits` (or take back the ones this VM holds,
         after its restart)."""
 
@@ -230,7 +232,9 @@ class EtcdSlots:
         self._asked = 0
         self._holds: list[_Hold] = []
 
-    def acquire(self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float) -> list[Answer]:
+    def acquire(
+        self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float
+    ) -> list[Answer]:
         self._limits[vm] = limits
         if vm in self._holding:
             self._holding[vm].add(event_id)
@@ -316,8 +320,8 @@ class EtcdSlots:
             told = tuple(sorted(holders))
             if full and self._told.get(vm) != told:
                 self._told[vm] = told
-                events = sorted(self._asking[vm])
-                answers.extend((vm, SlotBusy(e, told, tuple(full))) for e in events)
+                asking = sorted(self._asking[vm])
+                answers.extend((vm, SlotBusy(e, told, tuple(full))) for e in asking)
             return dirty
         for group, n in take:
             self._keys.setdefault(group, {})[n] = vm
