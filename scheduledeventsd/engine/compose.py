@@ -15,7 +15,7 @@ from . import approval, events, lifetime, peers, reload, stages
 from .gates import drain, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
-from .poll import names, rate, timing
+from .poll import names, timing, turns
 from .state import State, Tracked
 from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
 from .vocabulary.effects import Effect, Exit, WakeAt
@@ -80,7 +80,7 @@ def _quiet_answer(
         or offset is None
         or abs(wall - now - offset) > CLOCK_STEP
         or next_wakeup(state, now) <= now
-        or rate._others_due(state, now)
+        or turns._others_due(state, now)
     ):
         return None
     out: list[Effect] = []
@@ -225,7 +225,7 @@ TIMERS: tuple[Timers, ...] = (
     Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
     Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
-    Timers("approval", approval.fire, None, approval.due_for, approval.DUE_PHASES),
+    Timers("approval", approval.fire, None, turns.approval_due, approval.DUE_PHASES),
     Timers("names", names.fire, names.due),
     Timers("poll", timing.fire, timing.due),
 )
@@ -252,7 +252,7 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
 def next_wakeup(state: State, now: float) -> float:
     """The earliest instant a timer of this state is due (never in the past): the soonest of
     every component's `due`."""
-    allowed = rate._allowed_first(state, now)  # none is due before the rate limit allows it
+    allowed = timing._allowed_first(state, now)  # none is due before the rate limit allows it
     times: list[float] = []
     for due in _DUE:
         times.extend(due(state, now, allowed))

@@ -10,7 +10,6 @@ from .. import peers
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
 from ..state import NO_FAILURES, SlotLease, State, Tracked, _move, _with
-from ..vocabulary.constants import SLOT_MARGIN
 from ..vocabulary.effects import Coordinate, Effect, ReleaseSlot
 from . import slot
 
@@ -114,10 +113,3 @@ def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> S
         )
     )
     return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
-
-
-def _slot_pending(state: State, event_id: str, now: float) -> bool:
-    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
-    approval waits for etcd's next answer (or is lost at the lease's end)."""
-    lease = state.slot_leases.get(event_id)
-    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
