@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from ..records import Level, Record, What
-from . import approval, events, stages
+from . import approval, events, runs, stages
 from .gates import drain, lease, slot
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
@@ -166,7 +166,7 @@ def _faulted(state: State, msg: Faulted, now: float, out: list[Effect]) -> State
         poll = replace(state.poll, in_flight_since=None, next_at=now + POLL_BACKOFF_CAP)
         state = replace(state, poll=poll)
     elif isinstance(dropped, (HooksFinished, GateAnswered)):
-        state = stages._without_run(state, dropped.run)
+        state = runs._without_run(state, dropped.run)
     elif isinstance(dropped, (ApprovalSent, ApprovalFailed)):
         posting = state.approvals.posting - {dropped.event_id}
         state = replace(state, approvals=replace(state.approvals, posting=posting))
@@ -245,7 +245,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
                     },
                 )
             )
-            state = stages._cancel(state, tuple(sorted(state.runs)), out)
+            state = runs._cancel(state, tuple(sorted(state.runs)), out)
         return replace(state, stopping=replace(stopping, kill_until=now + KILL_WAIT))
     if stopping.kill_until is not None and now >= stopping.kill_until:
         return _exit(state, out)

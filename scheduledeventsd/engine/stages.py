@@ -1,20 +1,19 @@
-"""Hook runs: the before-stage, and the after- or cancelled-stage once an event is over."""
+"""The after- and cancelled-stages once an event is over (the node restored before them), and what
+a finished hook run leads to. Starting runs, and the before-stage: runs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
-from ..config import EventRule
 from ..model import SCHEDULED
 from ..records import Cause, Level, Record, What
-from . import approval, peers
-from .gates import drain, window
-from .lifecycle import Drain, On, Phase, Rule, Stage
+from . import approval, peers, runs
+from .gates import drain
+from .lifecycle import Drain, On, Phase, Stage
 from .notes import _note, _why
-from .state import ClusterMark, Peers, State, Tracked, _move, _with
+from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
-from .vocabulary.effects import CancelRuns, Effect, RestoreNode, SpawnHooks, StopDraining
+from .vocabulary.effects import Effect, RestoreNode, StopDraining
 from .vocabulary.messages import HooksFinished
 
 _BEFORE_ENDED = {
@@ -28,7 +27,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
     event_id = state.runs.get(msg.run, "")
     # A run we stopped did not finish, whatever its exit status says.
     outcome = Outcome.CANCELLED if msg.run in state.cancelled else msg.outcome
-    state = _without_run(state, msg.run)
+    state = runs._without_run(state, msg.run)
     tracked = state.events.get(event_id)
     if (
         tracked is None
@@ -139,76 +138,5 @@ def _start_stage(
             out.append(RestoreNode(tracked.event.event_id, restore))
         return _over(state, replace(tracked, stage=stage), on)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
+    state, run = runs._spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
     return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
-
-
-def _spawn(
-    state: State,
-    tracked: Tracked,
-    stage: Stage,
-    hooks: tuple[str, ...],
-    out: list[Effect],
-    *,
-    rebooted: bool = False,
-    restore: Optional[ClusterMark] = None,
-) -> tuple[State, int]:
-    """Start a hook run for an event, with the name and incarnation it was seen under."""
-    state, run = _new_run(state, tracked.event.event_id)
-    vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
-    incarnation = tracked.incarnation or state.incarnation or 0
-    out.append(
-        SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted, restore)
-    )
-    return state, run
-
-
-def _new_run(state: State, event_id: str) -> tuple[State, int]:
-    """The one allocation of run ids (hooks and gate runs alike)."""
-    run = state.next_run
-    return replace(state, runs={**state.runs, run: event_id}, next_run=run + 1), run
-
-
-def _cancel(state: State, runs: tuple[int, ...], out: list[Effect]) -> State:
-    """Stop runs; their results will say CANCELLED whatever their exit status."""
-    out.append(CancelRuns(runs))
-    return replace(state, cancelled=state.cancelled | frozenset(runs))
-
-
-def _without_run(state: State, run: int) -> State:
-    return replace(
-        state,
-        runs={r: e for r, e in state.runs.items() if r != run},
-        cancelled=state.cancelled - {run} if run in state.cancelled else state.cancelled,
-    )
-
-
-def _before_hooks(
-    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
-) -> tuple[State, Tracked]:
-    """The before-stage's hooks: `fast` instead of `before` when fewer than `fast_below`
-    seconds are left; with none to run, approval per policy at once."""
-    event = tracked.event
-    rule = state.config.events.get(event.event_type, EventRule())
-    hooks = rule.before
-    left = window._seconds_left(event, state, now)
-    quick = window.fast_hooks(rule, left)
-    if quick is not None:
-        hooks = quick
-        seconds = max(0.0, left or 0.0)
-        out.append(
-            _note(
-                Level.INFO,
-                What.EVENT_RULE,
-                event,
-                rule=Rule.FAST.value,
-                hooks=list(hooks),
-                seconds_left=int(seconds),
-                reason=f"{seconds:.0f} s to NotBefore < fast_below {rule.fast_below:g}: the "
-                "fast hooks run instead of before",
-            )
-        )
-    if not hooks:
-        return state, approval._decide(state, replace(tracked, start_at=0.0), on, out)
-    state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
-    return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)

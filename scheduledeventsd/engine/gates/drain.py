@@ -11,7 +11,7 @@ from typing import Optional
 from ...config import Config, Pacemaker
 from ...model import Event
 from ...records import Level, Record, What
-from .. import stages
+from .. import runs
 from ..lifecycle import Drain, On, Phase
 from ..machine import Table, row
 from ..notes import _note, event_fields
@@ -169,7 +169,7 @@ def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Ef
     if tracked is None:
         return state
     out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
-    state, tracked = stages._before_hooks(
+    state, tracked = runs._before_hooks(
         state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
     )
     return _with(state, msg.event_id, tracked)
@@ -198,7 +198,7 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
         )
     )
     held = move(tracked, DrainOn.HELD, Drain.HELD)
-    return stages._before_hooks(state, held, On.DRAIN_HELD, now, out)
+    return runs._before_hooks(state, held, On.DRAIN_HELD, now, out)
 
 
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:

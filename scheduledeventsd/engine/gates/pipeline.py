@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...config import EventRule
 from ...records import Level, What
-from .. import stages
+from .. import runs
 from ..gates import drain, slot
 from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
@@ -66,4 +66,4 @@ def _prepare(
         deadline = drain._drain_deadline(state, event, now)
         marked = drain.move(tracked, drain.DrainOn.MARK, Drain.ASKED)
         return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
-    return stages._before_hooks(state, tracked, on, now, out)
+    return runs._before_hooks(state, tracked, on, now, out)

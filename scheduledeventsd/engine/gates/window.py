@@ -69,19 +69,6 @@ def window_lead(rule: EventRule) -> float:
     return min(lead(rule), WINDOW_LEAD)
 
 
-def fast_hooks(rule: EventRule, seconds_left: Optional[float]) -> Optional[tuple[str, ...]]:
-    """The `fast` hooks when they run instead of `before`, with this much time to NotBefore."""
-    if rule.fast is None or seconds_left is None or seconds_left >= rule.fast_below:
-        return None
-    return rule.fast
-
-
-def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
-    if event.not_before is None or state.wall_offset is None:
-        return None
-    return event.not_before.timestamp() - (now + state.wall_offset)
-
-
 def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[Held]:
     """`when.hold` on the monotonic clock: the instant the before-hooks start, None for now."""
     if state.wall_offset is None:
