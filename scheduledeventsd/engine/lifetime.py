@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, runs, stages
-from .gates import drain, lease, slot
+from .gates import drain, slot
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -80,7 +80,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             else:
                 out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
                 if tracked.slot is Slot.HELD:
-                    state = lease._slot_unconfirmed(state, tracked, now)
+                    state = slot._slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set
             out.append(drain._drain_effect(state, tracked))
             tracked = replace(tracked, start_at=drain._drain_deadline(state, tracked.event, now))

@@ -55,7 +55,7 @@ from scheduledeventsd.engine import (
     Tick,
     Tracked,
 )
-from scheduledeventsd.engine.gates.window import lead
+from scheduledeventsd.engine.gates.lead import lead
 from scheduledeventsd.engine.lifecycle import Phase, Slot
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
 from scheduledeventsd.simulators.azure import _start_requests

@@ -15,7 +15,7 @@ from .. import runs
 from ..lifecycle import Drain, On, Phase
 from ..machine import Table, row
 from ..notes import _note, event_fields
-from ..state import State, Tracked, _with, mark_of
+from ..state import State, Tracked, _move, _with, mark_of
 from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
@@ -62,6 +62,31 @@ def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
     """The one place an event's drain changes: only as `TABLE` declares."""
     TABLE.check(tracked.drain, on, target)
     return replace(tracked, drain=target)
+
+
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The last gate before the before-hooks (after the slot's, gates/pipeline): a node of a
+    cluster that drains for this event type is marked and the event waits in DRAINING; else its
+    before-hooks start (runs)."""
+    event = tracked.event
+    settings = _pacemaker(state)
+    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
+        out.append(_drain_effect(state, tracked))
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                event,
+                method=settings.method.value,
+                reason="this node is marked as going away once the cluster can spare it",
+            )
+        )
+        deadline = _drain_deadline(state, event, now)
+        marked = move(tracked, DrainOn.MARK, Drain.ASKED)
+        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
+    return runs._before_hooks(state, tracked, on, now, out)
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:

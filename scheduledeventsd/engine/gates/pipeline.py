@@ -1,13 +1,13 @@
 """The gates an event passes in order before its before-hooks: a slot, then the drain (a maintenance
-window holds it before: gates/window)."""
+window holds it before: gates/window). `_prepare` enters the slot gate; each gate hands the event
+on to the next (slot -> drain._enter -> runs._before_hooks), so none imports this module."""
 
 from __future__ import annotations
 
 from ...config import EventRule
 from ...records import Level, What
-from .. import runs
 from ..gates import drain, slot
-from ..lifecycle import Drain, On, Phase, Slot
+from ..lifecycle import On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move
 from ..vocabulary.constants import SLOT_GRACE
@@ -17,8 +17,8 @@ from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 def _prepare(
     state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
 ) -> tuple[State, Tracked]:
-    """Start the before-stage: `fast` instead of `before` when fewer than `fast_below` seconds
-    are left; with no hooks to run, approval per policy at once."""
+    """Enter the gates: the slot's (asked for, or a held one taken back, the event waits in
+    QUEUED), then the drain's (drain._enter), then the before-hooks (runs._before_hooks)."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
     if slot._slot_awaited(state, tracked):
@@ -51,19 +51,4 @@ def _prepare(
             )
         )
         tracked = slot.move(tracked, slot.SlotOn.TOO_LATE, Slot.MISSING)
-    settings = drain._pacemaker(state)
-    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
-        out.append(drain._drain_effect(state, tracked))
-        out.append(
-            _note(
-                Level.INFO,
-                What.CLUSTER_DRAINING,
-                event,
-                method=settings.method.value,
-                reason="this node is marked as going away once the cluster can spare it",
-            )
-        )
-        deadline = drain._drain_deadline(state, event, now)
-        marked = drain.move(tracked, drain.DrainOn.MARK, Drain.ASKED)
-        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
-    return runs._before_hooks(state, tracked, on, now, out)
+    return drain._enter(state, tracked, on, now, out)

@@ -13,11 +13,12 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _with
+from ..state import SlotLease, State, Tracked, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
-from . import lease, pipeline, window
+from . import drain
+from .lead import lead
 
 
 class SlotOn(str, enum.Enum):
@@ -79,10 +80,10 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
-    state = lease._slot_confirmed(state, msg.event_id, confirmed)
+    state = _slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)
-    state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
+    state, tracked = drain._enter(state, tracked, On.SLOT, now, out)  # past the slot gate
     return _with(state, msg.event_id, tracked)
 
 
@@ -118,6 +119,26 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     return state
 
 
+def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
+    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = state.slot_leases.get(event_id)
+    until = confirmed + ttl
+    if lease is not None and lease.confirmed and lease.until >= until:
+        return state
+    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
+
+
+def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
+    """A held slot asked for again (a restart, a reload): no early approval until etcd says
+    it is still ours, and lost if that takes longer than `ttl`."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = SlotLease(now + ttl, confirmed=False)
+    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
+
+
 def _without_lease(state: State, event_id: str) -> State:
     return replace(state, slot_leases={k: v for k, v in state.slot_leases.items() if k != event_id})
 
@@ -135,7 +156,7 @@ def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> St
     held = state.slot_leases.get(msg.event_id)
     if tracked is None or tracked.slot is not Slot.HELD or held is None or not held.confirmed:
         return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
-    return lease._slot_confirmed(state, msg.event_id, msg.confirmed)
+    return _slot_confirmed(state, msg.event_id, msg.confirmed)
 
 
 def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
@@ -182,7 +203,7 @@ def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[floa
     yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
-    return event.not_before.timestamp() - window.lead(rule) - state.wall_offset
+    return event.not_before.timestamp() - lead(rule) - state.wall_offset
 
 
 def _queued_until(tracked: Tracked, state: State, now: float) -> float:
@@ -262,7 +283,7 @@ def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) ->
         if new.concurrency is not None and etcd is not None:
             out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
             if t.slot is Slot.HELD:
-                state = lease._slot_unconfirmed(state, t, now)
+                state = _slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
@@ -288,30 +309,20 @@ def _deadlines(state: State, now: float, out: list[Effect]) -> State:
         missing = move(t, SlotOn.DEADLINE, Slot.MISSING)
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
-        state, tracked = pipeline._prepare(state, missing, On.LEAD_TIME, now, out)
+        state, tracked = drain._enter(state, missing, On.LEAD_TIME, now, out)  # without it
         state = _with(state, event_id, tracked)
     return state
 
 
-# Phases in which an event may still be approved early: a slot lost then means it is not.
-_BEFORE_APPROVAL = frozenset(
-    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
-)
+# ---- the slot gate's timer: a QUEUED event's deadline (a held slot's lease: gates/lease)
 
-
-# ---- the slot gate's timers: a QUEUED event's deadline, a held slot's lease
-
-DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
+DUE_PHASES = frozenset({Phase.QUEUED})
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
-    if t.phase is Phase.QUEUED:
-        return None if state.stopping is not None else t.start_at
-    held = state.slot_leases.get(event_id)
-    return None if held is None else held.until
+    """A QUEUED event's deadline (none while stopping)."""
+    return None if state.stopping is not None else t.start_at
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    state = lease._slots_lost(state, now, out)
     return _deadlines(state, now, out)

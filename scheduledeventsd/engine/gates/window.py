@@ -12,15 +12,12 @@ from ...config import EventRule
 from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
-from ..gates import drain, pipeline, slot
 from ..lifecycle import On, Phase
 from ..notes import _iso_wall, _note
 from ..state import State, Tracked, _with
 from ..vocabulary.effects import Effect
-
-# Where windows hold an event back and no start_before is set, the before-hooks start this long
-# before NotBefore at the latest: a window that opens late never makes preparation too late.
-WINDOW_LEAD = 600.0
+from . import drain, pipeline, slot
+from .lead import WINDOW_LEAD, lead
 
 
 @dataclass(frozen=True)
@@ -30,12 +27,6 @@ class Held:
     at: float  # wall clock
     reason: str  # "start_before" | "window"
     window: Optional[str] = None  # the window that opens then, as configured
-
-
-def lead(rule: EventRule) -> float:
-    """How long before NotBefore the before-hooks start at the latest when a window or a slot
-    holds them: start_before, else WINDOW_LEAD."""
-    return rule.start_before if rule.start_before is not None else WINDOW_LEAD
 
 
 def hold(event: Event, rule: EventRule, windows: tuple[Window, ...], now: float) -> Optional[Held]:
