@@ -1,6 +1,6 @@
-"""The window gate: when an event's before-hooks start, and which: lead time, maintenance windows,
-the fast path. `hold` is pure and on the wall clock; the engine places its answer on the
-monotonic clock."""
+"""The window gate: when an event's before-hooks start: maintenance windows, within the lead time
+(gates/lead); which hooks then (the fast path): runs. `hold` is pure and on the wall clock; the
+engine places its answer on the monotonic clock."""
 
 from __future__ import annotations
 
