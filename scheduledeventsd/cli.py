@@ -184,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        default=config.DEFAULT_PATH,
+        default=loader.DEFAULT_PATH,
         metavar="PATH",
         help="the configuration of each VM whose entry names none (default: %(default)s)",
     )
