@@ -1,6 +1,7 @@
 """Hook runs: the one allocation of run ids (hooks and gate runs alike), starting and stopping
-them, and the before-stage's hooks (`fast` instead of `before` when little time is left), which
-the gates start once an event may go on. The after- and cancelled-stages: stages."""
+them; the before-stage's hooks (`fast` instead of `before` when little time is left), which the
+gates start once an event may go on; an after- or cancelled-stage's hooks, once its node is
+restored (gates/drain), and the event's end. What starts the after-stage: stages."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from dataclasses import replace
 from typing import Optional
 
 from ..config import EventRule
-from ..model import Event
+from ..model import SCHEDULED, Event
 from ..records import Level, What
 from . import approval
 from .lifecycle import On, Phase, Rule, Stage
 from .notes import _note
-from .state import ClusterMark, State, Tracked, _move
+from .state import State, Tracked, _move
 from .vocabulary.effects import CancelRuns, Effect, SpawnHooks
 
 
@@ -25,15 +26,12 @@ def _spawn(
     out: list[Effect],
     *,
     rebooted: bool = False,
-    restore: Optional[ClusterMark] = None,
 ) -> tuple[State, int]:
     """Start a hook run for an event, with the name and incarnation it was seen under."""
     state, run = _new_run(state, tracked.event.event_id)
     vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
     incarnation = tracked.incarnation or state.incarnation or 0
-    out.append(
-        SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted, restore)
-    )
+    out.append(SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted))
     return state, run
 
 
@@ -99,3 +97,33 @@ def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
     if event.not_before is None or state.wall_offset is None:
         return None
     return event.not_before.timestamp() - (now + state.wall_offset)
+
+
+def _run_stage(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
+    """Spawn the hooks of the stage an AFTER event is in, once (at once, or when the restore
+    of its node has been answered)."""
+    rule = state.config.events.get(tracked.event.event_type)
+    stage = tracked.stage
+    hooks = rule.hooks_for(stage.value) if rule is not None else ()
+    if not hooks:  # a reload took them away while the node was restored
+        return _over(state, tracked, On.STAGE_ENDED)
+    rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
+    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
+    return state, replace(tracked, run=run)
+
+
+def _awaiting_restore(tracked: Tracked) -> bool:
+    """Its after- or cancelled-hooks wait for its node's restore to be answered."""
+    return tracked.phase is Phase.AFTER and tracked.run is None
+
+
+def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
+    """Nothing is left to do for it: kept while listed, else forgotten. A cancelled event that
+    came back Scheduled is forgotten too, and judged anew at the next poll: never left
+    unprepared because it once left the document."""
+    event = tracked.event
+    listed = event.event_id in state.listed
+    back = listed and tracked.stage is Stage.CANCELLED and event.status == SCHEDULED
+    if back:
+        state = replace(state, incarnation=None)
+    return state, _move(tracked, on, Phase.OVER if listed and not back else Phase.GONE, run=None)

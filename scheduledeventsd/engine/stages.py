@@ -1,11 +1,10 @@
 """The after- and cancelled-stages once an event is over (the node restored before them), and what
-a finished hook run leads to. Starting runs, and the before-stage: runs."""
+a finished hook run leads to. Starting runs, the before-stage and the end: runs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..model import SCHEDULED
 from ..records import Cause, Level, Record, What
 from . import approval, peers, runs
 from .gates import drain
@@ -102,20 +101,8 @@ def _stage_finished(
         )
     else:
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, event, stage=stage))
-    state, over = _over(state, tracked, On.STAGE_ENDED)
+    state, over = runs._over(state, tracked, On.STAGE_ENDED)
     return _with(state, event.event_id, over)
-
-
-def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
-    """Nothing is left to do for it: kept while listed, else forgotten. A cancelled event that
-    came back Scheduled is forgotten too, and judged anew at the next poll: never left
-    unprepared because it once left the document."""
-    event = tracked.event
-    listed = event.event_id in state.listed
-    back = listed and tracked.stage is Stage.CANCELLED and event.status == SCHEDULED
-    if back:
-        state = replace(state, incarnation=None)
-    return state, _move(tracked, on, Phase.OVER if listed and not back else Phase.GONE, run=None)
 
 
 def _start_stage(
@@ -136,7 +123,7 @@ def _start_stage(
     if not hooks:
         if restore is not None:
             out.append(RestoreNode(tracked.event.event_id, restore))
-        return _over(state, replace(tracked, stage=stage), on)
-    rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    state, run = runs._spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
-    return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
+        return runs._over(state, replace(tracked, stage=stage), on)
+    if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
+        return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
+    return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

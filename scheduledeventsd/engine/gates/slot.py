@@ -13,7 +13,7 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import SlotLease, State, Tracked, _with
+from ..state import SlotLease, State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
@@ -68,6 +68,46 @@ def move(tracked: Tracked, on: SlotOn, target: Slot) -> Tracked:
     """The one place an event's slot changes: only as `TABLE` declares."""
     TABLE.check(tracked.slot, on, target)
     return replace(tracked, slot=target)
+
+
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The slot gate, after the window's: a slot asked for (or a held one being taken back)
+    holds the event in QUEUED until it comes or its deadline; else the drain's gate is next."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    if _slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = move(tracked, SlotOn.GIVEN_UP, Slot.NONE)
+    if _needs_slot(state, tracked):
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
+            out.append(_slot_waiting(event, deadline, (), state))
+            asked = move(tracked, SlotOn.ASK, Slot.ASKED)
+            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                event,
+                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
+                "now, and it is not approved early",
+            )
+        )
+        tracked = move(tracked, SlotOn.TOO_LATE, Slot.MISSING)
+    return drain._enter(state, tracked, on, now, out)
 
 
 def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
