@@ -15,6 +15,7 @@ that read a file (the CLI, the daemon's reload).
 from __future__ import annotations
 
 from .settings import (
+    NOT_BACK,
     STAGES,
     WINDOWED,
     ApprovePolicy,
@@ -39,6 +40,7 @@ from .settings import (
 )
 
 __all__ = [
+    "NOT_BACK",
     "STAGES",
     "WINDOWED",
     "ApprovePolicy",

@@ -194,6 +194,8 @@ class EventRule:
 # The types whose maintenance can wait for a window by default: the others (Freeze, Preempt,
 # Terminate) come with seconds of notice or are not the VM's to plan.
 WINDOWED = ("Reboot", "Redeploy")
+# The types whose VM does not come back (Terminate, Preempt): nothing is held for them.
+NOT_BACK = ("Terminate", "Preempt")
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,8 @@ class Concurrency:
     group: str
     max: int = int(schema.number("concurrency.max"))
     ttl: int = int(schema.number("concurrency.ttl"))
+    hold_max: int = int(schema.number("concurrency.hold_max"))
+    after_retry: float = schema.number("concurrency.after_retry")
 
 
 STAGES = ("before", "after", "cancelled")
