@@ -289,6 +289,8 @@ class EtcdSlots:
         """One read and one transaction of the keeper for an asking VM: the groups whose keys
         it changed."""
         limits = self._limits[vm]
+        if vm not in self._handed and self._still_full(vm, limits, answers):
+            return set()
         take: list[tuple[str, int]] = []
         stale: list[tuple[str, int]] = []
         full: list[str] = []
@@ -333,6 +335,25 @@ class EtcdSlots:
             self._holds.append(_Hold(limits[0].group, vm, now))
         answers.extend((vm, SlotGranted(e, now)) for e in sorted(events))
         return dirty
+
+    def _still_full(self, vm: str, limits: tuple[Limit, ...], answers: list[Answer]) -> bool:
+        """`_try` for an asking VM that holds no key (not handed over), when a group is full:
+        nothing to take or delete, only who holds the full groups to tell. The quick path for
+        the many VMs that try again at each hand-over."""
+        full = []
+        for limit in limits:
+            keys = self._keys.get(limit.group)
+            if keys is not None and sum(n < limit.max for n in keys) >= limit.max:
+                full.append(limit)
+        if not full:
+            return False
+        holders = {h for limit in full for n, h in self._keys[limit.group].items() if n < limit.max}
+        told = tuple(sorted(holders))
+        if self._told.get(vm) != told:
+            self._told[vm] = told
+            groups = tuple(limit.group for limit in full)
+            answers.extend((vm, SlotBusy(e, told, groups)) for e in sorted(self._asking[vm]))
+        return True
 
     def _changed(self, dirty: set[str], now: float) -> list[Answer]:
         """The VMs waiting on a group whose keys changed try again, in the order they asked,
