@@ -935,3 +935,19 @@ def test_the_simulated_keeper_takes_a_slot_in_every_group_or_in_none():
         ("web", "web-1", 0.0, 6.0), ("db", "db-1", 0.0, None), ("db", "db-3", 2.0, 5.0),
         ("zone-b", "x", 4.0, None), ("db", "db-2", 6.0, None),
     ]  # fmt: skip
+
+
+def test_a_restarted_vm_takes_back_its_slots_in_every_group_as_one_hold():
+    """As slotset.plan's "the slot this VM holds already": slots handed over while the VM is
+    down still count against both groups (another VM waits), and its new daemon takes both
+    back at once, the same hold going on; given back, the waiting VM gets them."""
+    slots = world.EtcdSlots()
+    a = (Limit("web", 1), Limit("zone-a", 1))
+    assert slots.acquire(a, "web-1", "E1", 0.0) == [("web-1", engine.SlotGranted("E1", 0.0))]
+    slots.stopped("web-1", 10.0, 3600)
+    busy = slots.acquire(a, "web-2", "E2", 20.0)
+    assert busy == [("web-2", engine.SlotBusy("E2", ("web-1",), ("web", "zone-a")))]
+    assert slots.acquire(a, "web-1", "E1", 300.0) == [("web-1", engine.SlotGranted("E1", 300.0))]
+    assert slots.next_expiry() is None
+    assert slots.release("web-1", "E1", 400.0) == [("web-2", engine.SlotGranted("E2", 400.0))]
+    assert slots.held() == [("web", "web-1", 0.0, 400.0), ("web", "web-2", 400.0, None)]
