@@ -126,6 +126,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the status document as JSON")
 
     p = sub.add_parser(
+        "fleet",
+        help="who holds each group's slots, who waits, shared events; `fleet free VM`",
+        description="Read etcd with this daemon's configuration and credentials and show, per "
+        "concurrency group, its max, the VMs holding its slots (event, since, whether their "
+        "daemon is alive, when the hold ends) and the VMs waiting (event, why, since), then the "
+        "shared events with how many VMs are ready. `fleet free VM` frees the slots VM holds "
+        "(--group: in that group only), logged as slot_freed_by_operator here and by that VM's "
+        "daemon. Exit 1 if a slot is held by a VM whose daemon is silent and whose hold ends in "
+        "more than ttl (a VM still down); 2 if etcd cannot be read, or the VM holds no slot.",
+    )
+    p.add_argument("action", nargs="?", choices=("free",), metavar="free", help="free a slot")
+    p.add_argument("vm", nargs="?", metavar="VM", help="the VM whose slots are freed")
+    p.add_argument("--group", metavar="GROUP", help="only this group")
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser(
         "test-hooks",
         help="run the hooks of one stage for a synthetic event (a rehearsal)",
         description="Run the configured hooks of one stage for a synthetic event of that type "
@@ -363,6 +380,21 @@ def _fetch_status(url: str) -> object:
     return json.loads(body)
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    if (args.action is None) != (args.vm is None):
+        print("error: usage: scheduledeventsd fleet [free VM] [--group GROUP]", file=sys.stderr)
+        return EXIT_CONFIG
+    cfg = _load_config(args.config)
+    if cfg is None:
+        return EXIT_CONFIG
+    from .observe import fleet  # noqa: PLC0415 - etcd's client only for this command
+
+    def err(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    return fleet.command(cfg, free=args.vm, group=args.group, as_json=args.json, out=print, err=err)
+
+
 def cmd_test_hooks(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
@@ -506,6 +538,7 @@ COMMANDS = {
     "check-config": cmd_check_config,
     "events": cmd_events,
     "status": cmd_status,
+    "fleet": cmd_fleet,
     "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,

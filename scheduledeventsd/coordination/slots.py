@@ -9,7 +9,8 @@ worker thread per VM (its events share its one slot, given back after the last o
 tells each of those events SlotGranted and SlotKept (with when etcd's acknowledged grant or
 keep-alive was sent: the engine counts the slot lost `ttl` after that), SlotBusy (who holds
 them, on change) or SlotFailed (etcd could not be asked; the worker asks again on its own, with
-backoff).
+backoff). Under the same lease the worker marks its daemon alive and its events waiting, and it
+notices an operator's free (SlotFreed): the keys are described in fleet.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
-from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
 from ..retry import Backoff
 from .etcd import EtcdClient, EtcdError, KeyValue
+from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
 
 # A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
 # slot under a lease this long, so the next VM does not start before this one's undrain; taken
@@ -128,6 +130,7 @@ class _Worker:
         self._confirmed = 0.0
         self._events: set[str] = set()  # the events of this VM that hold or want the slot
         self._held = False  # SlotGranted was said: events joining now are granted at once
+        self._waiting: Optional[bytes] = None  # the waiting mark written (deleted once held)
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
@@ -175,6 +178,8 @@ class _Worker:
                 with _Client(self.settings) as client:
                     lease = client.grant(HAND_OVER_TTL)
                     client.replace(self._key, self.value, self.value, lease)
+                    if self._lease is not None:  # its daemon and waiting marks go now
+                        client.revoke(self._lease)
             except EtcdError:
                 pass  # the slot expires within TTL instead
 
@@ -231,10 +236,16 @@ class _Worker:
 
     def _work(self) -> None:
         self._lease = self._grant()
+        self._announce()
+        if self._freed():
+            return
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
             revision, kvs = self._client.range(self.prefix)
             if self._take(kvs):
+                if self._waiting is not None:
+                    self._client.delete(self._waiting_key(), self._waiting)
+                    self._waiting = None
                 self._tell(SlotGranted, self._confirmed, held=True)
                 self._hold()
                 return
@@ -242,10 +253,60 @@ class _Worker:
             if taken != holders:
                 holders = taken
                 self._tell(SlotBusy, taken)
+                self._mark_waiting(taken)
             for _ in self._client.watch(self.prefix, revision + 1, self.renew):
                 break  # a slot changed hands: try again
             if not self._keep_alive(self._lease):
                 self._lease = self._grant()
+                self._announce()
+                self._mark_waiting(taken)
+
+    def _announce(self) -> None:
+        """Its daemon is alive (fleet.py's `daemons/<vm>`), under the worker's lease."""
+        said = {
+            "vm": self.vm,
+            "groups": {self.concurrency.group: self.concurrency.max},
+            "ttl": self.concurrency.ttl,
+            "at": stamp(),
+        }
+        self._client.put(daemon_key(self.settings, self.vm), encode(said), self._lease)
+
+    def _waiting_key(self) -> str:
+        return waiting_key(self.settings, self.concurrency.group, self.vm)
+
+    def _mark_waiting(self, holders: tuple[str, ...]) -> None:
+        """Its events wait: why, for `fleet` (since when: the first mark's instant)."""
+        since = json.loads(self._waiting)["since"] if self._waiting else stamp()
+        mark = {
+            "vm": self.vm,
+            "event": self.event_id,
+            "since": since,
+            "holders": list(holders),
+            "why": f"every slot of {self.concurrency.group} is held",
+        }
+        self._waiting = encode(mark)
+        self._client.put(self._waiting_key(), self._waiting, self._lease)
+
+    def _freed(self) -> bool:
+        """An operator freed the slot one of these events held (`fleet free`): told, never
+        taken again for it (after a restart it would be taken back silently)."""
+        mark = freed_mark(self._client, self.settings, self.concurrency.group, self.vm)
+        with self._lock:
+            ours = mark.get("event") in self._events
+        if ours:
+            self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
+        return ours
+
+    def _still_ours(self) -> bool:
+        """The slot key still holds this VM's value; else an operator freed it (told)."""
+        assert self._key is not None  # noqa: S101 - held
+        found = [kv for kv in self._client.range(self._key)[1] if kv.key == self._key]
+        if found and found[0].value == self.value:
+            return True
+        mark = freed_mark(self._client, self.settings, self.concurrency.group, self.vm)
+        self._key = None
+        self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
+        return False
 
     def _take(self, kvs: list[KeyValue]) -> bool:
         """Take back a slot this VM holds (after a restart: under the new lease), else a free
@@ -280,6 +341,8 @@ class _Worker:
             if not self._keep_alive(self._lease):
                 self._key = None
                 self._tell(SlotBusy, ("(lease expired)",), held=False)
+                return
+            if not self._still_ours():
                 return
             self._tell(SlotKept, self._confirmed)
 

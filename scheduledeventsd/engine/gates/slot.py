@@ -16,7 +16,7 @@ from ..notes import _iso_wall, _note
 from ..state import State, Tracked, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
-from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..vocabulary.messages import SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
 from . import lease, pipeline, window
 
 
@@ -31,6 +31,7 @@ class SlotOn(str, enum.Enum):
     TAKEN = "it went to another VM before its hooks ran again"
     GIVEN_UP = "its lead passed while it waited to be taken back"
     LOST = "etcd did not confirm it within its ttl"
+    FREED = "an operator freed it (fleet free)"
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
     OVER_AT_BOOT = "the state file has its event over"
@@ -50,6 +51,12 @@ TABLE = Table(
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
         row([_.ASKED], SlotOn.GIVEN_UP, _.NONE, "ReleaseSlot: prepared without it"),
         row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
+        row(
+            [_.ASKED, _.HELD],
+            SlotOn.FREED,
+            _.MISSING,
+            "slot_freed_by_operator: ReleaseSlot, never asked for again",
+        ),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
         row(
@@ -116,6 +123,34 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         out.append(ReleaseSlot(msg.event_id))
         return _with(state, msg.event_id, move(tracked, SlotOn.BUSY, Slot.MISSING))
     return state
+
+
+def _slot_freed(state: State, msg: SlotFreed, now: float, out: list[Effect]) -> State:
+    """An operator freed this VM's slot (the VM is down for good, or its after-hooks keep
+    failing): said, given up, and never taken again for this event, not even after a restart
+    (the worker finds the operator's mark). Before its approval: not approved early; queued
+    (taking it back after a restart): prepared now, without it."""
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
+        return state
+    concurrency = state.config.concurrency
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_FREED_BY_OPERATOR,
+            tracked.event,
+            group=concurrency.group if concurrency else None,
+            by=msg.by or None,
+            freed_at=msg.at or None,
+            reason="an operator freed this VM's slot: not taken again for this event",
+        )
+    )
+    out.append(ReleaseSlot(msg.event_id))
+    state = _without_lease(state, msg.event_id)
+    tracked = move(tracked, SlotOn.FREED, Slot.MISSING)
+    if tracked.phase is Phase.QUEUED and tracked.event.event_type in state.config.events:
+        state, tracked = pipeline._prepare(state, tracked, On.LEAD_TIME, now, out)
+    return _with(state, msg.event_id, tracked)
 
 
 def _without_lease(state: State, event_id: str) -> State:
