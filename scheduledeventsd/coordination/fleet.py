@@ -27,11 +27,13 @@ import datetime as dt
 import getpass
 import json
 import socket
+import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..config import Etcd
+from ..retry import Backoff
 from .etcd import EtcdClient, EtcdError, KeyValue
 
 FREED_TTL = 24 * 3600  # seconds a freed mark lasts: longer than any event takes to end
@@ -265,4 +267,80 @@ def _operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-__all__ = ["EtcdError", "Freed", "Group", "Holder", "View", "Waiter", "free", "read"]
+WATCH_CHECK = 30.0  # a silent watch is checked with a linearizable read (as peers.py does)
+
+
+class SlotCounter:
+    """How many slots of each group are held, as each VM sees it (for the metrics): a watch of
+    `slots/<group>/` per group, `counted(group, held)` on every change. A thread of its own,
+    never in the daemon's way; etcd unreachable: the last count stays, asked again with backoff."""
+
+    def __init__(
+        self, settings: Etcd, groups: dict[str, int], counted: Callable[[str, int], None]
+    ) -> None:
+        self.settings = settings
+        self.groups = dict(groups)
+        self._counted = counted
+        self._stopped = threading.Event()
+        self._clients: list[EtcdClient] = []
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(g,), name="slot-count", daemon=True)
+            for g in self.groups
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+    def _run(self, group: str) -> None:
+        failures = 0
+        while not self._stopped.is_set():
+            client = EtcdClient(self.settings)
+            with self._lock:
+                self._clients.append(client)
+            if self._stopped.is_set():
+                client.close()
+                return
+            try:
+                self._watch(client, group)
+            except EtcdError:
+                failures += 1
+            except Exception:  # noqa: BLE001 - a metric is never worth the daemon
+                failures += 1
+            finally:
+                client.close()
+            if self._stopped.wait(Backoff(first=1.0, cap=30.0).delay(failures)):
+                return
+
+    def _watch(self, client: EtcdClient, group: str) -> None:
+        prefix = f"{_root(self.settings)}/slots/{_segment(group)}/"
+        most = self.groups[group]
+        while not self._stopped.is_set():
+            revision, kvs = client.range(prefix)
+            held = {kv.key for kv in kvs if _counts(kv.key[len(prefix) :], most)}
+            self._counted(group, len(held))
+            for changes in client.watch(prefix, revision + 1, WATCH_CHECK):
+                for kv in changes:
+                    if not _counts(kv.key[len(prefix) :], most):
+                        continue
+                    if kv.value is None:
+                        held.discard(kv.key)
+                    else:
+                        held.add(kv.key)
+                self._counted(group, len(held))
+
+
+def _counts(n: str, most: int) -> bool:
+    """A slot's number below the group's max (a key beyond it is no slot: max was lowered)."""
+    return n.isdigit() and int(n) < most
+
+
+__all__ = ["EtcdError", "Freed", "Group", "Holder", "SlotCounter", "View", "Waiter", "free", "read"]
