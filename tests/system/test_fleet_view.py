@@ -15,9 +15,18 @@ import requests
 from tests.conftest import cli, wait_for
 from tests.etcd_cluster import free_ports
 from tests.system.test_fleet import keys
-from tests.system.test_slots import long_drain, tier  # noqa: F401 - the fixture
+from tests.system.test_slots import Tier, long_drain
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
+
+
+@pytest.fixture
+def tier(tmp_path, sim, hooks, cluster):
+    """Daemons of group `web` (test_slots.Tier), and vm-x's configuration for the CLI."""
+    t = Tier(tmp_path, sim, hooks, cluster)
+    t.config("vm-x")
+    yield t
+    t.stop()
 
 
 def fleet(tier, *args: str):
@@ -35,8 +44,7 @@ def holding(tier, hooks, vm: str, seconds: float, **extra):
 
 
 def test_fleet_shows_the_holder_alive_and_the_waiter_with_why_in_text_and_json(tier, sim, hooks):
-    tier.config("vm-x")  # its factory, for the CLI's configuration
-    one, first = holding(tier, hooks, "vm-1", 15)
+    _, first = holding(tier, hooks, "vm-1", 15)
     two = tier.start("vm-2", tier.config("vm-2"))
     second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
     two.wait_log("event_waiting", event_id=second, reason="slot")
@@ -45,9 +53,12 @@ def test_fleet_shows_the_holder_alive_and_the_waiter_with_why_in_text_and_json(t
     assert shown.returncode == 0, shown.stderr
     assert "group web: 1 of 1 slot(s) held" in shown.stdout
     held = next(line for line in shown.stdout.splitlines() if "held    slot 0" in line)
-    assert "vm-1" in held and first in held and "daemon alive" in held
+    assert "vm-1" in held
+    assert first in held
+    assert "daemon alive" in held
     waiting = next(line for line in shown.stdout.splitlines() if "waiting vm-2" in line)
-    assert second in waiting and "every slot of web is held" in waiting
+    assert second in waiting
+    assert "every slot of web is held" in waiting
 
     as_json = fleet(tier, "--json")
     assert as_json.returncode == 0, as_json.stderr
@@ -68,7 +79,6 @@ def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_n
     slot stays under the hand-over lease, its daemon silent: `fleet` exits 1 naming it. `fleet
     free vm-1` frees it (slot_freed_by_operator), vm-2 takes it; vm-1's daemon started again
     says slot_freed_by_operator and does not take a slot back for that event."""
-    tier.config("vm-x")
     cfg = tier.config("vm-1", ttl=6)
     one = tier.start("vm-1", cfg)
     first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
@@ -81,7 +91,8 @@ def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_n
     shown = fleet(tier)
     assert shown.returncode == 1, shown.stdout + shown.stderr
     down = next(line for line in shown.stdout.splitlines() if line.startswith("DOWN"))
-    assert "vm-1" in down and "fleet free vm-1" in down
+    assert "vm-1" in down
+    assert "fleet free vm-1" in down
     held = next(line for line in shown.stdout.splitlines() if "held    slot 0" in line)
     assert "daemon SILENT" in held
 
@@ -94,7 +105,8 @@ def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_n
 
     again = tier.start("vm-1", cfg)
     said = again.wait_log("slot_freed_by_operator", event_id=first, timeout=15)
-    assert said["group"] == "web" and "@" in said["by"]
+    assert said["group"] == "web"
+    assert "@" in said["by"]
     again.polls_seen(sim)
     assert not again.logs("slot_acquired"), "never taken back for that event"
     (slot,) = [v for k, v in keys(tier.cluster, f"{tier.prefix}/slots/").items()]
@@ -104,7 +116,6 @@ def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_n
 def test_a_slot_freed_under_a_live_daemon_is_noticed_and_logged_there(tier, sim, hooks):
     """The freed VM's daemon (draining, alive) notices within a renewal (ttl/3), logs
     slot_freed_by_operator, is not approved early, and the waiting VM takes the slot."""
-    tier.config("vm-x")
     one, first = holding(tier, hooks, "vm-1", 20, ttl=6)
     two = tier.start("vm-2", tier.config("vm-2", ttl=6))
     second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
@@ -120,13 +131,13 @@ def test_a_slot_freed_under_a_live_daemon_is_noticed_and_logged_there(tier, sim,
 
 
 def test_freeing_a_vm_that_holds_nothing_exits_2_and_touches_nothing(tier, sim, hooks):
-    tier.config("vm-x")
     holding(tier, hooks, "vm-1", 10)
     before = keys(tier.cluster, tier.prefix)
     for args in (("free", "vm-2"), ("free", "vm-1", "--group", "db")):
         refused = fleet(tier, *args)
         assert refused.returncode == 2, refused.stdout
-        assert "holds no slot" in refused.stderr and "nothing freed" in refused.stderr
+        assert "holds no slot" in refused.stderr
+        assert "nothing freed" in refused.stderr
         assert "Traceback" not in refused.stderr
     after = keys(tier.cluster, tier.prefix)
     assert {k: v for k, v in after.items() if "/daemons/" not in k} == {
@@ -135,14 +146,14 @@ def test_freeing_a_vm_that_holds_nothing_exits_2_and_touches_nothing(tier, sim, 
 
 
 def test_etcd_unreachable_exits_2_with_one_line_and_no_traceback(tier):
-    tier.config("vm-x")
     tier.cluster.kill()
     for args in ((), ("--json",), ("free", "vm-1")):
         started = time.monotonic()
         answer = fleet(tier, *args)
         assert answer.returncode == 2, (args, answer.stdout, answer.stderr)
         lines = answer.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: etcd at "), answer.stderr
+        assert len(lines) == 1, answer.stderr
+        assert lines[0].startswith("error: etcd at "), answer.stderr
         assert "unreachable" in lines[0]
         assert answer.stdout == ""
         assert time.monotonic() - started < 30
