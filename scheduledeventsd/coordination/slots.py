@@ -282,7 +282,7 @@ class _Worker:
             "event": self.event_id,
             "since": since,
             "holders": list(holders),
-            "why": f"every slot of {self.concurrency.group} is held",
+            "why": f"every slot of {self.concurrency.group} is held, by {', '.join(holders)}",
         }
         self._waiting = encode(mark)
         self._client.put(self._waiting_key(), self._waiting, self._lease)
