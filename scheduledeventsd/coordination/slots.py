@@ -173,11 +173,12 @@ class _Worker:
         self._stopped.set()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
-        if hand_over and self._key is not None:
+        if hand_over and (self._key is not None or self._lease is not None):
             try:
                 with _Client(self.settings) as client:
-                    lease = client.grant(HAND_OVER_TTL)
-                    client.replace(self._key, self.value, self.value, lease)
+                    if self._key is not None:
+                        lease = client.grant(HAND_OVER_TTL)
+                        client.replace(self._key, self.value, self.value, lease)
                     if self._lease is not None:  # its daemon and waiting marks go now
                         client.revoke(self._lease)
             except EtcdError:

@@ -12,6 +12,8 @@ import time
 import pytest
 import requests
 
+from scheduledeventsd.coordination import fleet as fleet_keys
+from scheduledeventsd.coordination.etcd import KeyValue
 from tests.conftest import cli, wait_for
 from tests.etcd_cluster import free_ports
 from tests.system.test_fleet import keys
@@ -175,3 +177,28 @@ def test_metrics_show_the_groups_held_slots_and_max_from_each_vm(tier, sim, hook
     wait_for(lambda: sample("scheduledeventsd_group_slots_held") == 1.0, 10, "1 held")
     one.wait_log("slot_released", event_id=first, timeout=30)
     wait_for(lambda: sample("scheduledeventsd_group_slots_held") == 0.0, 10, "0 held")
+
+
+def test_only_a_silent_holder_whose_hold_outlives_ttl_counts_as_down():
+    """A daemon killed outside a maintenance leaves its slot under its own lease (within
+    `ttl`): not a VM still down. One stopped for its maintenance leaves it under the hand-over
+    lease (longer): down. A live daemon's never. (The keys as etcd returns them; no etcd.)"""
+    root = "/p/"
+
+    def slot(n: int, vm: str, lease: str) -> KeyValue:
+        return KeyValue(f"{root}slots/web/{n}", fleet_keys.encode({"vm": vm, "event": "E"}), lease)
+
+    kvs = [
+        slot(0, "killed", "1"),
+        slot(1, "stopped", "2"),
+        slot(2, "alive", "3"),
+        KeyValue(f"{root}daemons/alive", fleet_keys.encode({"vm": "alive"}), "3"),
+    ]
+    view = fleet_keys._view(root, kvs, {"1": 25, "2": 800, "3": 29}, {"web": 3}, ttl=30)
+    assert [(group, h.vm) for group, h in view.down()] == [("web", "stopped")]
+    (web,) = view.groups
+    assert [(h.vm, h.alive) for h in web.holders] == [
+        ("killed", False),
+        ("stopped", False),
+        ("alive", True),
+    ]
