@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from . import __version__, config
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
+from .observe import fleet as fleet_view
 from .observe import observer, report
 from .plan.fleet import parse_instant
 from .plan.scenarios import SCENARIOS
@@ -127,22 +128,7 @@ def parser() -> argparse.ArgumentParser:
     _add_config(p)
     p.add_argument("--json", action="store_true", help="the status document as JSON")
 
-    p = sub.add_parser(
-        "fleet",
-        help="who holds each group's slots, who waits, shared events; `fleet free VM`",
-        description="Read etcd with this daemon's configuration and credentials and show, per "
-        "concurrency group, its max, the VMs holding its slots (event, since, whether their "
-        "daemon is alive, when the hold ends) and the VMs waiting (event, why, since), then the "
-        "shared events with how many VMs are ready. `fleet free VM` frees the slots VM holds "
-        "(--group: in that group only), logged as slot_freed_by_operator here and by that VM's "
-        "daemon. Exit 1 if a slot is held by a VM whose daemon is silent and whose hold ends in "
-        "more than ttl (a VM still down); 2 if etcd cannot be read, or the VM holds no slot.",
-    )
-    p.add_argument("action", nargs="?", choices=("free",), metavar="free", help="free a slot")
-    p.add_argument("vm", nargs="?", metavar="VM", help="the VM whose slots are freed")
-    p.add_argument("--group", metavar="GROUP", help="only this group")
-    _add_config(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    fleet_view.add_parser(sub, _add_config)
 
     p = sub.add_parser(
         "test-hooks",
@@ -424,18 +410,8 @@ def _fetch_status(url: str) -> object:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    if (args.action is None) != (args.vm is None):
-        print("error: usage: scheduledeventsd fleet [free VM] [--group GROUP]", file=sys.stderr)
-        return EXIT_CONFIG
-    cfg = _load_config(args.config)
-    if cfg is None:
-        return EXIT_CONFIG
-    from .observe import fleet  # noqa: PLC0415 - etcd's client only for this command
-
-    def err(line: str) -> None:
-        print(line, file=sys.stderr)
-
-    return fleet.command(cfg, free=args.vm, group=args.group, as_json=args.json, out=print, err=err)
+    cfg = _load_config(args.config) if fleet_view.usage(args) else None
+    return EXIT_CONFIG if cfg is None else fleet_view.run(cfg, args)
 
 
 def cmd_test_hooks(args: argparse.Namespace) -> int:

@@ -8,13 +8,16 @@ is configured, or a free finds nothing to free.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-from typing import Any, Callable, Optional
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import Config, Etcd, schema
-from ..coordination import fleet
-from ..coordination.etcd import EtcdError
+
+if TYPE_CHECKING:  # etcd's client (requests) only when the command runs: cli.py imports this
+    from ..coordination import fleet
 
 EXIT_DOWN = 1
 EXIT_FAILED = 2
@@ -23,10 +26,47 @@ FREED = "slot_freed_by_operator"  # the name both sides log it with
 Say = Callable[[str], None]
 
 
+def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    p = sub.add_parser(
+        "fleet",
+        help="who holds each group's slots, who waits, shared events; `fleet free VM`",
+        description="Read etcd with this daemon's configuration and credentials and show, per "
+        "concurrency group, its max, the VMs holding its slots (event, since, whether their "
+        "daemon is alive, when the hold ends) and the VMs waiting (event, why, since), then the "
+        "shared events with how many VMs are ready. `fleet free VM` frees the slots VM holds "
+        "(--group: in that group only), logged as slot_freed_by_operator here and by that VM's "
+        "daemon. Exit 1 if a slot is held by a VM whose daemon is silent and whose hold ends in "
+        "more than ttl (a VM still down); 2 if etcd cannot be read, or the VM holds no slot.",
+    )
+    p.add_argument("action", nargs="?", choices=("free",), metavar="free", help="free a slot")
+    p.add_argument("vm", nargs="?", metavar="VM", help="the VM whose slots are freed")
+    p.add_argument("--group", metavar="GROUP", help="only this group")
+    add_config(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def usage(args: argparse.Namespace) -> bool:
+    """`free` and VM come together or not at all (said, when not)."""
+    if (args.action is None) == (args.vm is None):
+        return True
+    print("error: usage: scheduledeventsd fleet [free VM] [--group GROUP]", file=sys.stderr)
+    return False
+
+
+def run(config: Config, args: argparse.Namespace) -> int:
+    def err(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    return command(config, free=args.vm, group=args.group, as_json=args.json, out=print, err=err)
+
+
 def command(
     config: Config, *, free: Optional[str], group: Optional[str], as_json: bool, out: Say, err: Say
 ) -> int:
     """The view (`free` None) or the free of `free`'s slots; what it says goes to out/err."""
+    from ..coordination import fleet  # noqa: PLC0415 - see above
+    from ..coordination.etcd import EtcdError  # noqa: PLC0415
+
     etcd = config.coordination.etcd if config.coordination is not None else None
     if etcd is None:
         err("error: no coordination.etcd in the configuration: no fleet to show")
@@ -48,6 +88,8 @@ def command(
 
 
 def _free(etcd: Etcd, vm: str, group: Optional[str], *, as_json: bool, out: Say, err: Say) -> int:
+    from ..coordination import fleet  # noqa: PLC0415 - see above
+
     freed = fleet.free(etcd, vm, group)
     if not freed:
         where = f" in group {group}" if group is not None else ""
