@@ -81,6 +81,7 @@ def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_n
     slot stays under the hand-over lease, its daemon silent: `fleet` exits 1 naming it. `fleet
     free vm-1` frees it (slot_freed_by_operator), vm-2 takes it; vm-1's daemon started again
     says slot_freed_by_operator and does not take a slot back for that event."""
+    sim.scenario.started_for = None  # its event stays (Started) while the VM is "down"
     cfg = tier.config("vm-1", ttl=6)
     one = tier.start("vm-1", cfg)
     first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
