@@ -34,7 +34,6 @@ its before-hooks until its after-hooks are done (back up, if it has none).
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -42,6 +41,7 @@ from typing import Any, Optional
 from ..config import EventRule
 from ..engine.gates.window import window_lead
 from ..windows import first_opening
+from . import svg
 from .fleet import Fleet
 from .run import Plan
 from .timeline import Seen
@@ -263,16 +263,10 @@ def _sweep(spans_of: Iterable[tuple[float, float]]) -> tuple[int, float]:
 # ---- renderings ------------------------------------------------------------------------------
 
 
-def render(data: dict[str, Any], form: str) -> Optional[str]:
-    """`text`, `json`, or `svg` (plan/svg.py's `render`; None in a version without it)."""
+def render(data: dict[str, Any], form: str) -> str:
+    """`text`, `json`, or `svg` (plan/svg.py draws the same data)."""
     if form == "svg":
-        try:
-            module = importlib.import_module(f"{__package__}.svg")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.svg":
-                raise
-            return None
-        return str(module.render(data))
+        return svg.render(data)
     return as_json(data) if form == "json" else as_text(data)
 
 
