@@ -6,15 +6,15 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
 `coordination.etcd.prefix` (each segment percent-encoded: names are data, not paths):
 
 - `slots/<group>/<n>` = `{"vm", "event", "at"}`: slot n of the group (n < its max), held by
-  that VM for that event since `at`; under the lease of the daemon's slot worker (`ttl`), or,
-  once that daemon stopped for its maintenance, under the hand-over lease (slots.py). When
-  that lease ends is when the hold ends.
+  that VM for that event since `at`; on the daemon's one lease (daemon_lease.py, `ttl`), or,
+  once that daemon stopped for its maintenance, on a lease of `hold_max` (slots.py). When that
+  lease ends is when the hold ends.
 - `daemons/<vm>` = `{"vm", "groups": {group: max}, "ttl", "at"}`: the daemon of that VM is
-  alive and wants or holds a slot. Under the same lease as its slot key while it lives; revoked
-  when it stops, so a held slot whose VM has no such key is held by a VM that is down.
+  alive and wants or holds a slot. On the daemon's lease; deleted when it stops, so a held
+  slot whose VM has no such key is held by a VM that is down.
 - `waiting/<group>/<vm>` = `{"vm", "event", "why", "holders", "since"}`: that VM's event waits
-  for a slot of the group (why: every slot is held, by `holders`). Under the daemon's lease;
-  deleted when it takes a slot.
+  for a slot of the group (why: every slot is held, by `holders`). On the daemon's lease;
+  deleted when it takes a slot or stops.
 - `freed/<group>/<vm>` = `{"vm", "event", "key", "by", "at"}`: an operator freed the slot that
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.
