@@ -1,4 +1,6 @@
-"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once.
+"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once; with
+several groups (a tier and a zone), a slot in each, taken in one transaction or none
+(slotset.py), held, handed over and given back together.
 
 The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this list true):
 
@@ -14,11 +16,8 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
   `concurrency.hold_max` that nothing renews: it stays held until the VM is back (its daemon
   takes it back under its own lease, same value check) and its after-hooks succeeded, or
   until hold_max if the VM never returns. A Terminate or Preempt deletes it as the VM goes.
-- `scheduledeventsd fleet free VM` writes a freed mark, then deletes the key (fleet.py): the
-  VM's daemon, if alive, finds its key gone at its next check (every third of `ttl`), one
-  starting again finds the mark before taking it back; either says SlotFreed and never takes
-  a slot for that event again. The worker also marks its daemon alive and its events waiting
-  on the daemon's lease (`daemons/<vm>`, `waiting/<group>/<vm>`, fleet.py), gone on its stop.
+- Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
+  through its engine's next SlotBusy (it does not watch its own key).
 
 The engine decides when to ask, give back and hold (AcquireSlot, ReleaseSlot, HoldSlot); this
 module carries that out, one worker thread per VM (its events share its one slot, given back
@@ -33,29 +32,25 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
 from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
 from ..retry import Backoff
+from . import slotset
 from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
 from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
+from .slotset import holder
 
 
 def group_prefix(settings: Etcd, group: str) -> str:
     return f"{settings.prefix.rstrip('/')}/slots/{urllib.parse.quote(group, safe='-_.~')}/"
 
 
-def holder(value: Optional[bytes]) -> str:
-    """The VM a slot key names ("" for a value this daemon did not write)."""
-    try:
-        decoded = json.loads(value or b"")
-    except (ValueError, RecursionError):
-        return ""
-    vm = decoded.get("vm") if isinstance(decoded, dict) else None
-    return vm if isinstance(vm, str) else ""
+__all__ = ["SlotKeeper", "group_prefix", "holder"]
 
 
 class SlotKeeper:
@@ -146,7 +141,8 @@ class _Worker:
         self.renew = concurrency.ttl / 3
         self.event_id = effect.event.event_id  # the first event: names the thread and the key
         self.vm = effect.vm_name
-        self.prefix = group_prefix(settings, concurrency.group)
+        self.prefixes = {g: group_prefix(settings, g) for g in concurrency.groups}
+        self.root = slotset.root(self.prefixes)  # read and watched: every group's keys
         self.value = json.dumps(
             {
                 "vm": self.vm,
@@ -160,15 +156,15 @@ class _Worker:
         self._stopped = threading.Event()
         self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
-        self._key: Optional[str] = None  # the slot key, once held
+        self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
+        self._waiting: Optional[tuple[str, bytes]] = None  # the waiting mark (fleet.py)
+        self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
         # `ttl` after it, whatever this thread is doing.
         self._confirmed = 0.0
         self._events: set[str] = set()  # the events of this VM that hold or want the slot
         self._held = False  # SlotGranted was said: events joining now are granted at once
-        self._waiting: Optional[bytes] = None  # the waiting mark written (deleted once held)
-        self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
@@ -221,9 +217,9 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout)
         try:
             with _Client(self.settings) as client:
-                if hold and self._key is not None:
+                if hold and self._keys:
                     lease = client.grant(hold)
-                    client.replace(self._key, self.value, self.value, lease)
+                    client.put_all([(k, self.value) for k in self._keys], self.value, lease)
                 self._unmark(client)
         except EtcdError:
             pass  # the slot expires within TTL instead; the marks go with the daemon's lease
@@ -233,7 +229,7 @@ class _Worker:
         if self._announced is not None:
             client.delete(daemon_key(self.settings, self.vm), self._announced)
         if self._waiting is not None:
-            client.delete(self._waiting_key(), self._waiting)
+            client.delete(*self._waiting)
 
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
@@ -242,11 +238,12 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with _Client(self.settings) as client:
-                if self._key is not None:
-                    client.delete(self._key, self.value)
+                if self._keys:
+                    client.delete_all(self._keys, self.value)
                     return
-                for kv in client.range(self.prefix)[1]:
-                    if kv.value is not None and holder(kv.value) == self.vm:
+                ours = tuple(self.prefixes.values())
+                for kv in client.range(self.root)[1]:
+                    if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
                         client.delete(kv.key, kv.value)
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
@@ -265,7 +262,7 @@ class _Worker:
                 if not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
-                self._key = None
+                self._keys = ()
                 self._lease = None
                 with self._lock:
                     self._held = False
@@ -297,7 +294,7 @@ class _Worker:
         with self._lock:
             held = self._held
         if held and not self._ended.is_set():
-            self._key = None
+            self._keys = ()
             self._tell(SlotBusy, ("(lease expired)",), held=False)
             self._ended.set()
 
@@ -308,106 +305,103 @@ class _Worker:
             return
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
-            revision, kvs = self._client.range(self.prefix)
-            if self._take(kvs):
+            revision, kvs = self._client.range(self.root)
+            taking = self._take(kvs)
+            if taking is None:
                 if self._waiting is not None:
-                    self._client.delete(self._waiting_key(), self._waiting)
+                    self._client.delete(*self._waiting)
                     self._waiting = None
                 self._tell(SlotGranted, self._confirmed, held=True)
                 self._hold()
                 return
-            taken = tuple(sorted(holder(kv.value) or "?" for kv in kvs))
-            if taken != holders:
-                holders = taken
-                self._tell(SlotBusy, taken)
-                self._mark_waiting(taken)
-            for _ in self._client.watch(self.prefix, revision + 1, self.renew):
-                break  # a slot changed hands: try again
-            lease, self._lease = self._lease, self._get_lease()
-            if self._lease != lease:  # it expired meanwhile, the marks with it
-                self._announce()
-                self._mark_waiting(taken)
+            if taking.full and taking.holders != holders:
+                holders = taking.holders
+                self._tell(SlotBusy, taking.holders, taking.full)
+                self._mark_waiting(taking.full[0], taking.holders)
+            self._changed(revision + 1)  # a slot of its groups changed hands: try again
+            self._lease = self._get_lease()  # the same, unless it expired meanwhile
 
     def _announce(self) -> None:
         """Its daemon is alive (fleet.py's `daemons/<vm>`), on the daemon's lease."""
-        said = {
-            "vm": self.vm,
-            "groups": {self.concurrency.group: self.concurrency.max},
-            "ttl": self.concurrency.ttl,
-            "at": stamp(),
-        }
+        groups = {limit.group: limit.max for limit in self.concurrency.limits}
+        said = {"vm": self.vm, "groups": groups, "ttl": self.concurrency.ttl, "at": stamp()}
         self._announced = encode(said)
         self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
 
-    def _waiting_key(self) -> str:
-        return waiting_key(self.settings, self.concurrency.group, self.vm)
-
-    def _mark_waiting(self, holders: tuple[str, ...]) -> None:
-        """Its events wait: why, for `fleet` (since when: the first mark's instant)."""
-        since = json.loads(self._waiting)["since"] if self._waiting else stamp()
+    def _mark_waiting(self, group: str, holders: tuple[str, ...]) -> None:
+        """Its events wait for a slot of `group`: why, for `fleet` (since: the first mark's)."""
+        since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
+        if self._waiting is not None:
+            self._client.delete(*self._waiting)
         mark = {
             "vm": self.vm,
             "event": self.event_id,
             "since": since,
             "holders": list(holders),
-            "why": f"every slot of {self.concurrency.group} is held, by {', '.join(holders)}",
+            "why": f"every slot of {group} is held, by {', '.join(holders)}",
         }
-        self._waiting = encode(mark)
-        self._client.put(self._waiting_key(), self._waiting, self._lease)
+        self._waiting = (waiting_key(self.settings, group, self.vm), encode(mark))
+        self._client.put(*self._waiting, self._lease)
 
     def _freed(self) -> bool:
         """An operator freed the slot one of these events held (`fleet free`): told, never
         taken again for it (after a restart it would be taken back silently)."""
-        mark = freed_mark(self._client, self.settings, self.concurrency.group, self.vm)
-        with self._lock:
-            ours = mark.get("event") in self._events
-        if ours:
-            self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
-        return ours
+        for group in self.prefixes:
+            mark = freed_mark(self._client, self.settings, group, self.vm)
+            with self._lock:
+                ours = mark.get("event") in self._events
+            if ours:
+                self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
+                return True
+        return False
 
     def _still_ours(self) -> bool:
-        """The slot key still holds this VM's value; else an operator freed it (told)."""
-        assert self._key is not None  # noqa: S101 - held
-        found = [kv for kv in self._client.range(self._key)[1] if kv.key == self._key]
-        if found and found[0].value == self.value:
+        """Every slot key still holds this VM's value; else an operator freed one (told)."""
+        values = {kv.key: kv.value for kv in self._client.range(self.root)[1]}
+        gone = [k for k in self._keys if values.get(k) != self.value]
+        if not gone:
             return True
-        mark = freed_mark(self._client, self.settings, self.concurrency.group, self.vm)
-        self._key = None
+        group = next((g for g, p in self.prefixes.items() if gone[0].startswith(p)), "")
+        mark = freed_mark(self._client, self.settings, group, self.vm)
+        self._keys = ()
         self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
         self._ended.set()
         return False
 
-    def _take(self, kvs: list[KeyValue]) -> bool:
-        """Take back a slot this VM holds (after a restart: under the new lease), else a free
-        one; True when it is ours. A key of this VM at or beyond `max` (a reload or restart
-        lowered it) is no slot any more: it is deleted, never taken back."""
+    def _take(self, kvs: list[KeyValue]) -> Optional[slotset.Plan]:
+        """Take a slot in every group at once: the one this VM holds (after a restart: put
+        under the new lease), else a free one. None when they are ours; else the plan that
+        found a group full, or was beaten by another VM (its change is then watched). A key
+        of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
+        it is deleted, never taken back; so are the VM's keys while another group is full."""
         assert self._lease is not None  # noqa: S101 - granted before
-        for kv in kvs:
-            if kv.value is None or holder(kv.value) != self.vm:
-                continue
-            if not self._counts(kv.key):
-                self._client.delete(kv.key, kv.value)
-            elif self._client.replace(kv.key, kv.value, self.value, self._lease):
-                self._key = kv.key
-                return True
-        for n in range(self.concurrency.max):
-            key = f"{self.prefix}{n}"
-            if self._client.create(key, self.value, self._lease):
-                self._key = key
-                return True
-        return False
+        taking = slotset.plan(kvs, self.vm, self.concurrency.limits, self.prefixes)
+        for kv in taking.stale:
+            self._client.delete(kv.key, kv.value or b"")
+        if taking.take and self._client.put_all(taking.take, self.value, self._lease):
+            self._keys = tuple(key for key, _ in taking.take)
+            return None
+        return taking
 
-    def _counts(self, key: str) -> bool:
-        """A slot key of the group below `max`: `<prefix><n>`, n < max."""
-        n = key[len(self.prefix) :] if key.startswith(self.prefix) else ""
-        return n.isdigit() and int(n) < self.concurrency.max
+    def _changed(self, start: int) -> bool:
+        """Wait for a change to the keys of this VM's groups from revision `start`; False
+        after `renew` without one (the lease is checked then), also while only other groups'
+        keys change under the same root."""
+        until = time.monotonic() + self.renew
+        ours = tuple(self.prefixes.values())
+        for batch in self._client.watch(self.root, start, self.renew):  # closed on leaving
+            if any(kv.key.startswith(ours) for kv in batch):
+                return True
+            if time.monotonic() >= until:
+                return False
+        return False
 
     def _hold(self) -> None:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
-        at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the key is
-        read: an operator may have freed it (`fleet free`)."""
+        at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the keys
+        are read: an operator may have freed one (`fleet free`, fleet.py)."""
         while not self._ended.wait(self.renew):
-            if self._key is None or not self._still_ours():
+            if not self._keys or not self._still_ours():
                 return
 
 

@@ -74,7 +74,9 @@ def command(
     try:
         if free is not None:
             return _free(etcd, free, group, as_json=as_json, out=out, err=err)
-        groups = {config.concurrency.group: config.concurrency.max} if config.concurrency else {}
+        groups = (
+            {lim.group: lim.max for lim in config.concurrency.limits} if config.concurrency else {}
+        )
         default_ttl = int(schema.number("concurrency.ttl"))
         ttl = config.concurrency.ttl if config.concurrency else default_ttl
         view = fleet.read(etcd, groups, ttl)

@@ -198,7 +198,9 @@ class Metrics:
         """The groups' held slots, counted by a watch of etcd (a thread of its own) while
         `concurrency` and etcd are configured; a reload that changes them starts it anew."""
         etcd = config.coordination.etcd if config.coordination is not None else None
-        groups = {config.concurrency.group: config.concurrency.max} if config.concurrency else {}
+        groups = (
+            {lim.group: lim.max for lim in config.concurrency.limits} if config.concurrency else {}
+        )
         wanted = (etcd, tuple(groups.items())) if etcd is not None and groups else ()
         if wanted == self._counted:
             return
