@@ -16,7 +16,7 @@ from ..notes import _iso_wall, _note
 from ..state import State, Tracked, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
-from ..vocabulary.messages import SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
+from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
 from . import lease, pipeline, window
 
 
@@ -163,34 +163,6 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         out.append(ReleaseSlot(msg.event_id))
         return _with(state, msg.event_id, move(tracked, SlotOn.BUSY, Slot.MISSING))
     return state
-
-
-def _slot_freed(state: State, msg: SlotFreed, now: float, out: list[Effect]) -> State:
-    """An operator freed this VM's slot (the VM is down for good, or its after-hooks keep
-    failing): said, given up, and never taken again for this event, not even after a restart
-    (the worker finds the operator's mark). Before its approval: not approved early; queued
-    (taking it back after a restart): prepared now, without it."""
-    tracked = state.events.get(msg.event_id)
-    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
-        return state
-    concurrency = state.config.concurrency
-    out.append(
-        _note(
-            Level.WARNING,
-            What.SLOT_FREED_BY_OPERATOR,
-            tracked.event,
-            group=concurrency.group if concurrency else None,
-            by=msg.by or None,
-            freed_at=msg.at or None,
-            reason="an operator freed this VM's slot: not taken again for this event",
-        )
-    )
-    out.append(ReleaseSlot(msg.event_id))
-    state = _without_lease(state, msg.event_id)
-    tracked = move(tracked, SlotOn.FREED, Slot.MISSING)
-    if tracked.phase is Phase.QUEUED and tracked.event.event_type in state.config.events:
-        state, tracked = pipeline._prepare(state, tracked, On.LEAD_TIME, now, out)
-    return _with(state, msg.event_id, tracked)
 
 
 def _without_lease(state: State, event_id: str) -> State:
