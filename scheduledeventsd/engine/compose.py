@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, hold, lease, pipeline, slot, window
+from .gates import drain, freed, hold, lease, pipeline, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -44,6 +44,7 @@ from .vocabulary.messages import (
     ReloadRequested,
     SlotBusy,
     SlotFailed,
+    SlotFreed,
     SlotGranted,
     SlotKept,
     StopRequested,
@@ -193,6 +194,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     SlotKept: slot._slot_kept,
     SlotBusy: slot._slot_busy,
     SlotFailed: slot._slot_failed,
+    SlotFreed: freed._slot_freed,
     ClusterChecked: drain._cluster_checked,
     ClusterMarked: drain._cluster_marked,
     ClusterDraining: drain._cluster_draining,
