@@ -38,12 +38,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -55,16 +57,29 @@ from scheduledeventsd.config import (
     ApprovePolicy,
     Concurrency,
     Config,
+    Coordination,
+    DrainMethod,
+    Etcd,
     EventRule,
     Metadata,
+    Pacemaker,
     UserEvents,
 )
 from scheduledeventsd.engine import (
+    AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
     Boot,
     CancelRuns,
+    CheckCluster,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
     DocumentFetched,
+    DrainNode,
     Exit,
     HooksFinished,
     NameResolved,
@@ -72,10 +87,17 @@ from scheduledeventsd.engine import (
     Outcome,
     Persist,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
     ReloadRequested,
+    RestoreNode,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
+    SlotKept,
     SpawnHooks,
     Stage,
+    StopDraining,
     StopRequested,
     Tick,
     events,
@@ -85,6 +107,8 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine import state as engine_state
+from scheduledeventsd.model import Event
+from scheduledeventsd.windows import Window
 
 VM = "vm-a"
 WALL0 = 1_800_000_000.0
@@ -112,6 +136,15 @@ def base_config(vm_name: str | None, user_events: UserEvents) -> Config:
     )
 
 
+def stepped(step: Callable[..., Any], state: Any, message: object, now: float) -> Any:  # noqa: ANN401
+    """One step, as the daemon takes it: an exception there is a defect it logs as
+    `internal_error` (and a strict table's refusal, in tests), so the model fails on any."""
+    try:
+        return step(state, message, now)
+    except Exception as e:
+        raise AssertionError(f"(g) a step raised on {type(message).__name__}: {e!r}") from e
+
+
 def rfc1123(wall: float) -> str:
     return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
 
@@ -130,8 +163,9 @@ class Promises(RuleBasedStateMachine):
         self.listed_in: dict[str, set[int]] = {}
         self.types: dict[str, str] = {}
         self.next_id = 0
-        self.cfg = base_config(VM, UserEvents.APPROVE)
+        self.cfg = self.configured()
         self.saved: dict[str, Any] = {}
+        self.saved_mark: engine.ClusterMark | None = None  # what the state file says we marked
         # the model: what happened to each event, in the model's own terms
         self.live: dict[int, tuple[str, Stage]] = {}  # run -> (event, stage)
         self.cancelled: set[int] = set()  # runs the engine asked to stop
@@ -150,11 +184,14 @@ class Promises(RuleBasedStateMachine):
 
     # ---- driving the engine as the daemon does ------------------------------------------
 
+    def configured(self) -> Config:
+        return base_config(VM, UserEvents.APPROVE)
+
     def feed(self, message: object) -> None:
         before = self.state
-        self.state, effects = engine.step(self.state, message, self.now)
+        self.state, effects = stepped(engine.step, self.state, message, self.now)
         if isinstance(message, DocumentFetched):
-            full = engine.full_step(before, message, self.now)
+            full = stepped(engine.full_step, before, message, self.now)
             assert (self.state, effects) == full, "(q) a quiet answer's shortcut is not the step"
         for i, effect in enumerate(effects):
             assert not self.exited, f"(d) {effect!r} after Exit"
@@ -171,7 +208,7 @@ class Promises(RuleBasedStateMachine):
         self.cancelled.clear()
         self.posting.clear()
         self.stopping = self.exited = self.said_stopping = False
-        self.feed(Boot(self.saved, "", self.boot))
+        self.feed(Boot(self.saved, "", self.boot, mark=self.saved_mark))
         if not name_known:
             self.feed(NameResolved(VM, "imds"))
 
@@ -251,6 +288,7 @@ class Promises(RuleBasedStateMachine):
             )
         elif isinstance(effect, Persist):
             self.saved = dict(effect.events)
+            self.saved_mark = effect.mark
 
     def decided_without_hooks(self, raw: dict[str, Any]) -> bool:
         """An approval a rule or an empty before-list makes, with no run to wait for."""
@@ -283,7 +321,7 @@ class Promises(RuleBasedStateMachine):
             f"(h) no poll ordered and the next wake-up is {wake - self.now:.1f} s away"
         )
         if wake <= self.now:  # the daemon wakes at once: that step must make progress
-            again, effects = engine.step(state, Tick(), self.now)
+            again, effects = stepped(engine.step, state, Tick(), self.now)
             assert engine.next_wakeup(again, self.now) > self.now or any(
                 not isinstance(e, (engine.WakeAt, engine.Notify)) for e in effects
             ), "(h) a busy loop: woken now, it asks to be woken now again, doing nothing"
@@ -326,6 +364,11 @@ class Promises(RuleBasedStateMachine):
         far=st.sampled_from([False] * 7 + [True]),
     )
     def add(self, event_type, resources, status, lead, duration, source, far) -> None:
+        self.add_event(event_type, resources, status, lead, duration, source, far)
+
+    def add_event(  # noqa: PLR0913, PLR0917 - the fields of an event IMDS lists
+        self, event_type, resources, status, lead, duration=-1, source="Platform", far=False
+    ) -> None:
         event_id = f"E{self.next_id}"
         self.next_id += 1
         not_before = self.now + self.offset + lead
@@ -421,10 +464,17 @@ class Promises(RuleBasedStateMachine):
     @precondition(lambda self: not self.exited)
     @rule(seconds=st.sampled_from([0.5, 5.0, 60.0, 400.0, 1200.0]))
     def wait(self, seconds) -> None:
+        self.pass_time(seconds)
+
+    def pass_time(self, seconds: float) -> None:
         self.now += seconds
+        self.meanwhile()
         self.feed(Tick())
         if not self.exited and not self.stopping:
             self.fetched()  # the poll: same incarnation, the wall clock read again
+
+    def meanwhile(self) -> None:
+        """What the rest of the world answers while time passes (nothing here)."""
 
     @precondition(lambda self: not self.exited)
     @rule(step=st.sampled_from([-3600.0, 600.0, 3600.0]))
@@ -684,3 +734,323 @@ def test_the_model_catches_each_leak(leak):
     with mutated(module, name, wrap), pytest.raises(raised) as caught:
         run_state_machine_as_test(Promises, settings=MUTANT_SETTINGS)
     assert promise in str(caught.value), f"caught for another reason: {caught.value}"
+
+
+# ---- the gates: windows, slots and drains, played as the world answers them -----------------
+
+# A window daylight saving cuts (the hour skipped in spring, the hour shown twice in autumn),
+# and the wall clock of each history starts on the Monday before one of Berlin's 2027 changes.
+BERLIN_NIGHT = Window(frozenset({6}), dt.time(2), dt.time(3), ZoneInfo("Europe/Berlin"))
+SEASONS = {
+    "spring": dt.datetime(2027, 3, 22, 12, tzinfo=dt.timezone.utc).timestamp(),  # 28 March
+    "autumn": dt.datetime(2027, 10, 25, 12, tzinfo=dt.timezone.utc).timestamp(),  # 31 October
+}
+SLOT_TTL = 10  # short, so keep-alives that stop coming lose the slot within one wait
+ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+PACEMAKER = Pacemaker(method=DrainMethod.STANDBY, event_types=("Reboot", "Redeploy"))
+SLOTTED = ("Reboot", "Redeploy")  # the types that obey windows, so take a slot
+DAY = 86400.0
+WAKE_UPS = 12  # at most, in one wait: then time jumps to its end
+
+
+class GatedPromises(Promises):
+    """The model above, with the gates an event passes before its before-hooks: a maintenance
+    window (Sunday night in Berlin, in the week before a daylight-saving change), a
+    concurrency slot of etcd (`max` 1 or 2, lowered and raised by reloads) and a Pacemaker
+    drain. The world answers what the engine asks while time passes (`meanwhile`), in the mode
+    the history last chose: etcd grants slots, says they are busy, fails, or is cut off (no
+    answers, no keep-alives: the lease lapses); the cluster drains, holds, fails after setting
+    its mark, or drains slowly; restores work or fail (the drainer retries them). A restart
+    loses what the daemon's workers were doing (slot requests, a restore's retries) but not the
+    world (the mark on the node). Also the cloud quirks: an event listed Started once then gone
+    (AWS `completed`), the same EventId back for a second migration (Google Cloud) and a window
+    moved (its NotBefore changes under the same id). Promises added:
+
+    (j) an event under `concurrency` is never approved early without its slot held at that
+        instant: etcd acknowledged its grant or a keep-alive less than `ttl` ago, to this
+        daemon's current slot keeper (a restart or a reload of `concurrency` must take it back);
+    (k) the node is never left marked (drained, standby) once every event it was marked for is
+        over: a restore is asked for, or under way (retried), whenever the daemon runs;
+    (g) no step raises (above, for every step); (h) the loop never stops polling (above).
+    """
+
+    def __init__(self) -> None:
+        self.etcd = "grants"  # grants | busy | down | cut
+        self.cluster = "drains"  # drains | holds | fails_after_mark | slow
+        self.restores = "work"  # work | fail
+        self.slot_asked: set[str] = set()  # AcquireSlot not yet given back, in this daemon run
+        self.lease_sent: dict[str, float] = {}  # etcd's last acknowledged request, this keeper
+        self.drain_asked: set[str] = set()  # DrainNode the drainer is still working on
+        self.drained_for: set[str] = set()  # events the engine had the node marked for
+        self.node_marked = False  # the world: this daemon's mark is on the node
+        self.restoring: str | None = None  # a restore asked for and not done (its event id)
+        self.check_asked = False
+        super().__init__()
+
+    def configured(self) -> Config:
+        return dataclasses.replace(
+            base_config(VM, UserEvents.APPROVE),
+            windows=(BERLIN_NIGHT,),
+            concurrency=Concurrency("web", 1, ttl=SLOT_TTL),
+            coordination=ETCD,
+            cluster=PACEMAKER,
+        )
+
+    @initialize(season=st.sampled_from(sorted(SEASONS)))
+    def before_a_change(self, season) -> None:
+        self.offset = SEASONS[season] - self.now
+
+    def start_life(self, *, name_known: bool) -> None:
+        # The daemon's workers die with it: their requests and retries; etcd forgets nothing,
+        # but a new keeper has confirmed nothing yet.
+        self.slot_asked.clear()
+        self.lease_sent.clear()
+        self.drain_asked.clear()
+        self.restoring = None
+        self.check_asked = False
+        super().start_life(name_known=name_known)
+
+    def feed(self, message: object) -> None:
+        if self.exited:
+            return  # the daemon is gone: nothing reaches it
+        if isinstance(message, SlotGranted):
+            self.lease_sent[message.event_id] = message.confirmed or self.now
+        elif isinstance(message, SlotKept):
+            self.lease_sent[message.event_id] = message.confirmed
+        elif isinstance(message, SlotBusy):
+            self.lease_sent.pop(message.event_id, None)
+        super().feed(message)
+
+    # ---- the promises -----------------------------------------------------------------------
+
+    def check(self, effect: object, message: object) -> None:
+        super().check(effect, message)
+        if isinstance(effect, AcquireSlot):
+            self.slot_asked.add(effect.event.event_id)
+        elif isinstance(effect, ReleaseSlot):
+            self.slot_asked.discard(effect.event_id)
+            self.lease_sent.pop(effect.event_id, None)
+        elif isinstance(effect, DrainNode):
+            self.drain_asked.add(effect.event.event_id)
+            self.drained_for.add(effect.event.event_id)
+        elif isinstance(effect, StopDraining):
+            self.drain_asked.discard(effect.event_id)
+        elif isinstance(effect, RestoreNode):
+            self.restoring = effect.event_id
+        elif isinstance(effect, SpawnHooks) and effect.restore is not None:
+            self.restoring = effect.event.event_id
+        elif isinstance(effect, CheckCluster):
+            self.check_asked = True
+        elif isinstance(effect, PostApproval):
+            self.approved_with_its_slot(effect.event)
+
+    def approved_with_its_slot(self, event: Event) -> None:
+        """(j): early, under concurrency, only with a lease etcd confirmed less than ttl ago."""
+        concurrency = self.state.config.concurrency
+        rule_ = self.state.config.events.get(event.event_type)
+        user = event.source == "User" and self.cfg.user_events is UserEvents.APPROVE
+        duration = event.duration_seconds
+        short = rule_ is not None and rule_.short_seconds is not None and duration is not None
+        short = short and 0 <= duration <= rule_.short_seconds  # type: ignore[union-attr]
+        if concurrency is None or event.event_type not in SLOTTED or user or short:
+            return
+        not_before = self.not_before.get(event.event_id)
+        if not_before is not None and self.now + self.offset >= not_before:
+            return  # not early
+        sent = self.lease_sent.get(event.event_id)
+        assert sent is not None and sent + concurrency.ttl > self.now, (
+            f"(j) {event.event_id} approved early without its slot: etcd last confirmed it "
+            + ("never to this keeper" if sent is None else f"{self.now - sent:.1f} s ago")
+        )
+
+    @invariant()
+    def the_node_is_never_left_marked(self) -> None:
+        """(k)."""
+        if self.stopping or self.exited or not self.state.ready or not self.node_marked:
+            return
+        if self.restoring is not None:
+            return
+        running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
+        wanted = {e for e in self.drained_for if self.names_us(e) or e in running}
+        assert wanted, (
+            f"(k) the node is left marked: {sorted(self.drained_for)} over, and no restore asked"
+        )
+
+    # ---- the world, while time passes -------------------------------------------------------
+
+    def pass_time(self, seconds: float) -> None:
+        """The daemon wakes when the engine asked (a window opens, a slot's deadline, a lease's
+        end, a drain's timeout), the world answering at each instant; IMDS does not answer
+        meanwhile (the poll stays in flight), so the wake-ups are the gates' own."""
+        until = self.now + seconds
+        for _ in range(WAKE_UPS):
+            wake = engine.next_wakeup(self.state, self.now)
+            if wake >= until or self.exited:
+                break
+            super().pass_time(max(wake, self.now + 0.01) - self.now)
+        if not self.exited:
+            super().pass_time(max(until - self.now, 0.0))
+
+    def meanwhile(self) -> None:
+        """etcd, the cluster and the drainer answer, as the history's modes say; what one
+        answer makes the engine ask is answered too (a slot, then the drain)."""
+        for _ in range(4):
+            asked = (set(self.slot_asked), set(self.drain_asked), self.restoring)
+            self.etcd_answers()
+            self.cluster_answers()
+            if asked == (self.slot_asked, self.drain_asked, self.restoring):
+                break
+
+    def etcd_answers(self) -> None:
+        if self.etcd == "cut":
+            return
+        for event_id in sorted(self.lease_sent):  # keep-alives, each acknowledged just now
+            self.feed(SlotKept(event_id, self.now - 0.05))
+        for event_id in sorted(self.slot_asked - set(self.lease_sent)):
+            if self.etcd == "grants":
+                self.feed(SlotGranted(event_id, confirmed=self.now - 0.05))
+            elif self.etcd == "busy":
+                self.feed(SlotBusy(event_id, ("vm-b",)))
+            else:
+                self.feed(SlotFailed(event_id, "unreachable", "connection refused"))
+
+    def cluster_answers(self) -> None:
+        if self.check_asked:
+            self.check_asked = False
+            self.feed(ClusterChecked(()))
+        for event_id in sorted(self.drain_asked):
+            mark = engine.mark_of(PACEMAKER)
+            if self.cluster == "holds":  # too few healthy nodes: nothing is marked
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterHeld(event_id, "too_few_healthy", "1 of 3 healthy"))
+                continue
+            self.node_marked = True
+            self.feed(ClusterMarked(event_id, ours=True, mark=mark))
+            if self.cluster == "drains":
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterDrained(event_id))
+            elif self.cluster == "fails_after_mark":  # the mark command timed out, yet applied
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterHeld(event_id, "tool_failed", "crm_attribute timed out"))
+            else:
+                self.feed(ClusterDraining(event_id, ("rsc-1",)))
+        if self.restoring is not None:
+            event_id = self.restoring
+            if self.restores == "fail":
+                self.feed(ClusterRestored(event_id, "crm_attribute exited 102"))
+            else:
+                self.node_marked = False
+                self.restoring = None
+                self.feed(ClusterRestored(event_id))
+
+    # ---- what happens -----------------------------------------------------------------------
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["grants", "grants", "busy", "down", "cut"]))
+    def etcd_becomes(self, mode) -> None:
+        """Cut: a partition between this VM and etcd (its slot's lease lapses there)."""
+        self.etcd = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["drains", "drains", "holds", "fails_after_mark", "slow"]))
+    def cluster_becomes(self, mode) -> None:
+        self.cluster = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["work", "work", "fail"]))
+    def restores_become(self, mode) -> None:
+        self.restores = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(
+        event_type=st.sampled_from(SLOTTED),
+        lead=st.sampled_from([900.0, 1800.0, 3 * DAY, 8 * DAY]),
+        shared=st.booleans(),
+    )
+    def add_planned(self, event_type, lead, shared) -> None:
+        """Planned maintenance: far enough ahead to wait for a window (across the change) and
+        to ask for a slot at its lead."""
+        self.add_event(event_type, (VM, "vm-b") if shared else (VM,), "Scheduled", lead)
+
+    @precondition(lambda self: not self.exited)
+    @rule(hours=st.sampled_from([1.0, 6.0, 24.0]))
+    def wait_hours(self, hours) -> None:
+        """Hours pass; the world answers meanwhile (the keep-alive acknowledged at their end
+        stands for every one before it: the engine reads it before the timers that are due)."""
+        self.pass_time(hours * 3600.0)
+        if not self.exited and not self.stopping:
+            self.fetched()
+
+    @precondition(lambda self: not self.exited and not self.stopping)
+    @rule(slots=st.sampled_from([1, 2]))
+    def reload_with_slots(self, slots) -> None:  # type: ignore[override]
+        """`max` lowered or raised by a reload: a new slot keeper, which must take every held
+        slot back (a lowered max may make it no slot at all) before an early approval."""
+        concurrency = Concurrency("web", slots, ttl=SLOT_TTL)
+        if concurrency != self.cfg.concurrency:
+            self.lease_sent.clear()  # the new keeper has confirmed nothing
+        self.cfg = dataclasses.replace(self.cfg, concurrency=concurrency)
+        self.feed(ReloadRequested())
+        self.feed(Reloaded(dataclasses.replace(self.state.config, concurrency=concurrency)))
+
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(index=st.integers(0, 9))
+    def completed(self, index) -> None:
+        """AWS: a maintenance `completed` is listed Started once (NotBefore kept), then gone."""
+        event_id = self._pick(index)
+        self.doc[event_id] = dict(self.doc[event_id], EventStatus="Started")
+        self.changed()
+        if not self.exited and event_id in self.doc:
+            del self.doc[event_id]
+            self.changed()
+
+    @precondition(lambda self: not self.exited and any(e not in self.doc for e in self.types))
+    @rule(index=st.integers(0, 9), lead=st.sampled_from([60.0, 900.0]))
+    def migration_again(self, index, lead) -> None:
+        """Google Cloud: a second live migration (or maintenance) comes back under the same
+        EventId once the first is over and forgotten: a new event to the model."""
+        gone = sorted(e for e in self.types if e not in self.doc)
+        event_id = gone[index % len(gone)]
+        if event_id in self.state.events or any(e == event_id for e, _ in self.live.values()):
+            return  # not forgotten yet
+        for known in (self.staged, self.not_before):
+            known.pop(event_id, None)
+        for seen in (self.before_started, self.before_ok, self.decided, self.owed, self.dropped):
+            seen.discard(event_id)
+        self.ended.discard(event_id)
+        self.drained_for.discard(event_id)
+        not_before = self.now + self.offset + lead
+        self.doc[event_id] = {
+            "EventId": event_id,
+            "EventType": self.types[event_id],
+            "EventStatus": "Scheduled",
+            "ResourceType": "VirtualMachine",
+            "Resources": [VM],
+            "NotBefore": rfc1123(not_before),
+            "Description": "",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+        }
+        self.not_before[event_id] = not_before
+        if self.decided_without_hooks(self.doc[event_id]):
+            self.decided.add(event_id)
+        self.changed()
+
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(index=st.integers(0, 9), by=st.sampled_from([-1200.0, 600.0, DAY, 7 * DAY]))
+    def window_moved(self, index, by) -> None:
+        """Google Cloud moves its upcoming maintenance window: the same event, a new NotBefore."""
+        event_id = self._pick(index)
+        if event_id not in self.not_before or self.doc[event_id]["EventStatus"] != "Scheduled":
+            return
+        self.not_before[event_id] += by
+        self.doc[event_id] = dict(self.doc[event_id], NotBefore=rfc1123(self.not_before[event_id]))
+        self.changed()
+
+
+GATED_SETTINGS = settings(SETTINGS, stateful_step_count=50)
+
+
+def test_the_engine_keeps_its_promises_through_the_gates():
+    """(a)-(k) hold through windows across daylight saving, slots, drains and restores."""
+    run_state_machine_as_test(GatedPromises, settings=GATED_SETTINGS)
