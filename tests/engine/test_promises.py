@@ -31,9 +31,11 @@ engine as it was) and requires a failure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,6 +109,7 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine import state as engine_state
+from scheduledeventsd.engine.gates import drain, lease, slot, window
 from scheduledeventsd.model import Event
 from scheduledeventsd.windows import Window
 
@@ -436,7 +439,9 @@ class Promises(RuleBasedStateMachine):
     @rule(index=st.integers(0, 9), outcome=st.sampled_from(list(Outcome)))
     def finish(self, index, outcome) -> None:
         runs = sorted(self.live)
-        run = runs[index % len(runs)]
+        self.finish_run(runs[index % len(runs)], outcome)
+
+    def finish_run(self, run: int, outcome: Outcome) -> None:
         if outcome is Outcome.CANCELLED and run not in self.cancelled:
             outcome = Outcome.FAILED  # only a run we stopped can say it was cut off
         event_id, stage = self.live.pop(run)
@@ -753,6 +758,9 @@ SLOT_TTL = 10  # short, so keep-alives that stop coming lose the slot within one
 ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
 PACEMAKER = Pacemaker(method=DrainMethod.STANDBY, event_types=("Reboot", "Redeploy"))
 SLOTTED = ("Reboot", "Redeploy")  # the types that obey windows, so take a slot
+# No start_before: a window anywhere before NotBefore holds its before-hooks (Reboot's
+# start_before keeps them to its last 10 minutes).
+WINDOWED_REDEPLOY = EventRule(("drain",), ("undrain",), ("undrain",))
 DAY = 86400.0
 WAKE_UPS = 12  # at most, in one wait: then time jumps to its end
 
@@ -779,6 +787,7 @@ class GatedPromises(Promises):
     """
 
     def __init__(self) -> None:
+        self.hooks = "succeed"  # succeed (by the next instant) | manual (the `finish` rule)
         self.etcd = "grants"  # grants | busy | down | cut
         self.cluster = "drains"  # drains | holds | fails_after_mark | slow
         self.restores = "work"  # work | fail
@@ -795,6 +804,7 @@ class GatedPromises(Promises):
     def configured(self) -> Config:
         return dataclasses.replace(
             base_config(VM, UserEvents.APPROVE),
+            events={**RULES, "Redeploy": WINDOWED_REDEPLOY},
             windows=(BERLIN_NIGHT,),
             concurrency=Concurrency("web", 1, ttl=SLOT_TTL),
             coordination=ETCD,
@@ -913,8 +923,14 @@ class GatedPromises(Promises):
             super().pass_time(max(until - self.now, 0.0))
 
     def meanwhile(self) -> None:
-        """etcd, the cluster and the drainer answer, as the history's modes say; what one
-        answer makes the engine ask is answered too (a slot, then the drain)."""
+        """Hooks running since before end (as the history's mode says), then etcd, the
+        cluster and the drainer answer, as its modes say; what one answer makes the engine ask
+        is answered too (a slot, then the drain), but hooks it starts run until the next."""
+        if self.hooks == "succeed":
+            for run in sorted(self.live):
+                if run in self.live and not self.exited:
+                    cut = run in self.cancelled
+                    self.finish_run(run, Outcome.CANCELLED if cut else Outcome.SUCCEEDED)
         for _ in range(4):
             asked = (set(self.slot_asked), set(self.drain_asked), self.restoring)
             self.etcd_answers()
@@ -970,6 +986,11 @@ class GatedPromises(Promises):
                 self.feed(ClusterRestored(event_id))
 
     # ---- what happens -----------------------------------------------------------------------
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["succeed", "manual"]))
+    def hooks_become(self, mode) -> None:
+        self.hooks = mode
 
     @precondition(lambda self: not self.exited)
     @rule(mode=st.sampled_from(["grants", "grants", "busy", "down", "cut"]))
@@ -1074,8 +1095,143 @@ class GatedPromises(Promises):
 
 
 GATED_SETTINGS = settings(SETTINGS, stateful_step_count=50)
+GATE_MUTANT_EXAMPLES = int(os.environ.get("PROMISES_MUTANT_EXAMPLES", "300"))
 
 
 def test_the_engine_keeps_its_promises_through_the_gates():
     """(a)-(k) hold through windows across daylight saving, slots, drains and restores."""
     run_state_machine_as_test(GatedPromises, settings=GATED_SETTINGS)
+
+
+# ---- the gates' mutants: the defects of issue 26 (Faults), each put back into the engine -----
+
+
+def _a_slot_counts_unconfirmed(module: Any, name: str) -> Callable[..., Any]:
+    """Before #3: a held slot counted whether etcd confirmed its lease or not."""
+
+    def never_lost(state, now, out):
+        ttl = state.config.concurrency.ttl if state.config.concurrency else 0
+        leases = {k: engine.SlotLease(now + ttl) for k in state.slot_leases}
+        return dataclasses.replace(state, slot_leases=leases)
+
+    return never_lost
+
+
+def _spans_before_the_change(window_: Window, since: float) -> Iterator[tuple[float, float]]:
+    """`Window.spans` before #2: a local time the spring change skips was read with the offset
+    before it, so a window wholly in the skipped hour had no length."""
+    day = dt.datetime.fromtimestamp(since, window_.zone).date() - dt.timedelta(days=1)
+    for _ in range(400):
+        if day.weekday() in window_.days:
+            start = dt.datetime.combine(day, window_.start, tzinfo=window_.zone).timestamp()
+            end_day = day if window_.end > window_.start else day + dt.timedelta(days=1)
+            end = dt.datetime.combine(end_day, window_.end, tzinfo=window_.zone).timestamp()
+            if end > since:
+                yield start, end
+        day += dt.timedelta(days=1)
+
+
+def _opening_before_the_change(
+    windows: tuple[Window, ...], wall: float, until: float
+) -> float | None:
+    best = None
+    for window_ in windows:
+        for start, _ in _spans_before_the_change(window_, wall):
+            first = max(start, wall)
+            if first < until and (best is None or first < best):
+                best = first
+            break
+    return best
+
+
+def _window_looked_up_by_its_opening(module: Any, name: str) -> Callable[..., Any]:
+    """Before #2: `hold` found the window that opens by a bare `next()` (StopIteration for a
+    window of no length: every document an internal_error for the week before the change)."""
+
+    def first_opening(windows, wall, until):
+        opens = _opening_before_the_change(windows, wall, until)
+        if opens is None:
+            return None
+        found = next(w for w in windows if _opening_before_the_change((w,), opens, opens + 1) == opens)
+        return opens, found
+
+    return first_opening
+
+
+def _a_new_boot_ends_it(module: Any, name: str) -> Callable[..., Any]:
+    """Before #1: a new boot was proof the maintenance happened, whatever IMDS still listed."""
+    return lambda tracked: False
+
+
+def _a_reload_keeps_the_slot(module: Any, name: str) -> Callable[..., Any]:
+    """Before 997278b: a reload that changes `concurrency` (a lowered max) kept a held slot
+    confirmed, though the new keeper had not taken it back (and may find it is no slot)."""
+    original = getattr(module, name)
+
+    def reloaded(state, old, now, out):
+        new = original(state, old, now, out)
+        kept = {k: v for k, v in state.slot_leases.items() if k in new.slot_leases}
+        return dataclasses.replace(new, slot_leases={**new.slot_leases, **kept})
+
+    return reloaded
+
+
+def _a_failed_drain_marked_nothing(module: Any, name: str) -> Callable[..., Any]:
+    """Before 35af21d: a mark command that failed was taken to have marked nothing, though it
+    may have been applied: the node was never restored."""
+    original = getattr(module, name)
+
+    def held(state, msg, now, out):
+        return original(dataclasses.replace(state, cluster_mark=None), msg, now, out)
+
+    return held
+
+
+# defect -> the patches that put it back, and the promise whose failure must catch it
+GATE_MUTANTS: dict[str, tuple[tuple[tuple[Any, str, Callable[..., Any]], ...], str]] = {
+    "#3 a slot lost in a partition still approves": (
+        ((lease, "_slots_lost", _a_slot_counts_unconfirmed),),
+        "(j)",
+    ),
+    "#2 daylight saving makes window detection stop": (
+        ((window, "first_opening", _window_looked_up_by_its_opening),),
+        "(g) a step raised",
+    ),
+    "#1 a crash reboot ends an event that never happened": (
+        ((events, "_judged_later", _a_new_boot_ends_it),),
+        "(i)",
+    ),
+    "a take-back after a reload ignores a lowered max": (
+        ((slot, "_slots_reloaded", _a_reload_keeps_the_slot),),
+        "(j)",
+    ),
+    "the restore is skipped after a failed drain": (
+        ((drain, "_cluster_held", _a_failed_drain_marked_nothing),),
+        "(k)",
+    ),
+}
+
+
+@contextmanager
+def mutated_all(patches: tuple[tuple[Any, str, Callable[..., Any]], ...]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for module, name, make in patches:
+            stack.enter_context(mutated(module, name, lambda _, m=module, n=name, f=make: f(m, n)))
+        yield
+
+
+GATE_MUTANT_SETTINGS = settings(
+    GATED_SETTINGS,
+    max_examples=GATE_MUTANT_EXAMPLES,
+    derandomize=True,  # the same histories every run: a mutant caught once is always caught
+    phases=[Phase.generate],  # found is enough; shrinking would only cost time
+)
+
+
+@pytest.mark.parametrize("defect", sorted(GATE_MUTANTS))
+def test_the_model_catches_each_defect_of_the_gates(defect):
+    """Each defect of issue 26 in the gates, put back into the engine, fails GatedPromises."""
+    patches, promise = GATE_MUTANTS[defect]
+    with mutated_all(patches), pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(GatedPromises, settings=GATE_MUTANT_SETTINGS)
+    assert promise in str(caught.value), f"caught for another reason: {caught.value}"
