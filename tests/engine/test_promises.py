@@ -763,6 +763,7 @@ SLOTTED = ("Reboot", "Redeploy")  # the types that obey windows, so take a slot
 WINDOWED_REDEPLOY = EventRule(("drain",), ("undrain",), ("undrain",))
 DAY = 86400.0
 WAKE_UPS = 12  # at most, in one wait: then time jumps to its end
+HOOK_SECONDS = 60.0  # how long hooks take, where the world runs them
 
 
 class GatedPromises(Promises):
@@ -787,7 +788,8 @@ class GatedPromises(Promises):
     """
 
     def __init__(self) -> None:
-        self.hooks = "succeed"  # succeed (by the next instant) | manual (the `finish` rule)
+        self.hooks = "succeed"  # succeed (in HOOK_SECONDS) | manual (the `finish` rule)
+        self.spawned_at: dict[int, float] = {}
         self.etcd = "grants"  # grants | busy | down | cut
         self.cluster = "drains"  # drains | holds | fails_after_mark | slow
         self.restores = "work"  # work | fail
@@ -862,14 +864,23 @@ class GatedPromises(Promises):
             self.slot_asked.discard(effect.event_id)
             self.lease_sent.pop(effect.event_id, None)
         elif isinstance(effect, DrainNode):
-            self.drain_asked.add(effect.event.event_id)
-            self.drained_for.add(effect.event.event_id)
+            # Preparation starts with the drain: the event is owed its stage from now on.
+            event_id = effect.event.event_id
+            if event_id in self.staged:  # judged anew: it dropped this VM, then named it again
+                assert event_id in self.dropped, "(b) drained again after its stage ran"
+                del self.staged[event_id]
+            self.before_started.add(event_id)
+            self.before_ok.discard(event_id)
+            self.drain_asked.add(event_id)
+            self.drained_for.add(event_id)
         elif isinstance(effect, StopDraining):
             self.drain_asked.discard(effect.event_id)
         elif isinstance(effect, RestoreNode):
             self.restoring = effect.event_id
-        elif isinstance(effect, SpawnHooks) and effect.restore is not None:
-            self.restoring = effect.event.event_id
+        if isinstance(effect, SpawnHooks):
+            self.spawned_at[effect.run] = self.now
+            if effect.restore is not None:
+                self.restoring = effect.event.event_id
         elif isinstance(effect, CheckCluster):
             self.check_asked = True
         elif isinstance(effect, PostApproval):
@@ -928,8 +939,9 @@ class GatedPromises(Promises):
         is answered too (a slot, then the drain), but hooks it starts run until the next."""
         if self.hooks == "succeed":
             for run in sorted(self.live):
-                if run in self.live and not self.exited:
-                    cut = run in self.cancelled
+                cut = run in self.cancelled
+                done = cut or self.now - self.spawned_at.get(run, self.now) >= HOOK_SECONDS
+                if run in self.live and done and not self.exited:
                     self.finish_run(run, Outcome.CANCELLED if cut else Outcome.SUCCEEDED)
         for _ in range(4):
             asked = (set(self.slot_asked), set(self.drain_asked), self.restoring)
