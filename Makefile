@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker bench-clouds crash-campaign soak fuzz fuzz-quick
+.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker bench-clouds bench-versus crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -96,6 +96,12 @@ bench-clouds: bootstrap
 bench-pacemaker: bootstrap
 	./scripts/apt-need pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m bench.pacemaker
+
+# This tree against REV side by side: engine step at rest and churn, CPU at rest at 1 Hz and
+# 4 Hz (~3 minutes). Issue 27 compared with the commit before the layout: REV=7d756ca^.
+REV ?= HEAD~1
+bench-versus: bootstrap
+	$(PY) -m bench.versus $(REV)
 
 # Shared-event approval latency through etcd and a gate, 3 and 20 daemons: ~6 minutes.
 bench-fleet: bootstrap

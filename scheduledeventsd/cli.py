@@ -18,6 +18,8 @@ from . import __version__, config
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
 from .observe import observer, report
+from .plan.fleet import parse_instant
+from .plan.scenarios import SCENARIOS
 from .providers.identity import resolve
 from .providers.imds import ImdsError
 from .runtime import log
@@ -162,6 +164,40 @@ def parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "plan",
+        help="replay a maintenance wave over a fleet on the daemon's own engine",
+        description="Replay the maintenance FLEET.yaml describes over its VMs, each running "
+        "the daemon's own engine with its config on a simulated clock: when each VM's hooks "
+        "start and what they waited for (window, slot, lead), when it is approved, down and "
+        "back, its slot, and per group the most VMs in maintenance at once. Exit 0 if all is "
+        "in time, 1 if a VM is late or a group exceeds its max, 2 for bad input (every problem "
+        "named by file and key path).",
+    )
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--fleet", type=Path, metavar="FILE", help="the fleet (YAML)")
+    given.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        help="one VM and one event with Azure's timings, instead of a fleet",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=config.DEFAULT_PATH,
+        metavar="PATH",
+        help="the configuration of each VM whose entry names none (default: %(default)s)",
+    )
+    p.add_argument("--from", dest="start", type=_instant, metavar="ISO8601",
+                   help="when the plan starts (default: now)")  # fmt: skip
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "svg"),
+        default="text",
+        help="a table, the rows and summary as JSON (for a pipeline), or a picture",
+    )
+    p.add_argument("--output", type=Path, metavar="FILE", help="default: standard output")
+
+    p = sub.add_parser(
         "demo",
         help="the daemon against the simulator, playing a scenario",
         description="Run the daemon against the simulator playing a scenario.",
@@ -179,6 +215,13 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_logging(p)
     return top
+
+
+def _instant(text: str) -> dt.datetime:
+    try:
+        return parse_instant(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
 
 
 def _load_config(path: Path) -> Optional[config.Config]:
@@ -501,6 +544,15 @@ def _demo(
     return status
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import command  # noqa: PLC0415 - the planner stays out of the daemon's memory
+
+    return command.main(
+        args.fleet, args.scenario, args.config,
+        start=args.start, form=args.format, output=args.output,
+    )  # fmt: skip
+
+
 COMMANDS = {
     "run": cmd_run,
     "check-config": cmd_check_config,
@@ -509,6 +561,7 @@ COMMANDS = {
     "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,
+    "plan": cmd_plan,
 }
 
 

@@ -291,6 +291,35 @@ def test_the_engine_reaches_no_io_and_nothing_of_the_io_layers():
     assert not problems, "the engine reaches I/O:\n" + "\n".join(problems)
 
 
+def planner_io(root: Path) -> list[str]:
+    """Each import by which the planner (plan/) reaches an I/O layer, directly or through what
+    it imports; [] also when there is no planner (a copy where it was removed fails below)."""
+    planner = f"{PACKAGE}.plan"
+    inside: dict[str, list[Import]] = {}
+    for e in internal(imports(root), KNOWN_EXCEPTIONS):
+        inside.setdefault(e.importer, []).append(e)
+    starts = [m for m in modules(root) if _within(m, planner)]
+    reached, todo, problems = set(starts), list(starts), []
+    while todo:
+        module = todo.pop()
+        for e in inside.get(module, []):
+            if any(_within(e.target, layer) for layer in IO_LAYERS):
+                problems.append(f"{e.importer} imports {e.target} (line {e.line})")
+            elif e.target not in reached:
+                reached.add(e.target)
+                todo.append(e.target)
+    return sorted(problems)
+
+
+def test_the_planner_reaches_no_io_layer():
+    """`plan` runs the engine over a simulated fleet: it may read the configuration (config/,
+    PyYAML) but reaches none of the layers that talk to IMDS, etcd, Pacemaker or processes,
+    directly or through what it imports (issue 30)."""
+    assert (ROOT / PACKAGE / "plan" / "run.py").exists()
+    problems = planner_io(ROOT)
+    assert not problems, "the planner reaches an I/O layer:\n" + "\n".join(problems)
+
+
 def test_no_two_folders_of_the_package_import_each_other():
     """The folders (and top-level modules) form layers: an import cycle between two of them
     means neither can be read, tested or replaced without the other."""
@@ -418,6 +447,18 @@ def test_an_import_of_the_runtime_planted_in_the_engine_fails_the_check(copy: Pa
     _plant(engine, f"from {'..' if engine.name == '__init__.py' else '.'}runtime import daemon")
     problems = engine_io(copy)
     assert f"{ENGINE} -> {PACKAGE}.runtime.daemon (an I/O layer)" in problems
+
+
+def test_an_import_of_the_runtime_planted_in_the_planner_fails_the_check(copy: Path):
+    _plant(copy / PACKAGE / "plan" / "world.py", "from ..runtime import lanes")
+    assert planner_io(copy) == [
+        f"{PACKAGE}.plan.world imports {PACKAGE}.runtime (line {_lines(copy)})",
+        f"{PACKAGE}.plan.world imports {PACKAGE}.runtime.lanes (line {_lines(copy)})",
+    ]
+
+
+def _lines(copy: Path) -> int:
+    return len((copy / PACKAGE / "plan" / "world.py").read_text().splitlines())
 
 
 def test_an_io_import_reached_through_another_module_fails_the_check(copy: Path):

@@ -1,0 +1,553 @@
+"""`scheduledeventsd plan` (issue 30): the daemon's own engine over a simulated fleet and clock.
+The hand-computed cases give the exact instants; bad FLEET input is refused the way check-config
+refuses a config; the planner carries out every effect the engine has, and skipping quiet polls
+changes nothing but the number of steps. Pure: no process, no socket, no sleep."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from scheduledeventsd import cli, engine
+from scheduledeventsd.config import ConfigError
+from scheduledeventsd.coordination import slots as etcd_slots
+from scheduledeventsd.plan import fleet, report, run, scenarios, world
+
+START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
+START_ISO = "2026-11-23T00:00:00Z"
+
+WEB = """\
+vm_name: auto
+state_dir: /var/lib/scheduledeventsd
+hooks:
+  drain: [{command: [/usr/local/bin/drain], timeout: 3600}]
+  undrain: [{command: [/usr/local/bin/undrain]}]
+  shutdown: [{command: [/usr/local/bin/shutdown]}]
+events:
+  Reboot: {before: [drain], after: [undrain]}
+  Preempt: [drain]
+windows:
+  - {days: [sat], start: "02:00", end: "05:00", timezone: UTC}
+concurrency: {group: web, max: 1}
+coordination: {etcd: {endpoints: ["http://127.0.0.1:2379"]}}
+"""
+
+
+def wave(vms: int, not_before: str = "2026-11-28T05:30:00Z") -> str:
+    """`vms` VMs, max 1, Saturday 02:00-05:00 UTC, 30-minute drains, 5-minute impact."""
+    return f"""\
+vms:
+  - names: web-[1-{vms}]
+    config: web.yaml
+    hooks: {{drain: 30m, undrain: 0s}}
+maintenance:
+  - type: Reboot
+    vms: web-[1-{vms}]
+    not_before: {not_before}
+    impact: 5m
+"""
+
+
+def files(tmp_path: Path, fleet_text: str, config_text: str = WEB) -> Path:
+    (tmp_path / "web.yaml").write_text(config_text)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(fleet_text)
+    return path
+
+
+def planned(path: Path, **options: Any) -> dict[str, Any]:
+    loaded = fleet.load(path, path.parent / "absent.yaml")
+    return report.build(run.Plan(loaded, START, **options).run())
+
+
+def at(day: int, clock: str) -> str:
+    return f"2026-11-{day}T{clock}Z"
+
+
+def test_four_vms_one_at_a_time_in_a_saturday_window_at_the_hand_computed_instants(tmp_path):
+    """web-1 starts its drain as the window opens (02:00), is approved when it ends (02:30) and
+    is back 5 minutes later, when its slot goes to web-2; each VM 35 minutes after the last,
+    all four back by 04:20, well before NotBefore (05:30), one at a time."""
+    data = planned(files(tmp_path, wave(4)))
+    rows = {r["vm"]: r for r in data["rows"]}
+    for k, (start, done) in enumerate([
+        ("02:00:00", "02:30:00"), ("02:35:00", "03:05:00"),
+        ("03:10:00", "03:40:00"), ("03:45:00", "04:15:00"),
+    ]):  # fmt: skip
+        r = rows[f"web-{k + 1}"]
+        back = (dt.datetime.fromisoformat(at(28, done)[:-1]) + dt.timedelta(minutes=5)).time()
+        assert r["hooks_start"] == at(28, start)
+        assert r["waited_for"] == ("window" if k == 0 else "slot")
+        assert (r["approved"], r["approved_early"]) == (at(28, done), True)
+        assert r["down"] == at(28, done)
+        assert r["back"] == r["after_done"] == at(28, f"{back:%H:%M:%S}")
+        assert (r["slot_from"], r["slot_to"]) == (at(28, start), r["back"])
+        assert r["flags"] == []
+        assert r["not_before"] == at(28, "05:30:00")
+    (group,) = data["summary"]["groups"]
+    assert group["most_at_once"] == 1
+    assert group["max"] == 1
+    assert not group["exceeds_max"]
+    assert group["approved_early"] == 4
+    assert group["short_s"] == 4 * 35 * 60
+    assert group["last_back"] == at(28, "04:20:00")
+    assert data["summary"]["exit"] == 0
+    assert data["windows"] == [
+        {
+            "group": "web",
+            "window": "sat 02:00-05:00 UTC",
+            "zone": "UTC",
+            "from": at(28, "02:00:00"),
+            "to": at(28, "05:00:00"),
+            "local_from": "2026-11-28T02:00:00+00:00",
+            "local_to": "2026-11-28T05:00:00+00:00",
+        }
+    ]
+
+
+def test_eight_vms_the_last_ones_prepare_at_the_lead_without_a_slot(tmp_path):
+    """Six fit one after another (web-6 is back at 05:30); web-7 and web-8 still wait for the
+    slot at the lead (10 minutes before NotBefore, 05:20): their drains start then without
+    one, are never approved early and are cut off by the reboot at NotBefore: late, and the
+    tier has three VMs out at once against max 1 (exit 1)."""
+    data = planned(files(tmp_path, wave(8)))
+    rows = {r["vm"]: r for r in data["rows"]}
+    assert rows["web-6"]["hooks_start"] == at(28, "04:55:00")
+    assert rows["web-6"]["flags"] == []
+    for vm in ("web-7", "web-8"):
+        r = rows[vm]
+        assert r["hooks_start"] == at(28, "05:20:00")
+        assert r["waited_for"] == "lead"
+        assert (r["approved"], r["approved_early"]) == (at(28, "05:30:00"), False)
+        assert r["down"] == at(28, "05:30:00")
+        assert r["back"] == at(28, "05:35:00")
+        assert r["slot_from"] is None
+        assert r["flags"] == ["cut_off", "late", "no_slot"]
+    (group,) = data["summary"]["groups"]
+    assert group["most_at_once"] == 3
+    assert group["exceeds_max"]
+    assert data["summary"]["problems"]["no_slot"] == 2
+    assert data["summary"]["exit"] == 1
+
+
+def test_a_preempt_with_30_seconds_notice_cuts_off_a_60_second_drain(tmp_path):
+    """The drain starts with the first poll after the notice is posted (at once) and needs a
+    minute; the VM is taken at NotBefore, 30 s later, for good: cut_off, late, never back."""
+    text = """\
+vms:
+  - names: spot-1
+    config: web.yaml
+    hooks: {drain: 60s}
+maintenance:
+  - type: Preempt
+    vms: spot-1
+    posted: 1h
+    notice: 30s
+"""
+    data = planned(files(tmp_path, text))
+    (r,) = data["rows"]
+    assert r["hooks_start"] == "2026-11-23T01:00:00Z"
+    assert r["down"] == r["not_before"] == "2026-11-23T01:00:30Z"
+    assert r["back"] is None
+    assert r["approved_early"] is False
+    assert r["flags"] == ["cut_off", "late"]
+    assert [s["phase"] for s in r["spans"]] == ["hooks", "down"]
+    assert data["summary"]["exit"] == 1
+
+
+def test_a_window_that_never_opens_before_not_before_is_flagged(tmp_path):
+    """NotBefore on the Thursday: no Saturday window before it, so the engine starts the drain
+    as it would without windows (at once, on Monday), and the row says no_window."""
+    data = planned(files(tmp_path, wave(1, not_before="2026-11-26T12:00:00Z")))
+    (r,) = data["rows"]
+    assert r["hooks_start"] == START_ISO
+    assert r["waited_for"] is None
+    assert r["flags"] == ["no_window"]
+    assert data["summary"]["exit"] == 0
+
+
+def test_skipping_quiet_polls_changes_nothing_but_the_number_of_steps(tmp_path):
+    """The same plan with every 1 s poll and every keep-alive replayed one by one: the same
+    rows and summary, at a small fraction of the steps."""
+    path = files(tmp_path, wave(3, not_before="2026-11-23T04:00:00Z"))
+    text = wave(3, not_before="2026-11-23T04:00:00Z").replace(
+        "not_before", "posted: 0s\n    not_before"
+    )
+    path.write_text(text)
+    config = WEB.replace(
+        'days: [sat], start: "02:00", end: "05:00"', 'start: "01:00", end: "05:00"'
+    )
+    (tmp_path / "web.yaml").write_text(config)
+    fast = planned(path)
+    slow = planned(path, skip_quiet=False)
+    assert fast["rows"] == slow["rows"]
+    steps = (fast["summary"].pop("steps"), slow["summary"].pop("steps"))
+    assert fast["summary"] == slow["summary"]
+    assert steps[0] * 20 < steps[1], steps
+    assert [r["hooks_start"] for r in fast["rows"]] == [
+        "2026-11-23T01:00:00Z", "2026-11-23T01:35:00Z", "2026-11-23T02:10:00Z",
+    ]  # fmt: skip
+
+
+def test_the_same_input_gives_the_same_bytes(tmp_path, capsys):
+    path = files(tmp_path, wave(8))
+    outputs = []
+    for _ in range(2):
+        for form in ("json", "text"):
+            code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--format", form])
+            assert code == 1
+            outputs.append(capsys.readouterr().out)
+    assert outputs[:2] == outputs[2:]
+    json.loads(outputs[0])
+    assert "web-8" in outputs[1]
+    assert "2 no_slot" in outputs[1]
+
+
+def test_plan_writes_its_output_file_and_exits_0_when_all_is_in_time(tmp_path, capsys):
+    path = files(tmp_path, wave(4))
+    out = tmp_path / "plan.json"
+    code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--format", "json",
+                     "--output", str(out)])  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out == ""
+    assert json.loads(out.read_text())["summary"]["exit"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fleet_text", "config_text", "problem"),
+    [
+        (
+            wave(4).replace("drain: 30m", "drian: 30m"),
+            WEB,
+            "fleet.yaml: vms[0].hooks.drian: unknown hook",
+        ),
+        (
+            wave(4).replace("vms: web-[1-4]", "vms: web-[5-6]"),
+            WEB,
+            "fleet.yaml: maintenance[0].vms: names no VM of vms: web-5, web-6",
+        ),
+        (
+            wave(4).replace("vms: web-[1-4]", "vms: web-[4-1]"),
+            WEB,
+            "fleet.yaml: maintenance[0].vms: web-[4-1] names no VM",
+        ),
+        (
+            wave(4).replace("not_before: 2026-11-28T05:30:00Z", "notice: -1m"),
+            WEB,
+            "fleet.yaml: maintenance[0].notice: must not be negative, got '-1m'",
+        ),
+        (
+            wave(4),
+            WEB.replace("concurrency: {group: web, max: 1}", "concurrency: {group: web, max: 0}"),
+            "web.yaml: concurrency.max:",
+        ),
+    ],
+    ids=[
+        "unknown-hook",
+        "range-names-no-vm-of-the-fleet",
+        "empty-range",
+        "negative-notice",
+        "config-the-daemon-refuses",
+    ],
+)
+def test_bad_fleet_input_is_named_by_file_and_key_path_with_exit_2(
+    tmp_path, capsys, fleet_text, config_text, problem
+):
+    path = files(tmp_path, fleet_text, config_text)
+    with pytest.raises(ConfigError) as refused:
+        fleet.load(path, tmp_path / "absent.yaml")
+    assert any(problem in p and p.startswith(str(tmp_path)) for p in refused.value.problems), (
+        refused.value.problems
+    )
+    code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_CONFIG
+    assert problem in err
+    assert "Traceback" not in err
+    assert "nothing was planned" in err
+
+
+def test_durations_and_ranges():
+    assert [fleet.duration(v) for v in ("30s", "10m", "2h", "7d", "1h30m", 90, "1w")] == [
+        30, 600, 7200, 604800, 5400, 90, 604800,
+    ]  # fmt: skip
+    assert fleet.duration("-1m") == -60
+    assert fleet.duration("ten minutes") is None
+    assert fleet.duration(True) is None
+    assert fleet.expand("web-[1-3]") == ("web-1", "web-2", "web-3")
+    assert fleet.expand("db[08-10]x") == ("db08x", "db09x", "db10x")
+    assert fleet.expand("solo") == ("solo",)
+
+
+def test_the_planner_carries_out_every_effect_of_the_vocabulary():
+    """A new effect in engine/vocabulary/effects.py without an executor here fails this test
+    (and the plan, with a clear error, if it is ever emitted): none is silently ignored."""
+    assert set(run.EXECUTORS) == set(get_args(engine.Effect))
+
+
+def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Unknown:
+        pass
+
+    plan = run.Plan(fleet.load(files(tmp_path, wave(1)), tmp_path / "absent.yaml"), START)
+    with pytest.raises(run.PlanError, match="cannot carry out Unknown"):
+        plan._carry(plan.vms[0], (Unknown(),), 0.0)  # type: ignore[arg-type]
+
+
+def test_the_slots_hand_over_as_long_as_the_etcd_keeper_does():
+    assert world.HAND_OVER_TTL == etcd_slots.HAND_OVER_TTL
+
+
+SHARED = """\
+hooks:
+  drain: [{command: [/usr/local/bin/drain]}]
+events:
+  Reboot: {before: [drain]}
+approve: all
+coordination: {etcd: {endpoints: ["http://127.0.0.1:2379"]}}
+"""
+
+
+def test_a_shared_event_is_approved_once_every_vm_is_ready_and_starts_for_all(tmp_path):
+    """One Reboot naming three VMs, approve: all, drains of 1, 2 and 3 minutes: each VM writes
+    ready to the event's keys when its drain ends; once the last is ready (09:13) the event is
+    approved and all three go down together, early, 47 minutes before NotBefore."""
+    text = """\
+vms:
+  - names: app-1
+    config: web.yaml
+    hooks: {drain: 1m}
+  - names: app-2
+    config: web.yaml
+    hooks: {drain: 2m}
+  - names: app-3
+    config: web.yaml
+    hooks: {drain: 3m}
+maintenance:
+  - type: Reboot
+    vms: app-[1-3]
+    shared: true
+    posted: 10m
+    notice: 1h
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text, SHARED))
+    assert [r["hooks_start"] for r in data["rows"]] == ["2026-11-23T00:10:00Z"] * 3
+    for r in data["rows"]:
+        assert (r["approved"], r["approved_early"]) == ("2026-11-23T00:13:00Z", True)
+        assert r["down"] == "2026-11-23T00:13:00Z"
+        assert r["back"] == "2026-11-23T00:18:00Z"
+        assert r["flags"] == []
+    assert len({r["event_id"] for r in data["rows"]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # web.yaml: Reboot waits for Saturday's window; Freeze and Terminate have no rule.
+        ("live-migration", {"down": "00:15:00", "back": "00:15:05", "hooks_start": None}),
+        ("reboot", {"down": "00:15:00", "back": "00:20:00", "hooks_start": "00:00:00"}),
+        ("redeploy", {"down": "00:10:00", "back": "00:20:00", "hooks_start": None}),
+        ("preempt", {"down": "00:00:30", "back": None, "hooks_start": "00:00:00"}),
+        ("terminate", {"down": "00:05:00", "back": None, "hooks_start": None}),
+        ("canceled", {"down": None, "back": None, "cancelled": "00:05:00"}),
+        ("host-failure", {"down": "00:00:00", "back": "00:10:00", "hooks_start": None}),
+    ],
+)
+def test_each_built_in_scenario_plays_azures_timings_for_one_vm(tmp_path, name, expected):
+    """`--scenario NAME`: one VM, one event, Azure's minimum notice for its type. With no
+    window before NotBefore the Reboot's drain starts at once, as without windows, and takes
+    30 minutes here: cut off at NotBefore. A canceled Reboot is withdrawn while it drains; a
+    host failure is Started when first seen: no hooks."""
+    (tmp_path / "web.yaml").write_text(WEB)
+    loaded = scenarios.load(name, tmp_path / "web.yaml")
+    loaded = dataclasses.replace(
+        loaded,
+        sets=tuple(
+            dataclasses.replace(s, hooks={"drain": fleet.HookTime(1800.0)}) for s in loaded.sets
+        ),
+    )
+    (row,) = report.build(run.Plan(loaded, START).run())["rows"]
+    for key, clock in expected.items():
+        assert row[key] == (None if clock is None else f"2026-11-23T{clock}Z"), key
+
+
+def test_a_dst_weekend_window_lasts_the_hours_the_clocks_show(tmp_path):
+    """Sunday 25 October 2026, Europe/Berlin: 02:00-05:00 local opens at the first 02:00
+    (CEST, 00:00 UTC) and closes at 05:00 CET (04:00 UTC), four hours. Seven VMs, 35 minutes
+    each, one at a time: the seventh starts at 03:30 UTC and is back at 04:05, before its
+    lead (04:20; NotBefore 04:30). Had the window opened at the second 02:00 (01:00 UTC), the
+    seventh would still wait at the lead, without a slot."""
+    config = WEB.replace(
+        'days: [sat], start: "02:00", end: "05:00", timezone: UTC',
+        'days: [sun], start: "02:00", end: "05:00", timezone: Europe/Berlin',
+    )
+    path = files(tmp_path, wave(7, not_before="2026-10-25T04:30:00Z"), config)
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 10, 19, tzinfo=dt.timezone.utc)
+    data = report.build(run.Plan(loaded, start).run())
+    starts = [r["hooks_start"] for r in data["rows"]]
+    assert starts == [
+        f"2026-10-25T{h}Z"
+        for h in ("00:00:00", "00:35:00", "01:10:00", "01:45:00", "02:20:00", "02:55:00",
+                  "03:30:00")
+    ]  # fmt: skip
+    assert all(r["flags"] == [] and r["approved_early"] for r in data["rows"])
+    assert data["rows"][-1]["back"] == "2026-10-25T04:05:00Z"
+    (window,) = data["windows"]
+    assert (window["from"], window["to"]) == ("2026-10-25T00:00:00Z", "2026-10-25T04:00:00Z")
+    assert (window["local_from"], window["local_to"]) == (
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T05:00:00+01:00",
+    )
+    assert data["summary"]["exit"] == 0
+
+
+def test_skipping_quiet_polls_changes_nothing_where_slots_run_out(tmp_path):
+    """The eight-VM wave (slots handed on, refused, given up at the lead, hooks cut off),
+    from an hour before the window opens, at 2 s polls: the same plan either way."""
+    path = files(tmp_path, wave(8))
+    (tmp_path / "web.yaml").write_text(WEB + "metadata: {poll_interval: 2}\n")
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 1, tzinfo=dt.timezone.utc)
+    fast = report.build(run.Plan(loaded, start).run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert fast["rows"] == slow["rows"]
+    assert fast["summary"]["problems"]["no_slot"] == 2
+    assert fast["summary"]["steps"] * 10 < slow["summary"]["steps"]
+
+
+def test_every_key_of_the_json_is_the_one_report_py_documents(tmp_path):
+    """plan/svg.py and CI jobs read this shape: a key added, renamed or dropped without its
+    line in plan/report.py's docstring fails here."""
+    data = planned(files(tmp_path, wave(8)))
+    doc = report.__doc__ or ""
+    keys = {*data, *data["summary"], *data["summary"]["groups"][0], *data["rows"][0]}
+    keys |= {*data["rows"][0]["spans"][0], *data["windows"][0]}
+    assert sorted(k for k in keys if f'"{k}"' not in doc) == []
+    assert {*data["rows"][0]} == {
+        "vm", "group", "event_type", "event_id", "posted", "not_before", "hooks_start",
+        "waited_for", "approved", "approved_early", "down", "back", "after_done", "cancelled",
+        "slot_from", "slot_to", "flags", "spans",
+    }  # fmt: skip
+    phases = {s["phase"] for r in data["rows"] for s in r["spans"]}
+    assert phases <= {"queued", "draining", "hooks", "ready", "down", "after"}
+    assert all(f'"{flag}"' in doc for flag in report.FLAGS)
+
+
+def test_a_plan_the_planner_cannot_simulate_ends_in_an_error_not_a_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    def cannot(self: run.Plan) -> run.Plan:
+        raise run.PlanError("web-1: a poll taken as quiet was not at 12.0")
+
+    monkeypatch.setattr(run.Plan, "run", cannot)
+    code = cli.main(["plan", "--fleet", str(files(tmp_path, wave(1))), "--from", START_ISO])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: the plan could not be simulated: web-1" in err
+    assert "Traceback" not in err
+
+
+def test_provider_auto_is_planned_as_azure_whatever_machine_plans(tmp_path):
+    """`provider: auto` reads the DMI data of the machine it runs on; the planner is not the VM.
+    On a machine whose DMI data says AWS, the VMs' Azure events are still approved early."""
+    dmi = tmp_path / "dmi"
+    dmi.mkdir()
+    (dmi / "sys_vendor").write_text("Amazon EC2\n")
+    data = planned(files(tmp_path, wave(1), WEB + f"dmi_dir: {dmi}\n"))
+    (row,) = data["rows"]
+    assert (row["approved"], row["approved_early"]) == (at(28, "02:30:00"), True)
+
+
+def test_a_vm_taken_for_good_never_has_the_maintenance_due_after(tmp_path):
+    """A Preempt takes spot-1 once its 10 s drain is done and approved (01:00:10); the Reboot
+    due on Saturday never happens to it: no down, no back, and the plan ends at its NotBefore
+    (nothing is left to wait for)."""
+    text = """\
+vms:
+  - names: spot-1
+    config: web.yaml
+    hooks: {drain: 10s}
+maintenance:
+  - type: Preempt
+    vms: spot-1
+    posted: 1h
+    notice: 30s
+  - type: Reboot
+    vms: spot-1
+    not_before: 2026-11-28T05:30:00Z
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text))
+    reboot, preempt = data["rows"]
+    assert preempt["event_type"] == "Preempt"
+    assert preempt["down"] == preempt["approved"] == "2026-11-23T01:00:10Z"
+    assert (reboot["down"], reboot["back"], reboot["hooks_start"]) == (None, None, None)
+    assert data["until"] == reboot["not_before"]
+
+
+def test_a_hook_that_fails_is_never_approved_early_and_a_hook_past_its_timeout_fails(tmp_path):
+    """`drain: fail`: the VM is prepared (hooks_failed), not approved, down at NotBefore; it
+    keeps the group's slot until then (the slot is held until its event is over), so the
+    second VM gets none and prepares at the lead. A drain of 2 hours against its 3600 s
+    timeout fails when the timeout ends (03:00)."""
+    data = planned(files(tmp_path, wave(2).replace("drain: 30m", "drain: fail")))
+    first, second = data["rows"]
+    assert first["flags"] == ["hooks_failed"]
+    assert first["slot_to"] == at(28, "05:35:00")
+    assert (second["hooks_start"], second["flags"]) == (
+        at(28, "05:20:00"),
+        ["hooks_failed", "no_slot"],
+    )
+    for r in data["rows"]:
+        assert (r["approved"], r["approved_early"]) == (at(28, "05:30:00"), False)
+    timed_out = planned(files(tmp_path, wave(1).replace("drain: 30m", "drain: 2h")))
+    (r,) = timed_out["rows"]
+    assert r["flags"] == ["hooks_failed"]
+    assert [s for s in r["spans"] if s["phase"] == "hooks"] == [
+        {"phase": "hooks", "from": at(28, "02:00:00"), "to": at(28, "03:00:00")}
+    ]
+
+
+def test_an_output_file_that_cannot_be_written_is_an_error_not_a_traceback(tmp_path, capsys):
+    path = files(tmp_path, wave(1))
+    out = tmp_path / "no-such-dir" / "plan.json"
+    code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"error: {out}: No such file or directory" in err
+    assert "Traceback" not in err
+
+
+def test_an_event_posted_after_the_vm_rebooted_is_seen_at_the_next_poll(tmp_path):
+    """A first Reboot (no window before its NotBefore: at once) takes the VM down at 00:00:10
+    and back at 00:05:10 on a new boot; a second is posted at 02:00: the new daemon's next
+    poll sees it, and its drain starts then."""
+    text = """\
+vms:
+  - names: web-1
+    config: web.yaml
+    hooks: {drain: 10s}
+maintenance:
+  - type: Reboot
+    vms: web-1
+    notice: 1h
+    impact: 5m
+  - type: Reboot
+    vms: web-1
+    posted: 2h
+    notice: 1h
+    impact: 5m
+"""
+    data = planned(files(tmp_path, text))
+    first, second = data["rows"]
+    assert first["back"] == "2026-11-23T00:05:10Z"
+    assert second["hooks_start"] == second["posted"] == "2026-11-23T02:00:00Z"
+    assert second["back"] == "2026-11-23T02:05:10Z"
