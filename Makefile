@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-fleet bench-observed bench-pacemaker bench-clouds bench-versus crash-campaign soak fuzz fuzz-quick
+.PHONY: demo test lint docs bootstrap deb rpm packages-lint bench bench-quick bench-plan bench-fleet bench-observed bench-pacemaker bench-clouds bench-versus crash-campaign soak fuzz fuzz-quick
 bootstrap:
 	@./scripts/bootstrap
 
@@ -82,6 +82,7 @@ bench-quick: bootstrap
 	$(PY) -m bench.observed --quick
 	$(PY) -m bench.pacemaker --quick
 	$(PY) -m bench.clouds --quick
+	$(PY) -m bench.plan --quick
 
 # What http, metrics and the textfile cost at rest, side by side with a plain daemon: 5 minutes.
 bench-observed: bootstrap
@@ -96,6 +97,11 @@ bench-clouds: bootstrap
 bench-pacemaker: bootstrap
 	./scripts/apt-need pacemaker pacemaker-cli-utils corosync resource-agents
 	$(PY) -m bench.pacemaker
+
+# `scheduledeventsd plan` over 100, 1 000 and 10 000 VMs (groups of 100, max 5, weekend
+# windows, 7 days' notice): wall and CPU time, steps per second, peak RSS and their growth.
+bench-plan: bootstrap
+	$(PY) -m bench.plan
 
 # This tree against REV side by side: engine step at rest and churn, CPU at rest at 1 Hz and
 # 4 Hz (~3 minutes). Issue 27 compared with the commit before the layout: REV=7d756ca^.

@@ -94,14 +94,9 @@ class Drainer:
         for stop in stops:
             stop.set()
 
-    def restore(self, event_id: str, mark: ClusterMark) -> None:
-        """Now, on the caller's thread (an after-stage run, before its hooks); a failure is
-        reported and retried in the background."""
-        self.stop(event_id)
-        if self._restore_once(event_id, mark):
-            self._restore_in_background(event_id, mark, failures=1)
-
     def restore_later(self, event_id: str, mark: ClusterMark) -> None:
+        """On a thread: ClusterRestored comes back after the first try (an event's after-hooks
+        wait for it), and after each retry of a failure, until one works."""
         self.stop(event_id)
         self._restore_in_background(event_id, mark)
 
@@ -209,7 +204,9 @@ class Drainer:
         (or reloads: the engine then asks again)."""
 
         def retry(failures: int = failures) -> None:
-            while not self._closed.wait(RESTORE_BACKOFF.delay(failures)):
+            # The first try is made even once the daemon stopped this drainer (a reload right
+            # after the effect): the engine waits for its answer.
+            while not failures or not self._closed.wait(RESTORE_BACKOFF.delay(failures)):
                 if not self._restore_once(event_id, mark):
                     return
                 failures += 1

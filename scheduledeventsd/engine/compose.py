@@ -128,6 +128,7 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
 # Couplings between the machines: rules on the state alone, declared here once and run after
 # every message until none changes anything (h11's state-triggered transitions).
 COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
+    drain._restore_first,  # the node is restored before the after-hooks (RestoreNode)
     slot._release_when_over,  # the slot is given back once its event is over or forgotten
 )
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.

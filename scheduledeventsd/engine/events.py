@@ -188,7 +188,7 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
                     reason=f"it started while its hooks waited for {waited}",
                 )
             )
-            return state, _move(tracked, on, Phase.MISSED)
+            return state, _move(window._dropped(tracked), on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
         return state, _move(tracked, on, phase, start_at=slot._queued_until(tracked, state, now))
@@ -301,7 +301,7 @@ def _first_sight(
     held = window._start_at(event, rule, state, now)
     if held is not None:
         out.append(window._waiting(event, rule, held, state))
-        return state, _move(new, on, Phase.WAITING, start_at=held.at)
+        return state, window._hold_back(new, on, held)
     return pipeline._prepare(state, new, on, now, out)
 
 

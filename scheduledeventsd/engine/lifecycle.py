@@ -104,6 +104,7 @@ class Drain(str, enum.Enum):
     ASKED = "draining"
     DONE = "drained"
     HELD = "hold"  # the cluster could not spare it: never approved early
+    RESTORING = "restoring"  # over: RestoreNode asked, its after-hooks wait for the answer
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, stages
-from .gates import drain, lease, slot
+from .gates import drain, lease, slot, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -134,8 +134,8 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
             )
         )
         return state, _move(tracked, on, Phase.INTERRUPTED)
-    if phase is Phase.WAITING:  # placed again by the next document (the clock may have jumped)
-        return state, _move(tracked, on, phase, start_at=math.inf)
+    if phase is Phase.WAITING:
+        return state, window._restarted(tracked, on)
     if phase is Phase.QUEUED:  # its deadline placed again by the next document
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
@@ -231,7 +231,9 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     stopping = state.stopping
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = approval._retry_approvals(state, now, out)
-    if not state.runs and not state.approvals.posting:
+    # After-hooks waiting for their node's restore are waited for as a run is (started then).
+    restoring = any(stages._awaiting_restore(t) for t in state.events.values())
+    if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
     if stopping.kill_until is None and now >= stopping.grace_until:
         if state.runs:

@@ -9,7 +9,7 @@ from typing import Optional
 from ..model import Event, iso_utc
 from ..records import Level, Record, What
 from .lifecycle import DURABLE, Phase
-from .state import Known, State
+from .state import Hold, Known, State
 from .vocabulary.effects import Effect, Notify, Persist, SpawnHooks
 
 
@@ -61,15 +61,20 @@ def _durable_view(events: Known) -> Known:
     """What decides whether the state file must be written: a new incarnation listing the same
     events is not worth an fsync (the file gets it with the next real change)."""
     return {
-        k: replace(t, run=None, start_at=0.0, incarnation=0)
+        k: replace(t, run=None, start_at=0.0, incarnation=0, window=Hold.NONE)
         for k, t in events.items()
         if t.phase in DURABLE
     }
 
 
 def durable_events(events: Known) -> Known:
-    """What the state file keeps: events for other VMs cost a write a second under churn."""
-    return {k: replace(t, run=None, start_at=0.0) for k, t in events.items() if t.phase in DURABLE}
+    """What the state file keeps: events for other VMs cost a write a second under churn; the
+    window gate's slice is placed again after a restart."""
+    return {
+        k: replace(t, run=None, start_at=0.0, window=Hold.NONE)
+        for k, t in events.items()
+        if t.phase in DURABLE
+    }
 
 
 def _persist(state: State) -> Persist:

@@ -57,7 +57,8 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                     f"the reload left no hooks configured for {t.event.event_type}; left alone",
                 )
             )
-            state = _with(state, event_id, _move(t, On.TYPE_REMOVED, Phase.UNHANDLED))
+            removed = _move(window._dropped(t), On.TYPE_REMOVED, Phase.UNHANDLED)
+            state = _with(state, event_id, removed)
     state = window._replace_waiting(state, now, out)  # windows, lead times may have changed
     if new.metadata != old.metadata:
         # A fixed url/api_version is tried at once, not after the rejected request's backoff

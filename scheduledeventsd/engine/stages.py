@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 from ..config import EventRule
 from ..model import SCHEDULED
@@ -12,7 +11,7 @@ from . import approval, peers
 from .gates import drain, window
 from .lifecycle import Drain, On, Phase, Rule, Stage
 from .notes import _note, _why
-from .state import ClusterMark, Peers, State, Tracked, _move, _with
+from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
 from .vocabulary.effects import CancelRuns, Effect, RestoreNode, SpawnHooks, StopDraining
 from .vocabulary.messages import HooksFinished
@@ -138,9 +137,27 @@ def _start_stage(
         if restore is not None:
             out.append(RestoreNode(tracked.event.event_id, restore))
         return _over(state, replace(tracked, stage=stage), on)
+    if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
+        return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
+    return _run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)
+
+
+def _run_stage(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
+    """Spawn the hooks of the stage an AFTER event is in, once (at once, or when the restore
+    of its node has been answered)."""
+    rule = state.config.events.get(tracked.event.event_type)
+    stage = tracked.stage
+    hooks = rule.hooks_for(stage.value) if rule is not None else ()
+    if not hooks:  # a reload took them away while the node was restored
+        return _over(state, tracked, On.STAGE_ENDED)
     rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted, restore=restore)
-    return state, _move(tracked, on, Phase.AFTER, run=run, stage=stage)
+    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
+    return state, replace(tracked, run=run)
+
+
+def _awaiting_restore(tracked: Tracked) -> bool:
+    """Its after- or cancelled-hooks wait for its node's restore to be answered."""
+    return tracked.phase is Phase.AFTER and tracked.run is None
 
 
 def _spawn(
@@ -151,15 +168,12 @@ def _spawn(
     out: list[Effect],
     *,
     rebooted: bool = False,
-    restore: Optional[ClusterMark] = None,
 ) -> tuple[State, int]:
     """Start a hook run for an event, with the name and incarnation it was seen under."""
     state, run = _new_run(state, tracked.event.event_id)
     vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
     incarnation = tracked.incarnation or state.incarnation or 0
-    out.append(
-        SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted, restore)
-    )
+    out.append(SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted))
     return state, run
 
 

@@ -3,6 +3,7 @@ event in it."""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -12,6 +13,17 @@ from ..config import Config, DrainMethod, Pacemaker
 from ..model import Event
 from ..retry import Failures
 from .lifecycle import Drain, On, Phase, Rule, Slot, Stage, check
+
+
+class Hold(str, enum.Enum):
+    """The window gate for an event (gates/window): why its before-hooks are held back while
+    its phase is `waiting`. Not in the state file: a restart places it again from a document."""
+
+    NONE = ""  # never held, or no longer (the state file does not keep it)
+    LEAD = "lead"  # until its lead time (start_before; the lead, where a window opens too late)
+    WINDOW = "window"  # until a maintenance window opens
+    UNPLACED = "unplaced"  # the daemon restarted: placed again by the next document
+    OPEN = "open"  # its start instant came: on to the slot and drain gates
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,7 @@ class Tracked:
     incarnation: int = 0  # the last document that listed it: every stage's hooks get it
     slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
     drain: Drain = Drain.NONE  # this node in its Pacemaker cluster, for this event
+    window: Hold = Hold.NONE  # WAITING: what holds its before-hooks back (never stored)
 
 
 Known = Mapping[str, Tracked]

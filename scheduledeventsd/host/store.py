@@ -37,6 +37,9 @@ _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still 
 # to it keeps the state; `newer_phase` beside it gives this release (and the next) the phase
 # back. A daemon reads `newer_phase` only if it knows that phase, else it uses `phase`.
 _WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED}
+# A restore asked for (its after-hooks waiting for the answer) reads after a restart as what it
+# means then, a node still marked for an event that is over (asked again): as older versions do.
+_DRAIN_WRITTEN_AS = {Drain.RESTORING: Drain.DONE}
 
 
 class StateError(Exception):
@@ -225,7 +228,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "rule": t.rule.value,
                 "stage": t.stage.value,
                 "slot": t.slot.value,
-                "drain": t.drain.value,
+                "drain": _DRAIN_WRITTEN_AS.get(t.drain, t.drain).value,
                 "provider": t.event.provider,
                 "notice": t.event.notice,
                 "vm_name": t.vm_name,

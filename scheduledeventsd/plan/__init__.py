@@ -6,4 +6,6 @@ engine, on a simulated clock, before it happens (issue 30).
     timeline.py  what was seen happen to each VM's event, as the loop saw it
     run.py       the discrete-event loop: `engine.step` per VM, its effects carried out
     report.py    rows and summary as data (the JSON shape), and the text and JSON renderings
+    svg.py       the JSON drawn as one SVG: a lane per VM, windows, slots, NotBefore
+    axis.py      the SVG's time axis: idle days cut short, round UTC ticks
 """

@@ -398,8 +398,9 @@ class Daemon:
             self.log.info("would_drain_node", **engine.event_fields(effect.event))
             self.inbox.put(ClusterDrained(effect.event.event_id))
         elif isinstance(effect, RestoreNode):
-            if effect.event_id:
+            if effect.event_id:  # its after-hooks wait for the answer
                 self.log.info("would_restore_node", event_id=effect.event_id)
+                self.inbox.put(ClusterRestored(effect.event_id))
         elif isinstance(effect, (ReleaseSlot, StopDraining)):
             pass
         elif isinstance(effect, Coordinate):
@@ -482,10 +483,6 @@ class Daemon:
             self.inbox.put(HooksFinished(effect.run, Outcome.FAILED, detail))
             return
         hooks = tuple(self.config.hooks[name] for name in effect.hooks)
-        mark = effect.restore
-        first = None
-        if mark is not None:
-            first = functools.partial(self._restorer_for(mark).restore, effect.event.event_id, mark)
         self._run_commands(
             effect.run,
             effect.event,
@@ -495,7 +492,6 @@ class Daemon:
             effect.vm_name,
             finish,
             rebooted=effect.rebooted,
-            first=first,
         )
 
     def _ask_gate(self, effect: AskGate) -> None:
@@ -533,10 +529,8 @@ class Daemon:
         finish: Callable[[Optional[CommandResult], str], Message],
         *,
         rebooted: bool = False,
-        first: Optional[Callable[[], None]] = None,
     ) -> None:
-        """Hooks (or the gate) on a thread of their own; exactly one message when they end.
-        `first` runs before the hooks (a cluster node's restore before its after-hooks)."""
+        """Hooks (or the gate) on a thread of their own; exactly one message when they end."""
         extra_env = self.config.environment
         bound = self.log.bind(event_id=event.event_id, event_type=event.event_type, stage=stage)
 
@@ -555,8 +549,6 @@ class Daemon:
         def work() -> None:
             message: Optional[Message] = None
             try:
-                if first is not None:
-                    first()
                 failure = run_hooks(
                     self.runner,
                     run=run,

@@ -231,3 +231,16 @@ def test_a_state_file_of_a_newer_version_is_moved_aside_saying_so(tmp_path):
     assert "a version 3 state file, written by a newer scheduledeventsd" in problem
     assert "moved to" in problem
     assert list(tmp_path.glob(f"{STATE_FILE}.corrupt-*"))
+
+
+def test_a_restore_in_flight_is_written_as_drained_so_a_restart_asks_for_it_again(tmp_path):
+    """`restoring` (the after-hooks wait for RestoreNode's answer) means after a restart what
+    `drained` means for an event that is over: the node is restored then. Written so, the
+    previous release reads it too (it knows no `restoring`)."""
+    from scheduledeventsd.engine.lifecycle import Drain  # noqa: PLC0415
+
+    store = StateStore(tmp_path)
+    store.save({"E1": Tracked(EVENT, Phase.AFTER, drain=Drain.RESTORING)})
+    assert json.loads(store.path.read_text())["events"][0]["drain"] == "drained"
+    known, problem = StateStore(tmp_path).load()
+    assert (problem, known["E1"].drain) == ("", Drain.DONE)

@@ -35,6 +35,7 @@ from scheduledeventsd.engine import (
     DocumentFetched,
     Drain,
     DrainNode,
+    Exit,
     GateAnswered,
     HooksFinished,
     Outcome,
@@ -47,9 +48,12 @@ from scheduledeventsd.engine import (
     SlotGranted,
     SpawnHooks,
     StopDraining,
+    StopRequested,
     Tracked,
+    compose,
     initial,
 )
+from scheduledeventsd.engine.gates import drain as drain_gate
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
@@ -100,6 +104,16 @@ def drained(m, event_id):
     """The drainer marked the node (ClusterMarked, ours), then the resources left."""
     m.send(ClusterMarked(event_id, ours=True))
     return m.send(ClusterDrained(event_id))
+
+
+def restored_first(m, event_id="E1", mark=MARK):
+    """The step that ends an event asks for its node's restore (the coupling
+    drain._restore_first) and starts no hook; its answer starts them: that run."""
+    assert of(m.effects, RestoreNode) == [RestoreNode(event_id, mark)]
+    assert not of(m.effects, SpawnHooks), "no hook before the node is restored"
+    assert m.state.events[event_id].drain is Drain.RESTORING
+    (spawn,) = of(m.send(ClusterRestored(event_id)), SpawnHooks)
+    return spawn
 
 
 def test_a_reboot_drains_first_then_its_hooks_run_then_it_is_approved():
@@ -211,10 +225,8 @@ def test_the_node_is_restored_before_the_after_hooks():
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3)  # over
-    (after,) = of(m.effects, SpawnHooks)
+    after = restored_first(m)
     assert after.stage.value == "after"
-    assert after.restore, "the run restores the node first"
-    m.send(ClusterRestored("E1"))
     assert logs(m.effects, "cluster_restored")
     assert m.state.events["E1"].drain is Drain.NONE
 
@@ -224,16 +236,15 @@ def test_an_event_cancelled_while_draining_restores_then_runs_its_cancelled_hook
     seen(m, due_in(600))
     m.send(ClusterMarked("E1", ours=True))
     seen(m, incarnation=3)
-    (cancelled,) = of(m.effects, SpawnHooks)
-    assert (cancelled.stage.value, cancelled.restore) == ("cancelled", MARK)
+    assert restored_first(m).stage.value == "cancelled"
 
 
 def test_an_event_cancelled_before_its_mark_is_reported_is_restored_once_it_is():
     m = machine()
     seen(m, due_in(600))
     seen(m, incarnation=3)
-    (cancelled,) = of(m.effects, SpawnHooks)
-    assert cancelled.restore is None, "nothing of ours is on the node yet"
+    assert of(m.effects, SpawnHooks), "nothing of ours is on the node yet: at once"
+    assert not of(m.effects, RestoreNode)
     assert of(m.effects, StopDraining) == [StopDraining("E1")]
     m.send(ClusterMarked("E1", ours=True))  # the drainer had marked it meanwhile
     assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
@@ -256,7 +267,7 @@ def test_an_event_started_while_draining_stops_watching_and_restores_once_over()
     assert of(m.effects, StopDraining) == [StopDraining("E1")]
     assert m.phase() is Phase.DONE
     seen(m, incarnation=4)
-    assert of(m.effects, SpawnHooks)[0].restore
+    assert restored_first(m).stage.value == "after"
 
 
 def test_a_restart_mid_drain_watches_the_drain_again_with_a_new_deadline():
@@ -273,8 +284,8 @@ def test_a_reboot_mid_drain_restores_and_runs_the_after_hooks_once_it_started():
     assert not of(m.effects, SpawnHooks), "judged by the next document"
     assert not of(m.effects, RestoreNode), "its event still wants the node drained"
     seen(m, due_in(600, status="Started"))
-    (after,) = of(m.effects, SpawnHooks)
-    assert (after.stage.value, after.restore, after.rebooted) == ("after", MARK, True)
+    after = restored_first(m)
+    assert (after.stage.value, after.rebooted) == ("after", True)
 
 
 def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again():
@@ -355,10 +366,10 @@ def test_two_events_draining_the_node_restore_it_only_when_the_last_is_over():
         m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     seen(m, due_in(900, "E2"), incarnation=3)  # E1 cancelled, E2 still on
     (cancelled,) = of(m.effects, SpawnHooks)
-    assert (cancelled.event.event_id, cancelled.restore) == ("E1", None)
+    assert cancelled.event.event_id == "E1"
+    assert not of(m.effects, RestoreNode), "E2 still wants the node drained"
     seen(m, incarnation=4)
-    (last,) = of(m.effects, SpawnHooks)
-    assert (last.event.event_id, last.restore) == ("E2", MARK)
+    assert restored_first(m, "E2").event.event_id == "E2"
 
 
 def over_after_drain(m, event_type="Preempt"):
@@ -381,8 +392,7 @@ def test_a_mark_found_set_by_someone_else_is_never_taken_off():
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3)
-    (after,) = of(m.effects, SpawnHooks)
-    assert after.restore is None, "not ours: left on"
+    assert of(m.effects, SpawnHooks), "not ours: left on, the hooks at once"
     assert not of(m.effects, RestoreNode)
     assert m.state.events["E1"].drain is Drain.NONE
 
@@ -422,9 +432,8 @@ def test_a_reload_removing_pacemaker_still_takes_our_mark_off_at_the_event_end()
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     m.send(Reloaded(config(events=EVENTS)))
     assert not of(m.effects, RestoreNode), "its event still wants the node drained"
-    seen(m, incarnation=3)  # over
-    (after,) = of(m.effects, SpawnHooks)
-    assert after.restore == MARK
+    seen(m, incarnation=3)  # gone before it started: cancelled
+    assert restored_first(m).stage.value == "cancelled"
 
 
 def test_a_reload_takes_off_a_mark_whose_restore_failed():
@@ -455,7 +464,7 @@ def test_a_drained_event_from_a_state_file_older_than_marks_is_taken_as_our_mark
     m = machine(loaded=loaded, mark_unrecorded=True)
     assert m.state.cluster_mark == MARK
     seen(m, incarnation=3)  # over
-    assert of(m.effects, SpawnHooks)[0].restore == MARK
+    assert restored_first(m).stage.value == "after"
 
 
 def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_approval():
@@ -480,8 +489,7 @@ def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_a
     assert of(m.effects, PostApproval), "slot held and node drained: approved early"
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3, at=MONO0 + 3)  # over
-    (after,) = of(m.effects, SpawnHooks)
-    assert after.restore == MARK
+    after = restored_first(m)
     assert not of(m.effects, ReleaseSlot), "the slot is held through the after-hooks"
     m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 4)
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
@@ -505,5 +513,77 @@ def test_a_mark_reported_after_a_reload_removed_pacemaker_is_kept_and_taken_off_
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
     assert not of(m.effects, PostApproval), "held: never approved early"
     seen(m, incarnation=3)  # over
-    (after,) = of(m.effects, SpawnHooks)
-    assert after.restore == STANDBY, "taken off the way it was set"
+    assert restored_first(m, mark=STANDBY).stage.value == "cancelled", "taken off as it was set"
+
+
+# ---- the restore before the after-hooks: a declared coupling, its own effect (issue 27) -----
+
+
+def test_the_restore_is_the_engines_effect_from_a_declared_coupling_not_a_part_of_a_hook_run():
+    """The daemon restored the node because SpawnHooks carried the mark; now the engine asks
+    for it (RestoreNode, from compose.COUPLINGS) and the run carries nothing of the cluster."""
+    assert drain_gate._restore_first in compose.COUPLINGS
+    assert "restore" not in {f.name for f in dataclasses.fields(SpawnHooks)}
+
+
+def test_a_failed_restore_still_starts_the_after_hooks_once_and_the_retry_ends_the_mark():
+    """As before: the after-hooks run after the first try, whatever it said; the drainer's
+    retry that works later takes the mark off and starts nothing again."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    assert m.phase() is Phase.AFTER
+    (after,) = of(m.send(ClusterRestored("E1", "crm_attribute: timed out")), SpawnHooks)
+    assert logs(m.effects, "cluster_restore_failed")
+    assert (after.stage.value, m.state.events["E1"].drain) == ("after", Drain.RESTORING)
+    m.send(ClusterRestored("E1"))
+    assert not of(m.effects, SpawnHooks), "the after-hooks run once"
+    assert (m.state.cluster_mark, m.state.events["E1"].drain) == (None, Drain.NONE)
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED))
+    assert "E1" not in m.state.events, "over, and no longer listed: forgotten"
+
+
+def test_a_stop_while_the_restore_is_answered_waits_for_the_after_hooks_as_for_a_run():
+    m = machine()
+    seen(m, due_in(30, event_type="Reboot"))
+    drained(m, "E1")
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over: restore, then its after-hooks
+    m.send(StopRequested("SIGTERM"))
+    assert not of(m.effects, Exit), "the after-stage is not over yet"
+    (after,) = of(m.send(ClusterRestored("E1")), SpawnHooks)
+    assert after.stage.value == "after"
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED))
+    assert of(m.effects, Exit)
+
+
+def test_a_restart_while_the_restore_is_answered_asks_again_and_the_hooks_count_as_cut_off():
+    """The after-stage runs at most once, as when a restart cut its run off."""
+    m = machine()
+    seen(m, due_in(30, event_type="Reboot"))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    seen(m, incarnation=3)
+    again = machine(loaded=engine.durable_events(m.state.events), mark=MARK)
+    assert of(again.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    assert logs(again.effects, "after_hooks_interrupted")
+    assert again.phase() is Phase.OVER
+
+
+def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_restore():
+    """The coupling never leaves the hooks waiting for an answer that will not come."""
+    m = machine()
+    t = Tracked(due_in(600), Phase.AFTER, stage=engine.Stage.AFTER, drain=Drain.DONE)
+    state = dataclasses.replace(m.state, events={"E1": t}, cluster_mark=None)
+    out: list = []
+    state = drain_gate._restore_first(state, out)
+    (after,) = of(out, SpawnHooks)
+    assert (after.hooks, after.stage.value) == (("undrain",), "after")
+    assert not of(out, RestoreNode)
+    assert (state.events["E1"].drain, state.events["E1"].run) == (Drain.NONE, after.run)

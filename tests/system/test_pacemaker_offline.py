@@ -103,3 +103,35 @@ def test_with_a_gate_and_a_cluster_a_shared_event_asks_the_gate_not_the_cluster(
     wait_for(lambda: any(a.event_id == event_id for a in sim.approvals), 20, "the approval")
     assert hooks.order() == ["before", "gate"]
     assert "SCHEDULED_EVENT_STAGE=gate" in (hooks.out / "gate.env").read_text()
+
+
+def test_a_dry_run_says_it_would_restore_the_node_then_shows_the_after_hooks(daemons, sim, hooks):
+    """Issue 27: the after-hooks wait for the answer to the engine's RestoreNode. --dry-run,
+    which does not touch the node, must still answer it, or the after-hooks it shows never come
+    (the state file says this daemon marked the node for an event it approved)."""
+    import datetime as dt  # noqa: PLC0415
+
+    from scheduledeventsd.config import DrainMethod  # noqa: PLC0415
+    from scheduledeventsd.engine import ClusterMark, Drain, Phase, Tracked  # noqa: PLC0415
+    from scheduledeventsd.host.store import StateStore  # noqa: PLC0415
+    from scheduledeventsd.model import Event  # noqa: PLC0415
+
+    not_before = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(hours=1)
+    event = Event("E-dry", "Reboot", "Scheduled", "VirtualMachine", ("vm-a",), not_before)
+    StateStore(daemons.state_dir).save(
+        {"E-dry": Tracked(event, Phase.APPROVED, drain=Drain.DONE, vm_name="vm-a")},
+        ClusterMark(DrainMethod.HEALTH, "#health-scheduledevents"),
+    )
+    cfg = daemons.config(
+        vm_name="vm-a",
+        hooks={"after": [{"command": [hooks.recorder("after")]}]},
+        events={"Reboot": {"before": [], "after": ["after"]}},
+        cluster={"pacemaker": {}},
+    )
+    sim.add_event("Reboot", ["vm-a"], event_id="E-dry", not_before_in=3600)
+    daemon = daemons.start(cfg, args=("--dry-run",))
+    daemon.polls_seen(sim)
+    sim.remove_event("E-dry")
+    daemon.wait_log("would_restore_node", event_id="E-dry", timeout=20)
+    daemon.wait_log("would_run_hooks", event_id="E-dry", stage="after", timeout=20)
+    assert hooks.order() == [], "nothing run"

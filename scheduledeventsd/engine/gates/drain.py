@@ -35,6 +35,7 @@ class DrainOn(str, enum.Enum):
     DRAINED = "its resources left"
     HELD = "the cluster cannot spare it, or the drain timed out"
     REMARK = "a new boot, the event still Scheduled"
+    RESTORE = "over: its after- or cancelled-hooks are due"
     RESTORED = "the node is back"
     UNMARKED = "over: another event keeps the mark, or it is not ours"
 
@@ -51,7 +52,8 @@ TABLE = Table(
         row([_.ASKED, _.NONE], DrainOn.DRAINED, _.DONE, "cluster_drained: its before-hooks start"),
         row([_.ASKED, _.NONE], DrainOn.HELD, _.HELD, "cluster_hold: before-hooks, not early"),
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
-        row(_MARKED, DrainOn.RESTORED, _.NONE, "cluster_restored"),
+        row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
+        row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
         row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),
     ),
 )
@@ -201,7 +203,33 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
     return stages._before_hooks(state, held, On.DRAIN_HELD, now, out)
 
 
+def _restore_first(state: State, out: list[Effect]) -> State:
+    """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
+    whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
+    node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
+    says (a failed restore is asked again until it works, as it always was)."""
+    for event_id, t in state.events.items():
+        if t.drain in _MARKED and stages._awaiting_restore(t):
+            if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
+                unmarked = move(t, DrainOn.UNMARKED, Drain.NONE)
+                state, tracked = stages._run_stage(state, unmarked, out)
+            else:
+                out.append(RestoreNode(event_id, state.cluster_mark))
+                tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
+            state = _with(state, event_id, tracked)
+    return state
+
+
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    state = _restored(state, msg, out)
+    waiting = state.events.get(msg.event_id)
+    if waiting is not None and stages._awaiting_restore(waiting):  # its hooks, now
+        state, tracked = stages._run_stage(state, waiting, out)
+        state = _with(state, msg.event_id, tracked)
+    return state
+
+
+def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
     tracked = state.events.get(msg.event_id)
     event_fields_ = {} if tracked is None else event_fields(tracked.event)
     if msg.error:

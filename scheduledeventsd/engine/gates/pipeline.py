@@ -1,17 +1,21 @@
-"""The gates an event passes in order before its before-hooks: a slot, then the drain (a maintenance
-window holds it before: gates/window)."""
+"""The gates an event passes in order before its before-hooks: a maintenance window or lead time
+(gates/window), a slot, then the drain."""
 
 from __future__ import annotations
 
 from ...config import EventRule
 from ...records import Level, What
 from .. import stages
-from ..gates import drain, slot
+from ..gates import drain, slot, window
 from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
+
+# Every gate, in the order an event passes them: each module declares its `TABLE` (its slice
+# of the event, machine.Table), which docs/lifecycle.py draws from here.
+GATES = (window, slot, drain)
 
 
 def _prepare(

@@ -1,9 +1,11 @@
 """The window gate: when an event's before-hooks start, and which: lead time, maintenance windows,
 the fast path. `hold` is pure and on the wall clock; the engine places its answer on the
-monotonic clock."""
+monotonic clock. What holds an event back is its slice `Tracked.window`, moved only through
+`TABLE`, as the slot and drain gates' are."""
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -14,13 +16,49 @@ from ...records import Level, Record, What
 from ...windows import Window, first_opening
 from ..gates import drain, pipeline, slot
 from ..lifecycle import On, Phase
+from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _with
+from ..state import Hold, State, Tracked, _move, _with
 from ..vocabulary.effects import Effect
 
 # Where windows hold an event back and no start_before is set, the before-hooks start this long
 # before NotBefore at the latest: a window that opens late never makes preparation too late.
 WINDOW_LEAD = 600.0
+
+
+class WindowOn(str, enum.Enum):
+    """What happens to an event's wait for its start instant: the triggers of its table."""
+
+    HELD = "first seen: its before-hooks are held back"
+    PLACED = "placed again (a document, a clock step, a reload)"
+    RESTARTED = "the daemon restarted while it waited"
+    OPENED = "its start instant came"
+    DROPPED = "it started, or a reload removed its type, while it waited"
+
+
+_ = Hold
+_HELD = (_.LEAD, _.WINDOW, _.UNPLACED)
+TABLE = Table(
+    "window",
+    "what holds an event's before-hooks back, before the slot and drain gates (start_before, "
+    "windows): its phase is waiting meanwhile; not in the state file, a restart places it again",
+    (
+        row([_.NONE], WindowOn.HELD, _.LEAD, "event_waiting reason=start_before"),
+        row([_.NONE], WindowOn.HELD, _.WINDOW, "event_waiting reason=window"),
+        row(_HELD, WindowOn.PLACED, _.LEAD, "event_waiting again if it moved by over 1 s"),
+        row(_HELD, WindowOn.PLACED, _.WINDOW, "event_waiting again if it moved by over 1 s"),
+        row([_.NONE], WindowOn.RESTARTED, _.UNPLACED, "no start instant until the next document"),
+        row(_HELD, WindowOn.OPENED, _.OPEN, "on to the slot and drain gates (gates/pipeline)"),
+        row(_HELD, WindowOn.DROPPED, _.NONE, "event_missed, or event_unhandled"),
+    ),
+)
+del _
+
+
+def move(tracked: Tracked, on: WindowOn, target: Hold) -> Tracked:
+    """The one place an event's window slice changes: only as `TABLE` declares."""
+    TABLE.check(tracked.window, on, target)
+    return replace(tracked, window=target)
 
 
 @dataclass(frozen=True)
@@ -69,6 +107,30 @@ def window_lead(rule: EventRule) -> float:
     return min(lead(rule), WINDOW_LEAD)
 
 
+def _holding(held: Held) -> Hold:
+    return Hold.WINDOW if held.reason == "window" else Hold.LEAD
+
+
+def _hold_back(tracked: Tracked, on: On, held: Held) -> Tracked:
+    """A new event whose before-hooks a lead time or a window holds back: it waits."""
+    waiting = move(tracked, WindowOn.HELD, _holding(held))
+    return _move(waiting, on, Phase.WAITING, start_at=held.at)
+
+
+def _restarted(tracked: Tracked, on: On) -> Tracked:
+    """A waiting event after a restart: placed again by the next document (the clock may have
+    jumped meanwhile)."""
+    unplaced = move(tracked, WindowOn.RESTARTED, Hold.UNPLACED)
+    return _move(unplaced, on, Phase.WAITING, start_at=math.inf)
+
+
+def _dropped(tracked: Tracked) -> Tracked:
+    """A waiting event leaves the gate another way than by its start instant."""
+    if tracked.phase is not Phase.WAITING:
+        return tracked
+    return move(tracked, WindowOn.DROPPED, Hold.NONE)
+
+
 def fast_hooks(rule: EventRule, seconds_left: Optional[float]) -> Optional[tuple[str, ...]]:
     """The `fast` hooks when they run instead of `before`, with this much time to NotBefore."""
     if rule.fast is None or seconds_left is None or seconds_left >= rule.fast_below:
@@ -109,10 +171,11 @@ def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
     held = _start_at(event, rule, state, now)
-    start_at = now if held is None else held.at
-    if held is not None and abs(start_at - tracked.start_at) > 1:
+    if held is None:  # its instant is now: the gate opens when the timers fire, in this step
+        return replace(tracked, start_at=now)
+    if abs(held.at - tracked.start_at) > 1:
         out.append(_waiting(event, rule, held, state))
-    return replace(tracked, start_at=start_at)
+    return replace(move(tracked, WindowOn.PLACED, _holding(held)), start_at=held.at)
 
 
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
@@ -122,7 +185,8 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
             continue
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
-        state, tracked = pipeline._prepare(state, t, On.LEAD_TIME, now, out)
+        opened = move(t, WindowOn.OPENED, Hold.OPEN)
+        state, tracked = pipeline._prepare(state, opened, On.LEAD_TIME, now, out)
         state = _with(state, event_id, tracked)
     return state
 

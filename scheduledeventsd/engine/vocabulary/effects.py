@@ -55,8 +55,6 @@ class SpawnHooks:
     vm_name: str
     stage: Stage = Stage.BEFORE
     rebooted: bool = False  # this VM booted since the before-hooks started
-    # pacemaker: this mark (the daemon's own) is taken off the node first, then the hooks run
-    restore: Optional[ClusterMark] = None
 
 
 @dataclass(frozen=True)
