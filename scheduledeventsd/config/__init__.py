@@ -37,6 +37,7 @@ from .settings import (
     HealthFrom,
     Hook,
     HookCommand,
+    Limit,
     Listen,
     Metadata,
     Pacemaker,
@@ -69,6 +70,7 @@ __all__ = [
     "HealthFrom",
     "Hook",
     "HookCommand",
+    "Limit",
     "Listen",
     "Metadata",
     "Pacemaker",
@@ -144,7 +146,7 @@ def parse(
     )
     if c.problems:
         raise ConfigError(c.problems)
-    return config
+    return replace(config, warnings=config.warnings + fleet.hold_warnings(config))
 
 
 def _hooks(c: Checker, given: Mapping[str, Any], top: Mapping[str, Any]) -> Mapping[str, Hook]:

@@ -19,10 +19,6 @@ from ..engine import Message, Outcome, PeersChanged, SlotBusy, SlotGranted
 from ..model import SCHEDULED, STARTED, Document, Event
 from .fleet import GONE_FOR_GOOD, REBOOTS, Fleet, HookTime
 
-# coordination/slots.py's: a daemon stopped while it holds a slot leaves it under a lease this
-# long, so the next VM does not start before this one's after-hooks (tests check they agree).
-HAND_OVER_TTL = 900.0
-
 # ---- the cloud: what each VM's metadata document says --------------------------------------
 
 
@@ -100,7 +96,7 @@ class Cloud:
         for p in events:
             for vm in p.vms:
                 self._of.setdefault(vm, []).append(p)
-        self._shown: dict[str, tuple[object, ...]] = {}
+        self._shown: dict[str, tuple[tuple[tuple[str, bool], ...], Document]] = {}
         self._incarnation: dict[str, int] = {}
 
     def of(self, vm: str) -> list[Posting]:
@@ -117,12 +113,20 @@ class Cloud:
         return True
 
     def document(self, vm: str, now: float) -> Document:
-        events = []
+        """The VM's document now: the same object while what it lists is the same (a quiet
+        poll builds nothing), a new incarnation when that changes."""
+        listed = []
         for p in self.of(vm):
             ends = p.ends()
             if p.posted > now or (ends is not None and ends <= now):
                 continue
-            started = p.started is not None and p.started <= now
+            listed.append((p, p.started is not None and p.started <= now))
+        shown = tuple((p.event_id, started) for p, started in listed)
+        last = self._shown.get(vm)
+        if last is not None and last[0] == shown:
+            return last[1]
+        events = []
+        for p, started in listed:
             not_before = None if started else self.start + dt.timedelta(seconds=p.not_before)
             events.append(
                 Event(
@@ -137,11 +141,10 @@ class Cloud:
                     duration_seconds=p.duration,
                 )
             )
-        shown = tuple((e.event_id, e.status, e.not_before) for e in events)
-        if self._shown.get(vm) != shown:
-            self._shown[vm] = shown
-            self._incarnation[vm] = self._incarnation.get(vm, 0) + 1
-        return Document(self._incarnation[vm], tuple(events))
+        self._incarnation[vm] = self._incarnation.get(vm, 0) + 1
+        document = Document(self._incarnation[vm], tuple(events))
+        self._shown[vm] = (shown, document)
+        return document
 
 
 # ---- hook runs -------------------------------------------------------------------------------
@@ -182,8 +185,9 @@ class Slots(Protocol):
     def release(self, vm: str, event_id: str, now: float) -> list[Answer]:
         """Give it back or stop asking; the VMs granted the freed slot are told."""
 
-    def stopped(self, vm: str, now: float) -> None:
-        """The VM's daemon stopped: a slot it held is handed over, it asks no more."""
+    def stopped(self, vm: str, now: float, hold: float) -> None:
+        """The VM's daemon stopped: a slot it held stays held `hold` s (0: freed), it asks no
+        more."""
 
     def next_expiry(self) -> Optional[float]:
         """When a handed-over slot frees itself, if any is."""
@@ -218,7 +222,8 @@ class EtcdSlots:
     """Today's keeper: a free slot is granted at once; when none is, the VM waits and is told
     who holds them (SlotBusy, again on change); a slot freed goes to the VM that asked first
     (etcd lets the watchers race: the plan picks this order, the instants are the same). Held
-    until the engine gives it back, through a restart (hand-over for HAND_OVER_TTL)."""
+    until the engine gives it back, through a restart (held for `concurrency.hold_max`, as
+    coordination/slots.py's HoldSlot; a VM that does not come back frees it as it goes)."""
 
     def __init__(self) -> None:
         self._groups: dict[str, _Group] = {}
@@ -262,13 +267,13 @@ class EtcdSlots:
         self._ended(vm, now)
         return self._hand_on(g, self._group_of[vm], now)
 
-    def stopped(self, vm: str, now: float) -> None:
+    def stopped(self, vm: str, now: float, hold: float) -> None:
         g = self._groups.get(self._group_of.get(vm, ""))
         if g is None:
             return
         g.waiting.pop(vm, None)
         if g.holders.pop(vm, None) is not None:
-            g.handed[vm] = now + HAND_OVER_TTL
+            g.handed[vm] = now + hold
 
     def next_expiry(self) -> Optional[float]:
         ends = [t for g in self._groups.values() for t in g.handed.values()]
