@@ -115,7 +115,10 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
         refused = True
     _persist_on_change(state, new, out)
     new = _status(new, out)
-    if not any(isinstance(e, Exit) for e in out):
+    if any(isinstance(e, Exit) for e in out):
+        # Last: what the couplings and the persisting did after the stop ended comes first.
+        out.sort(key=lambda e: isinstance(e, Exit))
+    else:
         wake = next_wakeup(new, now)
         if refused:  # a due timer that raises is not tried again at once, in a busy loop
             wake = max(wake, now + POLL_BACKOFF_CAP)
