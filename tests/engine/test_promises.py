@@ -305,7 +305,14 @@ class Promises(RuleBasedStateMachine):
                 assert event_id in self.ended, f"(i) {effect.stage.value}-hooks, but not over"
                 self.staged[event_id] = self.staged.get(event_id, 0) + 1
                 self.owed.discard(event_id)
-                assert self.staged[event_id] == 1, "(b) after- or cancelled-hooks twice"
+                # Issue 28: again only while they have not succeeded and its slot is held.
+                now = self.state.events.get(event_id)
+                again = (
+                    now is not None
+                    and now.phase is lifecycle.Phase.AFTER
+                    and now.slot is lifecycle.Slot.HELD
+                )
+                assert self.staged[event_id] == 1 or again, "(b) after- or cancelled-hooks twice"
         elif isinstance(effect, CancelRuns):
             self.cancelled.update(effect.runs)
         elif isinstance(effect, PostApproval):
@@ -869,7 +876,7 @@ class GatedPromises(Promises):
         # the report of this branch; not held against the engine here.
         state = getattr(self, "state", None)
         if state is not None:
-            self.cut_off |= {k for k, t in state.events.items() if stages._awaiting_restore(t)}
+            self.cut_off |= {k for k, t in state.events.items() if runs._awaiting_restore(t)}
             self.owed -= self.cut_off
         super().start_life(name_known=name_known)
 
