@@ -54,6 +54,7 @@ class Vm:
     drains: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
     waiting_after: set[str] = field(default_factory=set)  # back up: until the engine is done
+    hook_runs: dict[str, int] = field(default_factory=dict)  # runs of each hook so far
 
     def token(self) -> int:
         self.tokens += 1
