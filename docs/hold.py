@@ -25,6 +25,12 @@ HERE = Path(__file__).parent
 PAGE = HERE / "explanation" / "fleets.md"
 OUT = HERE / "hold-timeline.svg"
 COMMAND = re.compile(r"scheduledeventsd plan --fleet hold-fleet\.yaml --from (\S+)")
+FILES = ("hold-fleet.yaml", "hold.yaml")  # the page's other heredocs are not the example's
+
+
+def files(page: str) -> dict[str, str]:
+    """The example's two files, as a reader's shell writes them from the page."""
+    return {name: text for name, text in inputs(page).items() if name in FILES}
 
 
 def drawn(page: str) -> Optional[str]:
@@ -33,7 +39,7 @@ def drawn(page: str) -> Optional[str]:
     if found is None:
         raise SystemExit(f"{PAGE}: no `scheduledeventsd plan --fleet hold-fleet.yaml` line")
     with tempfile.TemporaryDirectory(prefix="hold-timeline-") as tmp:
-        for name, text in inputs(page).items():
+        for name, text in files(page).items():
             (Path(tmp) / name).write_text(text, encoding="utf-8")
         command = ["plan", "--fleet", "hold-fleet.yaml", "--from", found.group(1)]
         done = subprocess.run(  # noqa: S603 - this Python, this package, fixed arguments

@@ -27,7 +27,7 @@ def test_the_hold_picture_is_drawn_from_the_pages_own_files():
     """The generator takes the page's two heredocs, as a reader's shell writes them: three VMs
     of one group with max 1, vm-1's undrain failing once, vm-2 down longer than hold_max."""
     generator = _generator()
-    files = generator.inputs(generator.PAGE.read_text())
+    files = generator.files(generator.PAGE.read_text())
     assert sorted(files) == ["hold-fleet.yaml", "hold.yaml"]
     config = yaml.safe_load(files["hold.yaml"])
     assert config["concurrency"]["max"] == 1
