@@ -378,6 +378,7 @@ def as_text(data: dict[str, Any]) -> str:
             f"{g['approved_early']} approved early; last back {_short(g['last_back'])}"
         )
     found = [f"{n} {flag}" for flag, n in summary["problems"].items() if n]
+    found += [f"{g['group']} over its max" for g in summary["groups"] if g["exceeds_max"]]
     lines.append("")
     lines.append("problems: " + (", ".join(found) if found else "none"))
     return "\n".join(lines) + "\n"

@@ -133,6 +133,7 @@ def test_eight_vms_the_last_ones_prepare_at_the_lead_without_a_slot(tmp_path):
     assert group["exceeds_max"]
     assert data["summary"]["problems"]["no_slot"] == 2
     assert data["summary"]["exit"] == 1
+    assert "web over its max" in report.render(data, "text").splitlines()[-1]
 
 
 def test_a_preempt_with_30_seconds_notice_cuts_off_a_60_second_drain(tmp_path):
