@@ -64,7 +64,7 @@ class On(str, enum.Enum):
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
     NAMED = "its Resources changed to name this VM"
-    TYPE_REMOVED = "a reload removed its type"
+    TYPE_REMOVED = "a reload (or a restart) removed its type"
 
 
 class Stage(str, enum.Enum):

@@ -33,7 +33,7 @@ class WindowOn(str, enum.Enum):
     PLACED = "placed again (a document, a clock step, a reload)"
     RESTARTED = "the daemon restarted while it waited"
     OPENED = "its start instant came"
-    DROPPED = "it started, or a reload removed its type, while it waited"
+    DROPPED = "it started, or a reload (or a restart) removed its type, while it waited"
 
 
 _ = Hold
