@@ -305,11 +305,12 @@ DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
+    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease, none
+    while its approval is on its way (judged at its answer, as `lease._slots_lost` does)."""
     if t.phase is Phase.QUEUED:
         return None if state.stopping is not None else t.start_at
     held = state.slot_leases.get(event_id)
-    return None if held is None else held.until
+    return None if held is None or event_id in state.approvals.posting else held.until
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
