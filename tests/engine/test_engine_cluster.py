@@ -616,3 +616,26 @@ def test_a_drained_event_left_alone_after_its_rule_went_gives_the_mark_up_at_onc
     assert two.phase() is Phase.UNHANDLED
     assert not of(two.effects, RestoreNode), "E2 keeps the node drained"
     assert two.state.cluster_mark == MARK
+
+
+def test_a_restore_error_is_cleared_once_a_new_drain_wants_the_mark_and_restored_at_its_end():
+    """Review of issue 27: the drainer stops trying a failed restore when a new drain wants the
+    node marked (the retry took the mark off under it); `status` said the restore was 'tried
+    again' for as long as that drain lasted. The new event's end restores the node."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over: its restore fails, its after-hooks run
+    (after,) = of(m.send(ClusterRestored("E1", "crm_attribute: exit 102")), SpawnHooks)
+    assert m.state.restore_error == "crm_attribute: exit 102"
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED))
+    seen(m, due_in(900, "E2"), incarnation=4, at=MONO0 + 10)
+    assert of(m.effects, DrainNode)[0].ours, "the mark found set is ours"
+    assert (m.state.restore_error, m.state.cluster_mark) == ("", MARK)
+    (spawn,) = of(m.send(ClusterDrained("E2")), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E2"))
+    seen(m, incarnation=5, at=MONO0 + 20)
+    assert of(m.effects, RestoreNode) == [RestoreNode("E2", MARK)]

@@ -230,13 +230,18 @@ _NEVER_OVER = frozenset({Phase.UNHANDLED, Phase.MISSED})
 def _release_left_alone(state: State, out: list[Effect]) -> State:
     """A coupling (compose.COUPLINGS): an event drained and then left alone (a reload or a
     restart took its type's rule away while it was interrupted or rebooted; it started while
-    queued again) gives the mark up: the node is restored unless another event keeps it."""
+    queued again) gives the mark up: the node is restored unless another event keeps it. And
+    a failed restore's error is forgotten once another drain wants the mark."""
     for event_id, t in state.events.items():
         if t.drain in _MARKED and t.phase in _NEVER_OVER:
             if t.drain is Drain.ASKED:
                 out.append(StopDraining(event_id))
             state = _with(state, event_id, move(t, DrainOn.LEFT_ALONE, Drain.NONE))
             _restore_unwanted(state, out)
+    if state.restore_error and _drained_for_another(state, ""):
+        # A drain wants the mark again: the drainer stopped trying the failed restore (its
+        # event's end restores the node), so `status` no longer says it is tried again.
+        state = replace(state, restore_error="")
     return state
 
 
