@@ -76,11 +76,12 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
 
 
 def _rule_removed(state: State, tracked: Tracked, by: str, out: list[Effect]) -> Tracked:
-    """A waiting or queued event whose type has no rule any more (`by` a reload, or a restart
-    with a new configuration) is left alone: never an empty run by accident, and never a timer
-    its gate skips but keeps due (a daemon woken at once, for ever)."""
+    """A waiting, queued or draining event whose type has no rule any more (`by` a reload, or a
+    restart with a new configuration) is left alone: never an empty run or an early approval
+    by accident, never a timer its gate skips but keeps due (a daemon woken at once, for ever);
+    a drain's mark is given up (drain._release_left_alone)."""
     event = tracked.event
-    if tracked.phase not in (Phase.WAITING, Phase.QUEUED) or event.event_type in (
+    if tracked.phase not in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) or event.event_type in (
         state.config.events
     ):
         return tracked

@@ -639,3 +639,30 @@ def test_a_restore_error_is_cleared_once_a_new_drain_wants_the_mark_and_restored
     m.send(ApprovalSent("E2"))
     seen(m, incarnation=5, at=MONO0 + 20)
     assert of(m.effects, RestoreNode) == [RestoreNode("E2", MARK)]
+
+
+def test_a_reload_that_removes_the_type_of_an_event_draining_leaves_it_alone_and_restores():
+    """Review of issue 27: a reload took the Reboot rule away while its node drained; once
+    drained, its before-hooks were looked up under the default rule (none) and it was approved
+    early at once, though a waiting or queued event of a removed type is left alone. Now it is
+    left alone too (unhandled), its drain stopped and its mark taken off."""
+    no_reboot = {k: v for k, v in EVENTS.items() if k != "Reboot"}
+    m = machine()
+    seen(m, due_in(600))
+    m.send(ClusterMarked("E1", ours=True))
+    assert m.phase() is Phase.DRAINING
+    m.send(Reloaded(dataclasses.replace(m.state.config, events=no_reboot)))
+    assert m.phase() is Phase.UNHANDLED
+    assert logs(m.effects, "event_unhandled")
+    assert StopDraining("E1") in of(m.effects, StopDraining)
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
+    m.send(ClusterDrained("E1"))
+    assert not of(m.effects, PostApproval), "never approved early without its hooks"
+    assert not of(m.effects, SpawnHooks)
+    m.send(ClusterRestored(""))
+    assert m.state.cluster_mark is None
+    kept = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-1", drain=Drain.ASKED)}
+    again = machine(loaded=kept, mark=MARK, events=no_reboot)
+    assert again.phase() is Phase.UNHANDLED, "a restart without the rule: the same"
+    assert not of(again.effects, DrainNode)
+    assert of(again.effects, RestoreNode) == [RestoreNode("", MARK)]
