@@ -197,14 +197,34 @@ WINDOWED = ("Reboot", "Redeploy")
 
 
 @dataclass(frozen=True)
+class Limit:
+    """At most `max` VMs of `group` at once: one of the limits a VM's slots obey."""
+
+    group: str
+    max: int
+
+
+@dataclass(frozen=True)
 class Concurrency:
-    """At most `max` VMs of `group` between before-hooks start and after-hooks end."""
+    """At most `max` VMs of `group` between before-hooks start and after-hooks end; with
+    `more` (the list form), at the same time at most that many of each further group: a VM
+    holds a slot in every group or in none."""
 
     group: str
     max: int = int(schema.number("concurrency.max"))
     ttl: int = int(schema.number("concurrency.ttl"))
     hold_max: int = int(schema.number("concurrency.hold_max"))
     after_retry: float = schema.number("concurrency.after_retry")
+    more: tuple[Limit, ...] = ()  # the further groups, in the order written
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """Every group's limit, the first one's first."""
+        return (Limit(self.group, self.max), *self.more)
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(limit.group for limit in self.limits)
 
 
 STAGES = ("before", "after", "cancelled")

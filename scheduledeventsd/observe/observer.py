@@ -151,6 +151,10 @@ class Observer:
             else {
                 "group": state.config.concurrency.group,
                 "max": state.config.concurrency.max,
+                "groups": [
+                    {"group": limit.group, "max": limit.max}
+                    for limit in state.config.concurrency.limits
+                ],
                 "held_for": sorted(k for k, t in state.events.items() if t.slot.value == "held"),
                 "last_seen_holders": list(state.slot_holders),
             },

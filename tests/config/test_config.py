@@ -776,3 +776,50 @@ def test_hold_max_shorter_than_a_hook_timeout_plus_the_types_usual_impact_is_war
     assert not _held(700, 60, {"Reboot": ["drain"]}).warnings, "a Reboot's 600 s"
     assert not _held(5, 60, {"Terminate": ["drain"]}).warnings, "takes no slot, never back"
     assert config.parse({"vm_name": "a"}, "test", check_files=False).warnings == ()
+
+
+# ---- issue 28: several limits at once ---------------------------------------------------------
+
+ETCD_SECTION = "coordination:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n"
+
+
+def test_concurrency_as_a_list_holds_a_limit_per_group_and_the_mapping_form_still_loads(
+    tmp_path, hook
+):
+    """Issue 28: `concurrency` takes a list of mappings (a tier and a zone), each a group and
+    its max, ttl given once; the mapping form loads as before (one limit)."""
+    rest = f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n{ETCD_SECTION}"
+    cfg = load(
+        tmp_path,
+        f"{rest}concurrency:\n  - {{group: web, max: 1}}\n  - {{group: zone-1, max: 2, ttl: 12}}\n",
+    )
+    assert cfg.concurrency.limits == (config.Limit("web", 1), config.Limit("zone-1", 2))
+    assert cfg.concurrency.groups == ("web", "zone-1")
+    assert cfg.concurrency.ttl == 12
+    shown = cli("check-config", "--config", str(tmp_path / "config.yaml"), check=True)
+    assert "concurrency: group web, 1 slot(s); group zone-1, 2 slot(s), ttl 12s, by etcd" in (
+        shown.stdout
+    )
+    single = load(tmp_path, f"{rest}concurrency: {{group: web, max: 3}}\n")
+    assert single.concurrency == config.Concurrency("web", 3)
+    assert single.concurrency.limits == (config.Limit("web", 3),)
+
+
+def test_a_concurrency_list_names_each_problem_by_its_item(tmp_path, hook):
+    """A group given twice, a ttl that differs (one lease holds every group's slot), a bad
+    item and an empty list: each named by file and key path, all in one run."""
+    rest = f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n{ETCD_SECTION}"
+    found = problems(
+        tmp_path,
+        f"{rest}concurrency:\n  - {{group: web, ttl: 10}}\n  - {{group: web}}\n"
+        "  - {group: zone-1, max: 0, ttl: 20}\n  - 7\n  - {max: 2}\n",
+    )
+    where = str(tmp_path / "config.yaml")
+    assert f"{where}: concurrency[1].group: 'web' is given twice: one limit per group" in found
+    assert any(p.startswith(f"{where}: concurrency[2].max: must be a whole number") for p in found)
+    assert any(p.startswith(f"{where}: concurrency[2].ttl: 20 differs from") for p in found)
+    assert f"{where}: concurrency[3]: must be a mapping, got a number" in found
+    assert any(p.startswith(f"{where}: concurrency[4].group: required") for p in found)
+    empty = problems(tmp_path, f"{rest}concurrency: []\n")
+    expected = "must be a mapping or a non-empty list of mappings, got an empty list"
+    assert empty == [f"{where}: concurrency: {expected}"]

@@ -54,6 +54,7 @@ def shown(key: Key) -> Any:
 
 
 COORDINATIONS = ("etcd", "gate")
+SECTIONS = (Kind.SECTION, Kind.SECTIONS)  # a mapping of keys (or a list of them)
 
 
 def full(keep: str) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def full(keep: str) -> dict[str, Any]:
     raw: dict[str, Any] = {"approve": "all"}
     others = [f"coordination.{c}" for c in COORDINATIONS if c != keep]
     for key in schema.KEYS:
-        if key.kind is Kind.SECTION or key.path.startswith(tuple(others)):
+        if key.kind in SECTIONS or key.path.startswith(tuple(others)):
             continue
         if keep != "etcd" and key.path.startswith("concurrency"):
             continue
@@ -80,7 +81,7 @@ def full(keep: str) -> dict[str, Any]:
 
 FULL_ETCD = full("etcd")
 FULL_GATE = full("gate")
-LEAVES = [k for k in schema.KEYS if k.kind is not Kind.SECTION]
+LEAVES = [k for k in schema.KEYS if k.kind not in SECTIONS]
 
 
 def parse(raw: dict[str, Any]) -> config.Config:
@@ -111,12 +112,12 @@ def test_a_config_of_every_declared_key_at_its_example_or_default_is_valid():
 
 
 @pytest.mark.parametrize(
-    "key", LEAVES + [k for k in schema.KEYS if k.kind is Kind.SECTION], ids=lambda k: k.path
+    "key", LEAVES + [k for k in schema.KEYS if k.kind in SECTIONS], ids=lambda k: k.path
 )
 def test_every_declared_key_is_checked_and_a_wrong_kind_is_named_by_its_key_path(key):
     """A key the schema declares but the validator never reads would be accepted and ignored."""
     raw = base_for(key.path)
-    wrong = [1] if key.kind in (Kind.SECTION, Kind.NAMED) else {"x": [1]}
+    wrong = [1] if key.kind in (*SECTIONS, Kind.NAMED) else {"x": [1]}
     place(raw, key.path, wrong)
     where = concrete(key.path)
     found = [p for p in problems(raw) if p.startswith(f"t.yaml: {where}")]
@@ -173,7 +174,7 @@ def test_every_declared_choice_is_accepted_and_nothing_else(key):
 
 
 def test_every_section_refuses_a_key_it_does_not_declare_and_lists_the_declared_ones():
-    sections = [""] + [k.path for k in schema.KEYS if k.kind is Kind.SECTION]
+    sections = [""] + [k.path for k in schema.KEYS if k.kind in SECTIONS]
     sections += ["hooks.NAME[]", "events.TYPE", "webhooks[]"]
     for section in sections:
         raw = base_for(section)
@@ -241,7 +242,7 @@ SETTINGS: dict[str, tuple[Optional[type], dict[str, Any], dict[str, str]]] = {
     "hooks.NAME[]": (config.HookCommand, {"argv": "hooks.NAME[].command"}, {"command": "argv"}),
     "events.TYPE": (config.EventRule, {}, {}),
     "windows[]": (Window, {"zone": "windows[].timezone"}, {"timezone": "zone"}),
-    "concurrency": (config.Concurrency, {}, {}),
+    "concurrency": (config.Concurrency, {"more": "concurrency"}, {}),
     "coordination": (config.Coordination, {}, {}),
     "coordination.etcd": (config.Etcd, {}, {}),
     "coordination.gate": (config.Gate, {}, {"timeout": "command.timeout"}),
@@ -265,7 +266,7 @@ def test_every_settings_field_has_its_schema_key_and_every_key_its_field(section
 
 
 def test_every_section_of_the_schema_has_its_settings_class():
-    sections = {k.path for k in schema.KEYS if k.kind is Kind.SECTION}
+    sections = {k.path for k in schema.KEYS if k.kind in SECTIONS}
     sections |= {"", "hooks.NAME[]", "events.TYPE", "windows[]", "webhooks[]"}
     assert sections - {"http", "health"} == set(SETTINGS)
 

@@ -26,6 +26,7 @@ class SlotOn(str, enum.Enum):
     ASK = "its before-hooks are due"
     TOO_LATE = "too close to NotBefore to wait"
     GRANTED = "etcd granted it"
+    OUT_OF_WINDOW = "granted after its window closed"
     DEADLINE = "its deadline came first"
     BUSY = "it went to another VM while the daemon was down"
     TAKEN = "it went to another VM before its hooks ran again"
@@ -42,12 +43,19 @@ class SlotOn(str, enum.Enum):
 _ = Slot
 TABLE = Table(
     "slot",
-    "an event's concurrency slot (concurrency, etcd): held from before its before-hooks until "
-    "it is over; missing, it is never approved early",
+    "an event's concurrency slot (concurrency, etcd; with several groups a slot in each, taken "
+    "and given back together): held from before its before-hooks until it is over; missing, "
+    "it is never approved early",
     (
         row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
         row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
         row([_.ASKED, _.HELD], SlotOn.GRANTED, _.HELD, "slot_acquired (taken_back)"),
+        row(
+            [_.ASKED],
+            SlotOn.OUT_OF_WINDOW,
+            _.NONE,
+            "ReleaseSlot: it waits for the next window, or the lead, and asks again then",
+        ),
         row([_.NONE, _.ASKED, _.HELD], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
         row([_.HELD], SlotOn.BUSY, _.MISSING, "ReleaseSlot, slot_unavailable"),
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
@@ -80,9 +88,13 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
-    group = state.config.concurrency.group if state.config.concurrency else None
+    if tracked.phase is Phase.QUEUED and tracked.slot is Slot.ASKED:
+        held = _window_closed(state, tracked, now)
+        if held is not None:
+            return _wait_for_window(state, tracked, held, out)
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
-    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
+    groups = _groups(state)
+    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
     state = lease._slot_confirmed(state, msg.event_id, confirmed)
@@ -92,13 +104,35 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     return _with(state, msg.event_id, tracked)
 
 
+def _window_closed(state: State, tracked: Tracked, now: float) -> Optional[window.Held]:
+    """The window gate's answer for a queued event granted its slot now: None when its hooks may
+    start now (in a window, no window before NotBefore, its lead come); else when they may."""
+    if not state.config.windows:
+        return None
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    return window._start_at(tracked.event, rule, state, now)
+
+
+def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: list[Effect]) -> State:
+    """The window bounds when preparation starts: a slot granted after the window closed (the
+    VM waited for it past the window's end) is given back, and the event waits for the next
+    window, or its lead, then asks again."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    out.append(ReleaseSlot(event.event_id))
+    waiting = window._waiting(event, rule, held, state)
+    out.append(replace(waiting, fields={**waiting.fields, "slot": "given back: its window closed"}))
+    given_back = move(tracked, SlotOn.OUT_OF_WINDOW, Slot.NONE)
+    return _with(state, event.event_id, window._hold_again(given_back, On.SLOT, held))
+
+
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
     tracked = state.events.get(msg.event_id)
     if tracked is None:
         return state
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
-        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state, msg.full))
         if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
             state = _without_lease(state, msg.event_id)
             tracked = move(tracked, SlotOn.TAKEN, Slot.ASKED)
@@ -203,20 +237,37 @@ def _queued_until(tracked: Tracked, state: State, now: float) -> float:
     return max(deadline, min(tracked.start_at, now + SLOT_GRACE))
 
 
-def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+def _slot_waiting(
+    event: Event,
+    deadline: float,
+    holders: tuple[str, ...],
+    state: State,
+    full: tuple[str, ...] = (),
+) -> Record:
     """`deadline` is inf after a restart until the next document places it: no instant then
-    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded). With
+    several groups, `full` names those without a slot for this VM (it holds one in each or none)."""
     wall = deadline + (state.wall_offset or 0.0)
-    concurrency = state.config.concurrency
     return _note(
         Level.INFO,
         What.EVENT_WAITING,
         event,
         reason="slot",
-        group=concurrency.group if concurrency else None,
+        **_groups(state),
         holders=list(holders),
+        **({"full": list(full)} if full else {}),
         hooks_start_at=_iso_wall(wall),
     )
+
+
+def _groups(state: State) -> dict[str, object]:
+    """The records' `group` (the first, or only, group); with several, `groups` too."""
+    concurrency = state.config.concurrency
+    if concurrency is None:
+        return {"group": None}
+    if not concurrency.more:
+        return {"group": concurrency.group}
+    return {"group": concurrency.group, "groups": list(concurrency.groups)}
 
 
 # Phases in which an event's slot is given back: it is over, or it never will be prepared.

@@ -34,6 +34,7 @@ class WindowOn(str, enum.Enum):
     RESTARTED = "the daemon restarted while it waited"
     OPENED = "its start instant came"
     DROPPED = "it started, or a reload (or a restart) removed its type, while it waited"
+    CLOSED = "its slot came after its window closed (gates/slot)"
 
 
 _ = Hold
@@ -50,6 +51,8 @@ TABLE = Table(
         row([_.NONE], WindowOn.RESTARTED, _.UNPLACED, "no start instant until the next document"),
         row(_HELD, WindowOn.OPENED, _.OPEN, "on to the slot and drain gates (gates/pipeline)"),
         row(_HELD, WindowOn.DROPPED, _.NONE, "event_missed, or event_unhandled"),
+        row([_.NONE, _.OPEN], WindowOn.CLOSED, _.WINDOW, "the slot given back: event_waiting"),
+        row([_.NONE, _.OPEN], WindowOn.CLOSED, _.LEAD, "the slot given back: event_waiting"),
     ),
 )
 del _
@@ -114,6 +117,12 @@ def _holding(held: Held) -> Hold:
 def _hold_back(tracked: Tracked, on: On, held: Held) -> Tracked:
     """A new event whose before-hooks a lead time or a window holds back: it waits."""
     waiting = move(tracked, WindowOn.HELD, _holding(held))
+    return _move(waiting, on, Phase.WAITING, start_at=held.at)
+
+
+def _hold_again(tracked: Tracked, on: On, held: Held) -> Tracked:
+    """A queued event whose slot came after its window closed (gates/slot): it waits again."""
+    waiting = move(tracked, WindowOn.CLOSED, _holding(held))
     return _move(waiting, on, Phase.WAITING, start_at=held.at)
 
 
