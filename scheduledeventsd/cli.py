@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import __version__, config
+from .config import loader
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
+from .observe import fleet as fleet_view
 from .observe import observer, report
 from .plan.fleet import parse_instant
 from .plan.scenarios import SCENARIOS
@@ -43,7 +45,7 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         type=Path,
-        default=config.DEFAULT_PATH,
+        default=loader.DEFAULT_PATH,
         metavar="PATH",
         help="the configuration file (default: %(default)s)",
     )
@@ -127,6 +129,8 @@ def parser() -> argparse.ArgumentParser:
     _add_config(p)
     p.add_argument("--json", action="store_true", help="the status document as JSON")
 
+    fleet_view.add_parser(sub, _add_config)
+
     p = sub.add_parser(
         "test-hooks",
         help="run the hooks of one stage for a synthetic event (a rehearsal)",
@@ -183,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        default=config.DEFAULT_PATH,
+        default=loader.DEFAULT_PATH,
         metavar="PATH",
         help="the configuration of each VM whose entry names none (default: %(default)s)",
     )
@@ -231,7 +235,7 @@ def _instant(text: str) -> dt.datetime:
 
 def _load_config(path: Path) -> Optional[config.Config]:
     try:
-        return config.load(path)
+        return loader.load(path)
     except config.ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -411,6 +415,11 @@ def _fetch_status(url: str) -> object:
     return json.loads(body)
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config) if fleet_view.usage(args) else None
+    return EXIT_CONFIG if cfg is None else fleet_view.run(cfg, args)
+
+
 def cmd_test_hooks(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
@@ -528,10 +537,10 @@ def _demo(
             "provider": args.provider,
             "metadata": {"url": url, "first_call_timeout": 10},
             "state_dir": state_dir,
-            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
+            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in loader.DEFAULT_HOOKS},
         }
         try:
-            cfg = config.parse(raw, "demo configuration")
+            cfg = loader.parse(raw, "demo configuration")
         except config.ConfigError as e:
             for problem in e.problems:
                 print(f"error: {problem}", file=sys.stderr)
@@ -563,6 +572,7 @@ COMMANDS = {
     "check-config": cmd_check_config,
     "events": cmd_events,
     "status": cmd_status,
+    "fleet": cmd_fleet,
     "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,

@@ -18,6 +18,7 @@ class Seen:
     event_type: str
     posted: float
     not_before: float
+    groups: tuple[str, ...] = ()  # every group of its concurrency, `group` first
     asked_slot: Optional[float] = None  # AcquireSlot: it waits in the queue
     slot_busy: bool = False  # etcd said every slot was taken while it waited
     waits: list[str] = field(default_factory=list)  # event_waiting's reasons, in order
@@ -31,6 +32,8 @@ class Seen:
     down: Optional[float] = None
     back: Optional[float] = None
     after_start: Optional[float] = None
+    after_runs: list[float] = field(default_factory=list)  # each run of its after-hooks began
+    after_failed: list[float] = field(default_factory=list)  # ... failed (run again: a retry)
     after_done: Optional[float] = None  # the engine had nothing left to do for it, back up
     cut_off: bool = False  # its before-hooks were running when the VM went down
     slot_from: Optional[float] = None
