@@ -7,7 +7,8 @@ change, ClusterDrained, ClusterHeld, ClusterRestored, ClusterChecked). The mark 
 reported (ClusterMarked) so the engine keeps it in the state file; a mark found already set by
 someone else is reported too, and never taken off. A restore takes off the mark the engine
 names, the way it was set, and is retried with backoff until it works (after a restart or a
-reload the engine asks again): a node is never left drained once its event is over.
+reload the engine asks again) or a new drain wants the node marked (its event's end restores
+it): a node is never left drained once its event is over, nor restored under a drain.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Drainer:
         self._lock = threading.Lock()
         self._watching: dict[str, threading.Event] = {}
         self._restoring = threading.Lock()  # one restore at a time, in order
+        self._retrying: set[threading.Event] = set()  # failed restores tried again, by backoff
         self._closed = threading.Event()
         self._me = ""
         self._announced: set[str] = set()  # events whose READY this node has written
@@ -75,6 +77,12 @@ class Drainer:
             if event_id in self._watching:
                 return
             stop = self._watching[event_id] = threading.Event()
+            # The node is wanted marked again: a failed restore of an event over is not tried
+            # again (it would take the mark off under this drain); the engine asks for the
+            # restore once this event is over too.
+            retrying, self._retrying = self._retrying, set()
+        for retry in retrying:
+            retry.set()
         self._thread(
             f"drain-{event_id[:8]}",
             lambda: self._drain(event_id, effect.going, effect.ours, stop),
@@ -90,7 +98,8 @@ class Drainer:
     def stop_all(self) -> None:
         self._closed.set()
         with self._lock:
-            stops, self._watching = list(self._watching.values()), {}
+            stops, self._watching = [*self._watching.values(), *self._retrying], {}
+            self._retrying = set()
         for stop in stops:
             stop.set()
 
@@ -201,15 +210,24 @@ class Drainer:
 
     def _restore_in_background(self, event_id: str, mark: ClusterMark, failures: int = 0) -> None:
         """Tried (again) after the backoff of `failures`, until it works or the daemon stops
-        (or reloads: the engine then asks again)."""
+        (or reloads: the engine then asks again), or a drain wants the node marked again."""
 
         def retry(failures: int = failures) -> None:
             # The first try is made even once the daemon stopped this drainer (a reload right
             # after the effect): the engine waits for its answer.
-            while not failures or not self._closed.wait(RESTORE_BACKOFF.delay(failures)):
-                if not self._restore_once(event_id, mark):
-                    return
-                failures += 1
+            stop = threading.Event()
+            with self._lock:
+                if self._closed.is_set():
+                    stop.set()
+                self._retrying.add(stop)
+            try:
+                while not failures or not stop.wait(RESTORE_BACKOFF.delay(failures)):
+                    if not self._restore_once(event_id, mark):
+                        return
+                    failures += 1
+            finally:
+                with self._lock:
+                    self._retrying.discard(stop)
 
         self._thread("cluster-restore", retry, lambda detail: ClusterRestored(event_id, detail))
 

@@ -130,6 +130,7 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
 # every message until none changes anything (h11's state-triggered transitions).
 COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
     drain._restore_first,  # the node is restored before the after-hooks (RestoreNode)
+    drain._release_left_alone,  # and restored for an event that will never have them
     slot._release_when_over,  # the slot is given back once its event is over or forgotten
 )
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.

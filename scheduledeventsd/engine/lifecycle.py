@@ -64,7 +64,7 @@ class On(str, enum.Enum):
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
     NAMED = "its Resources changed to name this VM"
-    TYPE_REMOVED = "a reload removed its type"
+    TYPE_REMOVED = "a reload (or a restart) removed its type"
 
 
 class Stage(str, enum.Enum):
@@ -145,12 +145,7 @@ def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition
 _ROWS: list[Transition] = [
     _t(P.NEW, On.SEEN, [P.NOT_OURS], "Resources does not name this VM: event_ignored"),
     _t(P.NEW, On.SEEN, [P.MISSED], "already Started: event_missed, no hooks"),
-    _t(
-        P.NEW,
-        On.SEEN,
-        [P.UNHANDLED],
-        "no rule for its type, unknown status, or user_events: ignore",
-    ),
+    _t(P.NEW, On.SEEN, [P.UNHANDLED], "no rule for its type, unknown status, user_events: ignore"),
     _t(P.NEW, On.SEEN, [P.WAITING], "held by start_before or a window: event_waiting"),
     _t(P.NEW, On.SEEN, [P.QUEUED], "concurrency: a slot is asked for (event_waiting reason=slot)"),
     _t(P.NEW, On.SEEN, [P.DRAINING], "pacemaker: this node is marked as going away"),
@@ -204,6 +199,7 @@ _ROWS: list[Transition] = [
     _t(P.DRAINING, On.STARTED, [P.DONE], "the drain is no longer watched; restored once over"),
     _t(P.DRAINING, On.LEFT, _ENDS, "the node is restored, then its cancelled-hooks run"),
     _t(P.DRAINING, On.RESTARTED, [P.DRAINING], "the drain is watched again (marked once)"),
+    _t(P.DRAINING, On.TYPE_REMOVED, [P.UNHANDLED], "event_unhandled; the node is restored"),
     _t(P.DRAINING, On.REBOOTED, _REBOOTS, "judged by the next document (restored once over)"),
     _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
     _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),

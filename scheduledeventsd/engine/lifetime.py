@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from ..records import Level, Record, What
-from . import approval, events, runs, stages
+from . import approval, events, reload, runs, stages
 from .gates import drain, hold, slot, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
@@ -74,6 +74,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
         state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
+        tracked = reload._rule_removed(state, tracked, "restarted with", out)
         if tracked.slot in (Slot.ASKED, Slot.HELD):  # asked for again; a held one taken back
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)

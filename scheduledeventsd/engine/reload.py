@@ -10,7 +10,7 @@ from .gates import drain, slot, window
 from .lifecycle import On, Phase
 from .notes import _unhandled
 from .poll import names, timing
-from .state import State, _move, _with
+from .state import State, Tracked, _move, _with
 from .vocabulary.effects import Effect, Notify, ResolveName, UseConfig
 from .vocabulary.messages import NameResolved, Reloaded, ReloadFailed, ReloadRequested
 
@@ -50,14 +50,8 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     state = drain._cluster_reloaded(state, old, out)
     state = slot._slots_reloaded(state, old, now, out)
     for event_id, t in state.events.items():
-        if t.phase in (Phase.WAITING, Phase.QUEUED) and t.event.event_type not in new.events:
-            out.append(
-                _unhandled(
-                    t.event,
-                    f"the reload left no hooks configured for {t.event.event_type}; left alone",
-                )
-            )
-            removed = _move(window._dropped(t), On.TYPE_REMOVED, Phase.UNHANDLED)
+        removed = _rule_removed(state, t, "the reload left", out)
+        if removed is not t:
             state = _with(state, event_id, removed)
     state = window._replace_waiting(state, now, out)  # windows, lead times may have changed
     if new.metadata != old.metadata:
@@ -79,6 +73,21 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     )
     out.append(Notify({"READY": "1"}))
     return state
+
+
+def _rule_removed(state: State, tracked: Tracked, by: str, out: list[Effect]) -> Tracked:
+    """A waiting, queued or draining event whose type has no rule any more (`by` a reload, or a
+    restart with a new configuration) is left alone: never an empty run or an early approval
+    by accident, never a timer its gate skips but keeps due (a daemon woken at once, for ever);
+    a drain's mark is given up (drain._release_left_alone)."""
+    event = tracked.event
+    if tracked.phase not in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) or event.event_type in (
+        state.config.events
+    ):
+        return tracked
+    reason = f"{by} no hooks configured for {event.event_type}; left alone"
+    out.append(_unhandled(event, reason))
+    return _move(window._dropped(tracked), On.TYPE_REMOVED, Phase.UNHANDLED)
 
 
 def _reload_failed(state: State, msg: ReloadFailed, now: float, out: list[Effect]) -> State:

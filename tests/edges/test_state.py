@@ -174,7 +174,11 @@ import json, sys
 from pathlib import Path
 from scheduledeventsd.state import StateStore
 known, problem = StateStore(Path(sys.argv[1]), read_only=True).load()
-print(json.dumps({"problem": problem, "phases": {k: t.phase.value for k, t in known.items()}}))
+print(json.dumps({
+    "problem": problem,
+    "phases": {k: t.phase.value for k, t in known.items()},
+    "drains": {k: t.drain.value for k, t in known.items()},
+}))
 """
 
 
@@ -244,3 +248,20 @@ def test_a_restore_in_flight_is_written_as_drained_so_a_restart_asks_for_it_agai
     assert json.loads(store.path.read_text())["events"][0]["drain"] == "drained"
     known, problem = StateStore(tmp_path).load()
     assert (problem, known["E1"].drain) == ("", Drain.DONE)
+
+
+def test_every_drain_this_release_saves_is_read_by_the_previous_release(tmp_path, previous_release):
+    """Review of issue 27: `restoring` (a restore asked, the after-hooks waiting for its answer)
+    is new; written as `drained`, the previous release reads the file (it would have moved it
+    aside, 'restoring' is not a valid Drain) and restores the node after its restart, as for
+    any event over with the node drained."""
+    from scheduledeventsd.engine.lifecycle import Drain  # noqa: PLC0415
+
+    known = {
+        d.name: Tracked(dataclasses.replace(EVENT, event_id=d.name), Phase.AFTER, drain=d)
+        for d in Drain
+    }
+    StateStore(tmp_path).save(known)
+    read = read_by_previous(previous_release, tmp_path)
+    assert read["problem"] == ""
+    assert read["drains"] == {d.name: "drained" if d is Drain.RESTORING else d.value for d in Drain}

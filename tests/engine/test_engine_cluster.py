@@ -77,12 +77,13 @@ def machine(
     approve=ApprovePolicy.ALWAYS,
     mark=None,
     mark_unrecorded=False,
+    events=EVENTS,
     **pacemaker,
 ):
     """`mark`: what the state file says this daemon set on its node."""
     overrides = pacemaker.pop("config", {})
     settings = Pacemaker(drain_timeout=pacemaker.pop("drain_timeout", 60), **pacemaker)
-    cfg = config(events=EVENTS, approve=approve, cluster=settings, **overrides)
+    cfg = config(events=events, approve=approve, cluster=settings, **overrides)
     m = Machine.__new__(Machine)
     m.now = MONO0
     m.state = initial(cfg, None, strict=True)
@@ -587,3 +588,81 @@ def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_res
     assert (after.hooks, after.stage.value) == (("undrain",), "after")
     assert not of(out, RestoreNode)
     assert (state.events["E1"].drain, state.events["E1"].run) == (Drain.NONE, after.run)
+
+
+def test_a_drained_event_left_alone_after_its_rule_went_gives_the_mark_up_at_once():
+    """Review of issue 27: the node drained for an event whose before-hooks a stop cut off, the
+    daemon started again without a rule for its type: the next document left it alone
+    (unhandled), a phase with no after-stage, so its mark was never restored, not even once it
+    left the document; the node stayed out of its cluster until some later restart or reload.
+    Now the mark is given up as soon as it is left alone (the coupling
+    drain._release_left_alone), unless another event keeps it."""
+    no_reboot = {k: v for k, v in EVENTS.items() if k != "Reboot"}
+    kept = {"E1": Tracked(due_in(600), Phase.RUNNING, boot_id="boot-1", drain=Drain.DONE)}
+    m = machine(loaded=kept, mark=MARK, events=no_reboot)
+    assert not of(m.effects, RestoreNode), "interrupted: it still wanted the drain at boot"
+    seen(m, due_in(600), at=MONO0 + 1)
+    assert m.phase() is Phase.UNHANDLED
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
+    assert m.state.events["E1"].drain is Drain.NONE
+    m.send(ClusterRestored(""))
+    assert m.state.cluster_mark is None
+    seen(m, incarnation=3, at=MONO0 + 2)
+    assert "E1" not in m.state.events
+    freeze = due_in(900, "E2", "Freeze")
+    also = {**kept, "E2": Tracked(freeze, Phase.APPROVED, boot_id="boot-1", drain=Drain.DONE)}
+    two = machine(loaded=also, mark=MARK, events=no_reboot)
+    seen(two, due_in(600), freeze, at=MONO0 + 1)
+    assert two.phase() is Phase.UNHANDLED
+    assert not of(two.effects, RestoreNode), "E2 keeps the node drained"
+    assert two.state.cluster_mark == MARK
+
+
+def test_a_restore_error_is_cleared_once_a_new_drain_wants_the_mark_and_restored_at_its_end():
+    """Review of issue 27: the drainer stops trying a failed restore when a new drain wants the
+    node marked (the retry took the mark off under it); `status` said the restore was 'tried
+    again' for as long as that drain lasted. The new event's end restores the node."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over: its restore fails, its after-hooks run
+    (after,) = of(m.send(ClusterRestored("E1", "crm_attribute: exit 102")), SpawnHooks)
+    assert m.state.restore_error == "crm_attribute: exit 102"
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED))
+    seen(m, due_in(900, "E2"), incarnation=4, at=MONO0 + 10)
+    assert of(m.effects, DrainNode)[0].ours, "the mark found set is ours"
+    assert (m.state.restore_error, m.state.cluster_mark) == ("", MARK)
+    (spawn,) = of(m.send(ClusterDrained("E2")), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E2"))
+    seen(m, incarnation=5, at=MONO0 + 20)
+    assert of(m.effects, RestoreNode) == [RestoreNode("E2", MARK)]
+
+
+def test_a_reload_that_removes_the_type_of_an_event_draining_leaves_it_alone_and_restores():
+    """Review of issue 27: a reload took the Reboot rule away while its node drained; once
+    drained, its before-hooks were looked up under the default rule (none) and it was approved
+    early at once, though a waiting or queued event of a removed type is left alone. Now it is
+    left alone too (unhandled), its drain stopped and its mark taken off."""
+    no_reboot = {k: v for k, v in EVENTS.items() if k != "Reboot"}
+    m = machine()
+    seen(m, due_in(600))
+    m.send(ClusterMarked("E1", ours=True))
+    assert m.phase() is Phase.DRAINING
+    m.send(Reloaded(dataclasses.replace(m.state.config, events=no_reboot)))
+    assert m.phase() is Phase.UNHANDLED
+    assert logs(m.effects, "event_unhandled")
+    assert StopDraining("E1") in of(m.effects, StopDraining)
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
+    m.send(ClusterDrained("E1"))
+    assert not of(m.effects, PostApproval), "never approved early without its hooks"
+    assert not of(m.effects, SpawnHooks)
+    m.send(ClusterRestored(""))
+    assert m.state.cluster_mark is None
+    kept = {"E1": Tracked(due_in(600), Phase.DRAINING, boot_id="boot-1", drain=Drain.ASKED)}
+    again = machine(loaded=kept, mark=MARK, events=no_reboot)
+    assert again.phase() is Phase.UNHANDLED, "a restart without the rule: the same"
+    assert not of(again.effects, DrainNode)
+    assert of(again.effects, RestoreNode) == [RestoreNode("", MARK)]

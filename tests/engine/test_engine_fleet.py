@@ -393,6 +393,21 @@ def test_an_approval_under_way_when_the_slot_is_lost_is_judged_when_it_ends():
     assert not of(m.effects, ReleaseSlot), "held until the event is over"
 
 
+def test_a_lease_that_ends_while_the_approval_is_on_its_way_wakes_nobody_until_its_answer():
+    """Review of issue 27: the slot gate's due() kept the lease's end due while `fire` waited
+    for the approval's answer: next_wakeup was `now` after every step, a daemon woken at once
+    for as long as the POST took (its timeouts: seconds of a core)."""
+    m, spawn = holding()
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    assert of(m.effects, PostApproval)
+    m.tick(MONO0 + 1 + TTL + 0.5)
+    assert not logs(m.effects, "slot_lost")
+    assert m.wake() > m.now, "not woken at once while the answer is awaited"
+    m.send(ApprovalFailed("E1", "http", "HTTP 500"), at=MONO0 + 7)
+    assert logs(m.effects, "slot_lost"), "judged at its answer"
+    assert m.phase() is Phase.NOT_APPROVED
+
+
 def test_after_a_restart_a_held_slot_is_confirmed_before_an_approval_and_lost_after_its_ttl():
     m, spawn = holding()
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)

@@ -25,7 +25,7 @@ from scheduledeventsd.engine.gates import window
 from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
 from scheduledeventsd.engine.gates.window import WindowOn
 from tests.engine.test_engine import Machine, doc, logs, of
-from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, machine, mono
+from tests.engine.test_engine_when import EVENTS, MONO0, SLOTS, WALL0, due_in, machine, mono
 from tests.engine.test_engine_when import window as daily
 
 HELD = frozenset({Hold.LEAD, Hold.WINDOW, Hold.UNPLACED})
@@ -258,3 +258,30 @@ def test_a_window_opening_too_late_holds_by_the_lead():
     seen(m, due_in(2 * 3600))
     assert m.state.events["E1"].window is Hold.LEAD
     assert m.state.events["E1"].start_at == MONO0 + 2 * 3600 - WINDOW_LEAD
+
+
+def test_a_restart_whose_configuration_lost_the_type_of_a_held_event_leaves_it_alone():
+    """Review of issue 27: a waiting (or queued) event kept in the state file, started again with
+    a configuration that has no rule for its type any more, was placed by the next document and
+    then skipped by its gate (never an empty run) while its timer stayed due: next_wakeup was
+    `now` for ever, a daemon woken at once in a busy loop. It is left alone, as a reload that
+    removes the type leaves it (event_unhandled), and slot asked for is given back."""
+    without_reboot = {k: v for k, v in LEAD.items() if k != "Reboot"}
+    kept = {"E1": Tracked(due_in(1800), Phase.WAITING, boot_id="boot-1")}
+    m = gate(events=without_reboot, loaded=kept)
+    assert (m.phase(), m.state.events["E1"].window) == (Phase.UNHANDLED, Hold.NONE)
+    assert (
+        "restarted with no hooks configured for Reboot"
+        in (logs(m.effects, "event_unhandled")[0].fields["reason"])
+    )
+    seen(m, due_in(1800), at=MONO0 + 1)
+    assert m.wake() > m.now, "no timer due for ever"
+    assert not of(m.effects, SpawnHooks)
+    queued = Tracked(due_in(3 * 86400), Phase.QUEUED, boot_id="boot-1", slot=engine.Slot.ASKED)
+    m = machine(events=without_reboot, concurrency=SLOTS)
+    m.send(engine.Boot({"E1": queued}, "", "boot-1"))
+    assert m.phase() is Phase.UNHANDLED
+    assert not of(m.effects, engine.AcquireSlot), "a slot it will never use is not asked for"
+    seen(m, due_in(3 * 86400), at=MONO0 + 1)
+    seen(m, due_in(3 * 86400), incarnation=3, at=MONO0 + 3 * 86400)
+    assert m.wake() > m.now

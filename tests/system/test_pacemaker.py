@@ -540,3 +540,38 @@ def test_a_mark_whose_command_failed_after_applying_it_is_still_taken_off(
         daemon.wait_log("cluster_restored", timeout=20)
         assert not cluster.standby("node1")
     assert not [a for a in sim.approvals if a.event_id == event_id]
+
+
+def test_a_failed_restore_retried_later_never_takes_the_mark_off_under_the_next_drain(
+    nodes, sim, healthy, tmp_path
+):
+    """Review of issue 27: an event's restore fails (crm_attribute exits 102) and the drainer
+    tries it again with backoff; a second event drains the node meanwhile (the mark found set,
+    ours, watched on). Once the cluster took updates again, the first event's retry took the
+    mark off while the second event's before-hooks ran: resources could come back to a node
+    about to go down. Now a drain stops the retries (the engine restores the node when that
+    event is over): the node stays marked until then, and is restored after it."""
+    cluster = healthy
+    node1 = cluster.node("node1")
+    cfg = nodes.config(node1)
+    pause = tmp_path / "before-sleep"
+    nodes.hooks.make(  # the before-hooks of node1 sleep as long as this file says
+        "node1-before",
+        f'sleep "$(cat {pause} 2>/dev/null || echo 0)"; date +%s.%N >> "$OUT/node1.before"',
+    )
+    with refused_restore(node1, tmp_path, update="0") as refuse:
+        daemon = nodes.start(node1, cfg)
+        first = sim.add_event("Preempt", ["node1"], not_before_in=30)
+        daemon.wait_log("cluster_restore_failed", timeout=60, event_id=first)
+        wait_for(lambda: nodes.after(node1), 20, "the first event's after-hooks")
+        pause.write_text("12")
+        second = sim.add_event("Preempt", ["node1"], not_before_in=60)
+        daemon.wait_log("cluster_drained", timeout=30, event_id=second)
+        refuse.unlink()  # the cluster takes updates again: a retry now would work
+        while len(nodes.before(node1)) < 2:  # the second event's before-hooks run
+            assert cluster.health("node1") == str(RED), "the mark taken off under a drain"
+            time.sleep(0.25)
+    wait_for(lambda: len(nodes.after(node1)) == 2, 30, "the second event's after-hooks")
+    assert nodes.after(node1) == [f"after {RED}", "after 0"], "restored before, at the end"
+    assert daemon.wait_log("cluster_restored", timeout=10)["event_id"] == second
+    assert cluster.health("node1") == "0"

@@ -38,6 +38,7 @@ class DrainOn(str, enum.Enum):
     RESTORE = "over: its after- or cancelled-hooks are due"
     RESTORED = "the node is back"
     UNMARKED = "over: another event keeps the mark, or it is not ours"
+    LEFT_ALONE = "it will never be over for this VM: its type lost its rule, or it was missed"
 
 
 _ = Drain
@@ -55,6 +56,7 @@ TABLE = Table(
         row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
         row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
         row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),
+        row(_MARKED, DrainOn.LEFT_ALONE, _.NONE, "RestoreNode, unless another event keeps it"),
     ),
 )
 del _
@@ -242,6 +244,29 @@ def _restore_first(state: State, out: list[Effect]) -> State:
                 out.append(RestoreNode(event_id, state.cluster_mark))
                 tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
             state = _with(state, event_id, tracked)
+    return state
+
+
+# Phases that never reach the after-stage (so never `_restore_first`): a mark kept for such an
+# event stayed on the node until the next restart or reload.
+_NEVER_OVER = frozenset({Phase.UNHANDLED, Phase.MISSED})
+
+
+def _release_left_alone(state: State, out: list[Effect]) -> State:
+    """A coupling (compose.COUPLINGS): an event drained and then left alone (a reload or a
+    restart took its type's rule away while it was interrupted or rebooted; it started while
+    queued again) gives the mark up: the node is restored unless another event keeps it. And
+    a failed restore's error is forgotten once another drain wants the mark."""
+    for event_id, t in state.events.items():
+        if t.drain in _MARKED and t.phase in _NEVER_OVER:
+            if t.drain is Drain.ASKED:
+                out.append(StopDraining(event_id))
+            state = _with(state, event_id, move(t, DrainOn.LEFT_ALONE, Drain.NONE))
+            _restore_unwanted(state, out)
+    if state.restore_error and _drained_for_another(state, ""):
+        # A drain wants the mark again: the drainer stopped trying the failed restore (its
+        # event's end restores the node), so `status` no longer says it is tried again.
+        state = replace(state, restore_error="")
     return state
 
 

@@ -109,9 +109,10 @@ DUE_PHASES = _BEFORE_APPROVAL
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """The end of a held slot's lease (its event is then not approved early)."""
+    """The end of a held slot's lease (its event is then not approved early); none while its
+    approval is on its way (judged at its answer, as `_slots_lost` does)."""
     held = state.slot_leases.get(event_id)
-    return None if held is None else held.until
+    return None if held is None or event_id in state.approvals.posting else held.until
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:

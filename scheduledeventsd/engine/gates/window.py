@@ -30,7 +30,7 @@ class WindowOn(str, enum.Enum):
     PLACED = "placed again (a document, a clock step, a reload)"
     RESTARTED = "the daemon restarted while it waited"
     OPENED = "its start instant came"
-    DROPPED = "it started, or a reload removed its type, while it waited"
+    DROPPED = "it started, or a reload (or a restart) removed its type, while it waited"
     CLOSED = "its slot came after its window closed (gates/slot)"
 
 
