@@ -60,11 +60,12 @@ def _stopped(state: State, out: list[Effect]) -> State:
 
 
 def keeps(state: State, tracked: Tracked, outcome: Outcome) -> bool:
-    """After- or cancelled-hooks that did not succeed while the event holds its slot: the
-    slot stays held and they run again (`_retry_later`)."""
+    """After- or cancelled-hooks that did not succeed while the event holds its slot (or asks
+    for it again: its lease expired in a partition): the slot stays held and they run again
+    (`_retry_later`)."""
     return (
         outcome is not Outcome.SUCCEEDED
-        and tracked.slot is Slot.HELD
+        and tracked.slot in (Slot.HELD, Slot.ASKED)
         and state.config.concurrency is not None
     )
 
@@ -73,7 +74,8 @@ def _retry_later(state: State, tracked: Tracked, now: float) -> Tracked:
     """Held, run again `after_retry` from now (`start_at`: when, run None: none running)."""
     concurrency = state.config.concurrency
     every = concurrency.after_retry if concurrency is not None else 0.0
-    tracked = slot.move(tracked, slot.SlotOn.AFTER_FAILED, Slot.HELD)
+    if tracked.slot is Slot.HELD:
+        tracked = slot.move(tracked, slot.SlotOn.AFTER_FAILED, Slot.HELD)
     return replace(tracked, run=None, start_at=now + every)
 
 

@@ -32,6 +32,7 @@ class SlotOn(str, enum.Enum):
     TAKEN = "it went to another VM before its hooks ran again"
     GIVEN_UP = "its lead passed while it waited to be taken back"
     LOST = "etcd did not confirm it within its ttl"
+    EXPIRED = "its lease expired (a partition) after its approval"
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
     OVER_AT_BOOT = "the state file has its event over"
@@ -61,6 +62,7 @@ TABLE = Table(
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
         row([_.ASKED], SlotOn.GIVEN_UP, _.NONE, "ReleaseSlot: prepared without it"),
         row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
+        row([_.HELD], SlotOn.EXPIRED, _.ASKED, "slot_lost: asked for anew, held again till over"),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
         row(
@@ -143,6 +145,8 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         # again: asked for anew, they wait in the queue (`_prepare`).
         state = _without_lease(state, msg.event_id)
         return _with(state, msg.event_id, move(tracked, SlotOn.TAKEN, Slot.ASKED))
+    if tracked.slot is Slot.HELD and msg.expired and tracked.phase in _IN_MAINTENANCE:
+        return _retake(state, tracked, out)
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -156,6 +160,26 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         out.append(ReleaseSlot(msg.event_id))
         return _with(state, msg.event_id, move(tracked, SlotOn.BUSY, Slot.MISSING))
     return state
+
+
+# Phases of an approved event whose VM is in its maintenance, or back and not healthy yet.
+_IN_MAINTENANCE = frozenset({Phase.APPROVED, Phase.DONE, Phase.AFTER})
+
+
+def _retake(state: State, tracked: Tracked, out: list[Effect]) -> State:
+    """The daemon's lease expired (a partition) while its VM is in the maintenance it was
+    approved for: the slot is asked for again (the keeper takes it anew), not given back; given
+    back, the next VM went while this one was still down or its undrain failing."""
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_LOST,
+            tracked.event,
+            reason="its lease expired after its approval: asked for again, held until it is over",
+        )
+    )
+    state = _without_lease(state, tracked.event.event_id)
+    return _with(state, tracked.event.event_id, move(tracked, SlotOn.EXPIRED, Slot.ASKED))
 
 
 def _without_lease(state: State, event_id: str) -> State:
