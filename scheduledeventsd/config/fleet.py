@@ -182,7 +182,6 @@ def concurrency(
 # leaves the document in 5-10 min; a Redeploy boots on another host and rebuilds the ephemeral
 # disk (20 min, the longest seen). Terminate and Preempt do not come back: no hold.
 USUAL_IMPACT: Mapping[str, int] = {"Freeze": 30, "Reboot": 600, "Redeploy": 1200}
-NOT_BACK = ("Terminate", "Preempt")
 
 
 def hold_warnings(config: Config) -> tuple[str, ...]:

@@ -16,7 +16,8 @@ from typing import Any, Optional
 from .. import __version__
 from ..config import Config, HealthFrom
 from ..engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
-from ..engine.gates.window import Held, hold, lead
+from ..engine.gates.lead import lead
+from ..engine.gates.window import Held, hold
 from ..model import SCHEDULED, Event, iso_utc
 from ..windows import current_or_next
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config
-from scheduledeventsd.config import schema
+from scheduledeventsd.config import loader, schema
 from scheduledeventsd.config.provider import DEFAULT_URLS, Provider
 from scheduledeventsd.config.schema import Key, Kind
 from scheduledeventsd.windows import Window
@@ -50,7 +50,7 @@ def place(raw: dict[str, Any], path: str, value: Any) -> None:
 
 def shown(key: Key) -> Any:
     """What a full config sets a key to: its example, else its default."""
-    return config.parse_yaml(key.example) if key.example is not None else key.default
+    return loader.parse_yaml(key.example) if key.example is not None else key.default
 
 
 COORDINATIONS = ("etcd", "gate")
@@ -85,7 +85,7 @@ LEAVES = [k for k in schema.KEYS if k.kind not in SECTIONS]
 
 
 def parse(raw: dict[str, Any]) -> config.Config:
-    return config.parse(raw, "t.yaml", check_files=False)
+    return loader.parse(raw, "t.yaml", check_files=False)
 
 
 def problems(raw: dict[str, Any]) -> list[str]:
@@ -185,7 +185,7 @@ def test_every_section_refuses_a_key_it_does_not_declare_and_lists_the_declared_
 
 
 def test_the_defaults_the_daemon_uses_are_the_declared_ones():
-    cfg = config.parse(None, "defaults", check_files=False)
+    cfg = loader.parse(None, "defaults", check_files=False)
     declared = {k.name: k.default for k in schema.KEYS if k.parent == "metadata"}
     assert declared.pop("url") is None, "each provider's own (default_text)"
     assert cfg.metadata == config.Metadata(**declared, url=DEFAULT_URLS[Provider.AZURE])
@@ -319,7 +319,7 @@ def test_every_declared_key_is_in_the_reference_table_and_the_man_page_in_declar
 
 # Also the fuzzer's starting corpus (tests/fuzz.py; `make fuzz-quick` in CI runs from them).
 SEEDS = sorted((ROOT / "tests/seeds/config").glob("*.yaml"))
-BOUND = config.MAX_PROBLEM * 2  # a problem's text plus its file and key path, each bounded
+BOUND = loader.MAX_PROBLEM * 2  # a problem's text plus its file and key path, each bounded
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.stem)
@@ -332,7 +332,7 @@ def test_a_hostile_config_is_refused_with_short_errors_and_nothing_run(seed, tmp
     marker.unlink(missing_ok=True)
     started = time.monotonic()
     with pytest.raises(config.ConfigError) as e:
-        config.load(seed)
+        loader.load(seed)
     assert time.monotonic() - started < 30
     assert e.value.problems
     for problem in e.value.problems:

@@ -30,7 +30,7 @@ from scheduledeventsd.engine import (
     lifecycle,
 )
 from scheduledeventsd.engine.gates import window as window_gate
-from scheduledeventsd.engine.gates.window import WINDOW_LEAD
+from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
 from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.windows import Window
 from tests.engine.test_engine import Machine, config, doc, event, logs, of

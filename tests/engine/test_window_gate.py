@@ -22,7 +22,8 @@ from scheduledeventsd.engine import (
     Tracked,
 )
 from scheduledeventsd.engine.gates import window
-from scheduledeventsd.engine.gates.window import WINDOW_LEAD, WindowOn
+from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
+from scheduledeventsd.engine.gates.window import WindowOn
 from tests.engine.test_engine import Machine, doc, logs, of
 from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, machine, mono
 from tests.engine.test_engine_when import window as daily

@@ -13,11 +13,12 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _with
+from ..state import SlotLease, State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
-from . import lease, pipeline, window
+from . import drain
+from .lead import lead
 
 
 class SlotOn(str, enum.Enum):
@@ -65,12 +66,7 @@ TABLE = Table(
         row([_.HELD], SlotOn.EXPIRED, _.ASKED, "slot_lost: asked for anew, held again till over"),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
-        row(
-            [_.ASKED, _.HELD],
-            SlotOn.OVER_AT_BOOT,
-            _.NONE,
-            "nothing to give back",
-        ),
+        row([_.ASKED, _.HELD], SlotOn.OVER_AT_BOOT, _.NONE, "nothing to give back"),
         row([_.HELD], SlotOn.STOPPED, _.HELD, "HoldSlot: held for hold_max (slot_held)"),
         row([_.HELD], SlotOn.GOES, _.NONE, "ReleaseSlot: free as its VM goes (slot_released)"),
         row([_.HELD], SlotOn.AFTER_FAILED, _.HELD, "kept: they run again every after_retry"),
@@ -85,47 +81,61 @@ def move(tracked: Tracked, on: SlotOn, target: Slot) -> Tracked:
     return replace(tracked, slot=target)
 
 
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The slot gate, after the window's: a slot asked for (or a held one being taken back)
+    holds the event in QUEUED until it comes or its deadline; else the drain's gate is next."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    if _slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = move(tracked, SlotOn.GIVEN_UP, Slot.NONE)
+    if _needs_slot(state, tracked):
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
+            out.append(_slot_waiting(event, deadline, (), state))
+            asked = move(tracked, SlotOn.ASK, Slot.ASKED)
+            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                event,
+                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
+                "now, and it is not approved early",
+            )
+        )
+        tracked = move(tracked, SlotOn.TOO_LATE, Slot.MISSING)
+    return drain._enter(state, tracked, on, now, out)
+
+
 def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
-    if tracked.phase is Phase.QUEUED and tracked.slot is Slot.ASKED:
-        held = _window_closed(state, tracked, now)
-        if held is not None:
-            return _wait_for_window(state, tracked, held, out)
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
     groups = _groups(state)
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
-    state = lease._slot_confirmed(state, msg.event_id, confirmed)
+    state = _slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)
-    state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
+    state, tracked = drain._enter(state, tracked, On.SLOT, now, out)  # past the slot gate
     return _with(state, msg.event_id, tracked)
-
-
-def _window_closed(state: State, tracked: Tracked, now: float) -> Optional[window.Held]:
-    """The window gate's answer for a queued event granted its slot now: None when its hooks may
-    start now (in a window, no window before NotBefore, its lead come); else when they may."""
-    if not state.config.windows:
-        return None
-    rule = state.config.events.get(tracked.event.event_type, EventRule())
-    return window._start_at(tracked.event, rule, state, now)
-
-
-def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: list[Effect]) -> State:
-    """The window bounds when preparation starts: a slot granted after the window closed (the
-    VM waited for it past the window's end) is given back, and the event waits for the next
-    window, or its lead, then asks again."""
-    event = tracked.event
-    rule = state.config.events.get(event.event_type, EventRule())
-    out.append(ReleaseSlot(event.event_id))
-    waiting = window._waiting(event, rule, held, state)
-    out.append(replace(waiting, fields={**waiting.fields, "slot": "given back: its window closed"}))
-    given_back = move(tracked, SlotOn.OUT_OF_WINDOW, Slot.NONE)
-    return _with(state, event.event_id, window._hold_again(given_back, On.SLOT, held))
 
 
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
@@ -145,8 +155,6 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         # again: asked for anew, they wait in the queue (`_prepare`).
         state = _without_lease(state, msg.event_id)
         return _with(state, msg.event_id, move(tracked, SlotOn.TAKEN, Slot.ASKED))
-    if tracked.slot is Slot.HELD and msg.expired and tracked.phase in _IN_MAINTENANCE:
-        return _retake(state, tracked, out)
     if tracked.slot is Slot.HELD:  # after a restart its slot had gone to another VM
         out.append(
             _note(
@@ -162,24 +170,24 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     return state
 
 
-# Phases of an approved event whose VM is in its maintenance, or back and not healthy yet.
-_IN_MAINTENANCE = frozenset({Phase.APPROVED, Phase.DONE, Phase.AFTER})
+def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
+    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = state.slot_leases.get(event_id)
+    until = confirmed + ttl
+    if lease is not None and lease.confirmed and lease.until >= until:
+        return state
+    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
 
 
-def _retake(state: State, tracked: Tracked, out: list[Effect]) -> State:
-    """The daemon's lease expired (a partition) while its VM is in the maintenance it was
-    approved for: the slot is asked for again (the keeper takes it anew), not given back; given
-    back, the next VM went while this one was still down or its undrain failing."""
-    out.append(
-        _note(
-            Level.WARNING,
-            What.SLOT_LOST,
-            tracked.event,
-            reason="its lease expired after its approval: asked for again, held until it is over",
-        )
-    )
-    state = _without_lease(state, tracked.event.event_id)
-    return _with(state, tracked.event.event_id, move(tracked, SlotOn.EXPIRED, Slot.ASKED))
+def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
+    """A held slot asked for again (a restart, a reload): no early approval until etcd says
+    it is still ours, and lost if that takes longer than `ttl`."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = SlotLease(now + ttl, confirmed=False)
+    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
 
 
 def _without_lease(state: State, event_id: str) -> State:
@@ -199,7 +207,7 @@ def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> St
     held = state.slot_leases.get(msg.event_id)
     if tracked is None or tracked.slot is not Slot.HELD or held is None or not held.confirmed:
         return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
-    return lease._slot_confirmed(state, msg.event_id, msg.confirmed)
+    return _slot_confirmed(state, msg.event_id, msg.confirmed)
 
 
 def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
@@ -246,7 +254,7 @@ def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[floa
     yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
-    return event.not_before.timestamp() - window.lead(rule) - state.wall_offset
+    return event.not_before.timestamp() - lead(rule) - state.wall_offset
 
 
 def _queued_until(tracked: Tracked, state: State, now: float) -> float:
@@ -343,7 +351,7 @@ def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) ->
         if new.concurrency is not None and etcd is not None:
             out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
             if t.slot is Slot.HELD:
-                state = lease._slot_unconfirmed(state, t, now)
+                state = _slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
@@ -369,30 +377,20 @@ def _deadlines(state: State, now: float, out: list[Effect]) -> State:
         missing = move(t, SlotOn.DEADLINE, Slot.MISSING)
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
-        state, tracked = pipeline._prepare(state, missing, On.LEAD_TIME, now, out)
+        state, tracked = drain._enter(state, missing, On.LEAD_TIME, now, out)  # without it
         state = _with(state, event_id, tracked)
     return state
 
 
-# Phases in which an event may still be approved early: a slot lost then means it is not.
-_BEFORE_APPROVAL = frozenset(
-    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
-)
+# ---- the slot gate's timer: a QUEUED event's deadline (a held slot's lease: gates/lease)
 
-
-# ---- the slot gate's timers: a QUEUED event's deadline, a held slot's lease
-
-DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
+DUE_PHASES = frozenset({Phase.QUEUED})
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
-    if t.phase is Phase.QUEUED:
-        return None if state.stopping is not None else t.start_at
-    held = state.slot_leases.get(event_id)
-    return None if held is None else held.until
+    """A QUEUED event's deadline (none while stopping)."""
+    return None if state.stopping is not None else t.start_at
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    state = lease._slots_lost(state, now, out)
     return _deadlines(state, now, out)
