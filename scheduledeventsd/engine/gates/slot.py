@@ -34,6 +34,7 @@ class SlotOn(str, enum.Enum):
     GIVEN_UP = "its lead passed while it waited to be taken back"
     LOST = "etcd did not confirm it within its ttl"
     EXPIRED = "its lease expired (a partition) after its approval"
+    FREED = "an operator freed it (fleet free)"
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
     OVER_AT_BOOT = "the state file has its event over"
@@ -64,6 +65,7 @@ TABLE = Table(
         row([_.ASKED], SlotOn.GIVEN_UP, _.NONE, "ReleaseSlot: prepared without it"),
         row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
         row([_.HELD], SlotOn.EXPIRED, _.ASKED, "slot_lost: asked for anew, held again till over"),
+        row([_.ASKED, _.HELD], SlotOn.FREED, _.MISSING, "slot_freed_by_operator: ReleaseSlot"),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
         row([_.ASKED, _.HELD], SlotOn.OVER_AT_BOOT, _.NONE, "nothing to give back"),
