@@ -369,6 +369,9 @@ class _Worker:
             return True
         group = next((g for g, p in self.prefixes.items() if gone[0].startswith(p)), "")
         mark = freed_mark(self._client, self.settings, group, self.vm)
+        if not mark and self._lease is not None and self._client.keep_alive(self._lease) == 0:
+            self._shared.lost(self._lease)  # its lease expired (a partition): `expired`, not freed
+            return False
         self._keys = ()
         self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
         self._ended.set()
