@@ -165,6 +165,7 @@ class _Worker:
         self._confirmed = 0.0
         self._events: set[str] = set()  # the events of this VM that hold or want the slot
         self._held = False  # SlotGranted was said: events joining now are granted at once
+        self._expired = False  # the lease expired while held: taken anew (`_hold`)
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
@@ -295,7 +296,9 @@ class _Worker:
             held = self._held
         if held and not self._ended.is_set():
             self._keys = ()
-            self._tell(SlotBusy, ("(lease expired)",), held=False)
+            self._tell(SlotBusy, ("(lease expired)",), (), True, held=False)
+            with self._lock:
+                self._expired = True
             self._ended.set()
 
     def _work(self) -> None:
@@ -312,8 +315,11 @@ class _Worker:
                     self._client.delete(*self._waiting)
                     self._waiting = None
                 self._tell(SlotGranted, self._confirmed, held=True)
-                self._hold()
-                return
+                if not self._hold():
+                    return
+                self._lease = self._get_lease()  # its lease expired: taken anew under a new one
+                holders = None
+                continue
             if taking.full and taking.holders != holders:
                 holders = taking.holders
                 self._tell(SlotBusy, taking.holders, taking.full)
@@ -363,6 +369,9 @@ class _Worker:
             return True
         group = next((g for g, p in self.prefixes.items() if gone[0].startswith(p)), "")
         mark = freed_mark(self._client, self.settings, group, self.vm)
+        if not mark and self._lease is not None and self._client.keep_alive(self._lease) == 0:
+            self._shared.lost(self._lease)  # its lease expired (a partition): `expired`, not freed
+            return False
         self._keys = ()
         self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
         self._ended.set()
@@ -396,13 +405,20 @@ class _Worker:
                 return False
         return False
 
-    def _hold(self) -> None:
+    def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
         at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the keys
-        are read: an operator may have freed one (`fleet free`, fleet.py)."""
+        are read: an operator may have freed one (`fleet free`, fleet.py). True when its lease
+        expired (a partition): the slot is asked for again (the engine gives it back if its
+        event no longer needs it), not left free while its VM may still be in its maintenance."""
         while not self._ended.wait(self.renew):
             if not self._keys or not self._still_ours():
-                return
+                break
+        with self._lock:
+            again, self._expired = self._expired and not self._stopped.is_set(), False
+            if again:
+                self._ended.clear()
+        return again
 
 
 class _Client(EtcdClient):

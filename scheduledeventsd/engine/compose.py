@@ -196,7 +196,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     Faulted: lifetime._faulted,
     SlotGranted: pipeline._slot_granted,
     SlotKept: slot._slot_kept,
-    SlotBusy: slot._slot_busy,
+    SlotBusy: hold._slot_busy,
     SlotFailed: slot._slot_failed,
     SlotFreed: freed._slot_freed,
     ClusterChecked: drain._cluster_checked,

@@ -138,7 +138,7 @@ def retry_after(state: State, now: float, out: list[Effect]) -> State:
             continue
         rule = state.config.events.get(t.event.event_type)
         hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
-        if t.slot is not Slot.HELD or not hooks:
+        if t.slot not in (Slot.HELD, Slot.ASKED) or not hooks:
             state, over = runs._over(state, t, On.LEAD_TIME)
             state = _with(state, event_id, over)
             continue

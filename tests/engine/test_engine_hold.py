@@ -192,3 +192,38 @@ def test_a_stop_while_after_hooks_wait_for_their_retry_exits_at_once_holding_the
     effects = m.send(StopRequested("SIGTERM"), at=MONO0 + 12)
     assert of(effects, HoldSlot) == [HoldSlot("E1", 900)]
     assert of(effects, Exit)
+
+
+def test_a_lease_expired_after_the_approval_asks_for_the_slot_again_not_gives_it_back():
+    """Reviewed (issue 28): the daemon's lease expired in a partition while its VM was in the
+    maintenance it approved (SlotBusy expired): the slot was given back (ReleaseSlot, missing),
+    so after the healing the next VM's hooks started while this one was still down. Now it is
+    asked for again, held once granted, and given back only when the event is over."""
+    m = approved()
+    effects = m.send(SlotBusy("E1", ("(lease expired)",), (), True), at=MONO0 + 5)
+    assert not of(effects, ReleaseSlot), "not given back: its VM is in its maintenance"
+    assert m.state.events["E1"].slot is Slot.ASKED
+    assert logs(effects, "slot_lost")
+    m.send(SlotGranted("E1", MONO0 + 6), at=MONO0 + 6)
+    assert m.state.events["E1"].slot is Slot.HELD
+    spawn = over_and_after_hooks(m, MONO0 + 10)
+    effects = m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 11)
+    assert of(effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_failed_after_hooks_keep_a_slot_asked_for_again_after_its_lease_expired():
+    """The undrain failed and waits for its retry when the lease expires: the retry still runs
+    (was: over at the next try, the slot given back while the VM is not healthy)."""
+    m = approved()
+    spawn = over_and_after_hooks(m, MONO0 + 10)
+    m.send(HooksFinished(spawn.run, Outcome.FAILED, "exit 1"), at=MONO0 + 11)
+    effects = m.send(SlotBusy("E1", ("(lease expired)",), (), True), at=MONO0 + 12)
+    assert not of(effects, ReleaseSlot)
+    (again,) = of(m.tick(MONO0 + 71), SpawnHooks)
+    assert again.stage is Stage.AFTER
+    effects = m.send(HooksFinished(again.run, Outcome.FAILED, "exit 1"), at=MONO0 + 72)
+    assert not of(effects, ReleaseSlot), "still kept: asked for again"
+    m.send(SlotGranted("E1", MONO0 + 80), at=MONO0 + 80)
+    (third,) = of(m.tick(MONO0 + 132), SpawnHooks)
+    effects = m.send(HooksFinished(third.run, Outcome.SUCCEEDED), at=MONO0 + 133)
+    assert of(effects, ReleaseSlot) == [ReleaseSlot("E1")]

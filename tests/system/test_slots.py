@@ -594,3 +594,30 @@ def test_a_vm_crash_rebooted_mid_drain_drains_again_only_once_its_slot_is_free(
     assert most == 1, steps
     assert again.logs("event_waiting", event_id=first, reason="slot")
     wait_for(lambda: sim.approved(first), 20, "vm-1 approved early, holding the slot")
+
+
+def test_a_held_slot_whose_lease_expired_is_taken_again_by_the_keeper(cluster):
+    """Reviewed (issue 28): the daemon's lease expired while its VM held the slot (a partition
+    longer than ttl, here the lease revoked): the keeper said SlotBusy and its worker ended, the
+    key gone for good, so the next VM went while this one was still in its maintenance. Now it
+    says the lease expired and takes the slot again under a new lease (granted again)."""
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slots = f"{settings.prefix}/slots/web/"
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    keeper = SlotKeeper(settings, Concurrency("web", 1, 3), inbox.put)
+    other = EtcdClient(settings)
+    try:
+        keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+        assert isinstance(inbox.get(timeout=20), SlotGranted)
+        lease, _ = keeper.lease.get(other)
+        other.revoke(lease)  # as a partition longer than ttl: the key is gone with it
+        busy = inbox.get(timeout=10)
+        assert isinstance(busy, SlotBusy), busy
+        again = inbox.get(timeout=20)  # was: nothing (queue.Empty), the worker had ended
+        assert isinstance(again, SlotGranted), again
+        assert busy.expired, "the engine is told it expired (not taken by another VM)"
+        (held,) = keys(cluster, slots).values()
+        assert held["vm"] == "vm-a"
+    finally:
+        keeper.stop_all()
+        other.close()

@@ -16,6 +16,7 @@ from ..notes import _note
 from ..state import State, Tracked, _with
 from ..vocabulary.constants import Outcome
 from ..vocabulary.effects import Effect, HoldSlot, ReleaseSlot
+from ..vocabulary.messages import SlotBusy
 from . import slot
 
 # Phases past the before-hooks of an event whose VM then goes for good: the stop is its end.
@@ -60,11 +61,12 @@ def _stopped(state: State, out: list[Effect]) -> State:
 
 
 def keeps(state: State, tracked: Tracked, outcome: Outcome) -> bool:
-    """After- or cancelled-hooks that did not succeed while the event holds its slot: the
-    slot stays held and they run again (`_retry_later`)."""
+    """After- or cancelled-hooks that did not succeed while the event holds its slot (or asks
+    for it again: its lease expired in a partition): the slot stays held and they run again
+    (`_retry_later`)."""
     return (
         outcome is not Outcome.SUCCEEDED
-        and tracked.slot is Slot.HELD
+        and tracked.slot in (Slot.HELD, Slot.ASKED)
         and state.config.concurrency is not None
     )
 
@@ -73,8 +75,38 @@ def _retry_later(state: State, tracked: Tracked, now: float) -> Tracked:
     """Held, run again `after_retry` from now (`start_at`: when, run None: none running)."""
     concurrency = state.config.concurrency
     every = concurrency.after_retry if concurrency is not None else 0.0
-    tracked = slot.move(tracked, slot.SlotOn.AFTER_FAILED, Slot.HELD)
+    if tracked.slot is Slot.HELD:
+        tracked = slot.move(tracked, slot.SlotOn.AFTER_FAILED, Slot.HELD)
     return replace(tracked, run=None, start_at=now + every)
+
+
+# Phases of an approved event whose VM is in its maintenance, or back and not healthy yet.
+_IN_MAINTENANCE = frozenset({Phase.APPROVED, Phase.DONE, Phase.AFTER})
+
+
+def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
+    """The daemon's lease expired (a partition) while its VM is in the maintenance it was
+    approved for: the slot is asked for again (the keeper takes it anew), not given back (given
+    back, the next VM went while this one was still down, or its undrain failing). Any other
+    SlotBusy is the slot gate's."""
+    tracked = state.events.get(msg.event_id)
+    if (
+        tracked is None
+        or not msg.expired
+        or tracked.slot is not Slot.HELD
+        or tracked.phase not in _IN_MAINTENANCE
+    ):
+        return slot._slot_busy(state, msg, now, out)
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_LOST,
+            tracked.event,
+            reason="its lease expired after its approval: asked for again, held until it is over",
+        )
+    )
+    state = slot._without_lease(state, msg.event_id)
+    return _with(state, msg.event_id, slot.move(tracked, slot.SlotOn.EXPIRED, Slot.ASKED))
 
 
 # ---- the hold's timer: failed after-hooks run again (stages.retry_after fires it)

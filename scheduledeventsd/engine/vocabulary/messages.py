@@ -194,11 +194,14 @@ class SlotKept:
 @dataclass(frozen=True)
 class SlotBusy:
     """Every slot of a group is held, by these VMs (for the log; on change); `full` names
-    the groups without a slot for this VM (with several groups, it holds one in each or none)."""
+    the groups without a slot for this VM (with several groups, it holds one in each or none).
+    `expired`: the slot was held and the daemon's lease expired (a partition); the keeper asks
+    for it again on its own."""
 
     event_id: str
     holders: tuple[str, ...]
     full: tuple[str, ...] = ()
+    expired: bool = False
 
 
 @dataclass(frozen=True)
