@@ -37,6 +37,11 @@ def etcd_counters(cluster: Cluster) -> Counter[str]:
                     method = _METHOD.search(m.group(2) or "")
                     totals[f"grpc.{method.group(1) if method else '?'}"] += value
                 elif name in (
+                    "etcd_disk_wal_fsync_duration_seconds_sum",
+                    "etcd_disk_wal_fsync_duration_seconds_count",
+                ):
+                    totals[name.removeprefix("etcd_disk_")] += value
+                elif name in (
                     "etcd_debugging_mvcc_events_total",
                     "etcd_debugging_mvcc_watcher_total",
                     "etcd_debugging_mvcc_watch_stream_total",
@@ -48,8 +53,12 @@ def etcd_counters(cluster: Cluster) -> Counter[str]:
 def per_vm_event(before: Counter[str], after: Counter[str], vm_events: int) -> dict[str, float]:
     """The counters' growth divided by VMs x events (gauges are left out)."""
     out: dict[str, float] = {}
+    fsyncs = after["wal_fsync_duration_seconds_count"] - before["wal_fsync_duration_seconds_count"]
+    if fsyncs:
+        spent = after["wal_fsync_duration_seconds_sum"] - before["wal_fsync_duration_seconds_sum"]
+        out["wal_fsync_ms_mean"] = round(1000 * spent / fsyncs, 2)
     for key in sorted(set(after) | set(before)):
-        if key in ("watcher_total", "watch_stream_total"):
+        if key.startswith(("watcher_total", "watch_stream_total", "wal_fsync")):
             continue
         grown = after[key] - before[key]
         if grown:
