@@ -187,8 +187,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the configuration of each VM whose entry names none (default: %(default)s)",
     )
-    p.add_argument("--from", dest="start", type=_instant, metavar="ISO8601",
-                   help="when the plan starts (default: now)")  # fmt: skip
+    p.add_argument(
+        "--from",
+        dest="start",
+        type=_instant,
+        metavar="ISO8601",
+        help="when the plan starts, UTC unless it names a zone (default: now)",
+    )
     p.add_argument(
         "--format",
         choices=("text", "json", "svg"),

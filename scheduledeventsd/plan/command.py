@@ -45,5 +45,5 @@ def main(
         output.write_text(text, encoding="utf-8")
     except OSError as e:
         print(f"error: {output}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return EXIT_CONFIG  # bad input (--output), not a plan that is late
     return int(data["summary"]["exit"])

@@ -10,6 +10,7 @@ not on the machine that plans.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -30,6 +31,10 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _RANGE = re.compile(r"^(.*)\[(\d+)-(\d+)\](.*)$")
 MAX_RANGE = 100_000  # VMs one range may name
+MAX_SECONDS = 366 * 86400.0  # a duration longer than a year is a mistake (and would overflow)
+# not_before outside these is a mistake, and its instants would not render (year 1, year 9999)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def duration(value: Any) -> Optional[float]:  # noqa: ANN401 - YAML
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value)
+        return float(value) if math.isfinite(value) else None
     if not isinstance(value, str):
         return None
     text = value.strip().lstrip("-").replace(" ", "")
@@ -113,8 +118,6 @@ def expand(spec: str) -> tuple[str, ...]:
     head, low, high, tail = found.groups()
     width = len(low) if low.startswith("0") and len(low) > 1 else 0
     first, last = int(low), int(high)
-    if last - first >= MAX_RANGE:
-        return ()
     return tuple(f"{head}{n:0{width}d}{tail}" for n in range(first, last + 1))
 
 
@@ -165,8 +168,11 @@ def _known(c: Checker, where: str, value: Mapping[str, Any], allowed: tuple[str,
 
 
 def _items(c: Checker, where: str, value: Any) -> list[Mapping[str, Any]]:  # noqa: ANN401
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list):
         c.fail(where, f"must be a list of mappings, got {kind_of(value)}")
+        return []
+    if not value:
+        c.fail(where, "must be a list of mappings, got an empty list")
         return []
     good: list[Mapping[str, Any]] = []
     for i, item in enumerate(value):
@@ -185,11 +191,23 @@ def _names(c: Checker, where: str, value: Any) -> tuple[str, ...]:  # noqa: ANN4
         if not isinstance(spec, str) or not spec.strip():
             c.fail(where, f"must be a VM name or a range like web-[1-12], got {kind_of(spec)}")
             continue
+        size = _range_size(spec.strip())
+        if size > MAX_RANGE:
+            c.fail(where, f"{spec} names {size} VMs, more than {MAX_RANGE}")
+            continue
         found = expand(spec.strip())
         if not found:
             c.fail(where, f"{spec} names no VM")
         names.extend(found)
+    if not specs:
+        c.fail(where, "must name a VM or a range like web-[1-12], got an empty list")
     return tuple(dict.fromkeys(names))
+
+
+def _range_size(spec: str) -> int:
+    """How many VMs `expand` would name, without naming them."""
+    found = _RANGE.match(spec)
+    return 1 if found is None else max(0, int(found.group(3)) - int(found.group(2)) + 1)
 
 
 def _seconds(c: Checker, where: str, value: Any, default: Optional[float]) -> Optional[float]:  # noqa: ANN401
@@ -200,6 +218,9 @@ def _seconds(c: Checker, where: str, value: Any, default: Optional[float]) -> Op
         c.fail(where, f"must be a duration like 30s, 10m, 2h or 7d, got {value!r}")
     elif seconds < 0:
         c.fail(where, f"must not be negative, got {value!r}")
+        return None
+    elif seconds > MAX_SECONDS:
+        c.fail(where, f"must be at most 366d (a plan covers a year at most), got {value!r}")
         return None
     return seconds
 
@@ -328,7 +349,11 @@ def _instant(c: Checker, where: str, value: Any) -> Optional[dt.datetime]:  # no
         except ValueError:
             c.fail(where, f"must be an ISO 8601 instant, got {value!r}")
             return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    if not EARLIEST <= parsed < LATEST:
+        c.fail(where, f"must be an instant from 1970 to 8999, got {parsed.isoformat()}")
+        return None
+    return parsed
 
 
 def parse_instant(text: str) -> dt.datetime:

@@ -9,7 +9,9 @@ happen:
                "posted", "not_before",
                "hooks_start", "waited_for" (null | "window" | "slot" | "lead"),
                "approved", "approved_early" (true: approved when its hooks succeeded; false:
-               it proceeded at NotBefore, and `approved` is NotBefore),
+               it proceeded at NotBefore, and `approved` is NotBefore, or when it was posted
+               if NotBefore was past; null: it never started, withdrawn or its VM gone
+               for good before),
                "down", "back" (null: a Preempt or Terminate, gone for good), "after_done"
                (back up, the engine has nothing left to do for it), "cancelled" (withdrawn
                by the cloud before it started: never down),
@@ -90,7 +92,11 @@ def build(plan: Plan) -> dict[str, Any]:
 def _row(plan: Plan, seen: Seen) -> dict[str, Any]:
     start = plan.start
     early = seen.approved is not None
-    approved = seen.approved if early else seen.not_before
+    # Not approved: it started at NotBefore (when posted, if that was past), unless it was
+    # withdrawn or its VM was gone for good before (a Preempt, a Terminate): it never started.
+    approved = seen.approved if early else max(seen.not_before, seen.posted)
+    if not early and (_never_due(seen) or seen.cancelled is not None):
+        approved = None
     return {
         "vm": seen.vm,
         "group": seen.group,
@@ -134,7 +140,7 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     if seen.cancelled is not None:  # never due: nothing was late or cut
         return ["no_window"] if _no_window(plan, seen) else []
     prepared = seen.hooks_end is not None and seen.hooks_end <= seen.not_before
-    if seen.hooks_start is not None and (seen.cut_off or not prepared):
+    if seen.hooks_start is not None and (seen.cut_off or not prepared) and not _never_due(seen):
         found.add("late")
     if seen.no_slot:
         found.add("no_slot")
@@ -147,18 +153,27 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     return sorted(found)
 
 
+def _never_due(seen: Seen) -> bool:
+    """Its VM was gone for good (a Preempt, a Terminate) before it started: it never did."""
+    return seen.never_back and seen.down is None
+
+
 def _no_window(plan: Plan, seen: Seen) -> bool:
-    """Windows hold its type, and none opens between its posting and its lead (the engine's
-    own `window_lead`) before NotBefore."""
+    """Windows hold its type, and none opens from its posting (or its start_before) to its
+    lead (the engine's own `window_lead`) before NotBefore: as the window gate's `hold`
+    chooses, a window opening exactly at the lead included."""
     config = plan.by_name[seen.vm].config
     rule = config.events.get(seen.event_type, EventRule())
     if not config.windows or not rule.obeys_windows(seen.event_type):
         return False
     if seen.not_before <= seen.posted:  # no notice: no window could
         return False
-    wall0 = plan.wall0
-    until = wall0 + seen.not_before - window_lead(rule)
-    return first_opening(config.windows, wall0 + seen.posted, until) is None
+    not_before = plan.wall0 + seen.not_before
+    earliest = plan.wall0 + seen.posted
+    if rule.start_before is not None and rule.before:
+        earliest = max(earliest, not_before - rule.start_before)
+    found = first_opening(config.windows, earliest, not_before)
+    return found is None or found[0] > not_before - window_lead(rule)
 
 
 def spans(seen: Seen) -> list[tuple[str, float, Optional[float]]]:
@@ -224,12 +239,11 @@ def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
             concurrency = plan.by_name[r.vm].config.concurrency
             if concurrency is not None:
                 most = concurrency.max
-        spans_of = [
-            (r.prepared_from, r.maintenance_to)
-            for r in members
-            if r.prepared_from is not None and r.maintenance_to is not None
-        ]
-        at_once, short = _sweep(spans_of)
+        by_vm: dict[str, list[tuple[float, float]]] = {}
+        for r in members:
+            if r.prepared_from is not None and r.maintenance_to is not None:
+                by_vm.setdefault(r.vm, []).append((r.prepared_from, r.maintenance_to))
+        at_once, short = _sweep([span for spans in by_vm.values() for span in _merged(spans)])
         backs = [r.back for r in members if r.back is not None]
         found.append({
             "group": group,
@@ -241,6 +255,18 @@ def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
             "approved_early": sum(r.approved is not None for r in members),
             "last_back": iso(plan.start, max(backs) if backs else None),
         })  # fmt: skip
+    return found
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """One VM's spans in maintenance, overlapping ones as one: a VM with two events at once
+    is one VM in maintenance (its events share its slot)."""
+    found: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if found and a < found[-1][1]:
+            found[-1] = (found[-1][0], max(found[-1][1], b))
+        else:
+            found.append((a, b))
     return found
 
 
@@ -293,7 +319,9 @@ def as_text(data: dict[str, Any]) -> str:
             "after done", "slot from", "slot to", "flags")  # fmt: skip
     table = [head]
     for r in data["rows"]:
-        approved = _short(r["approved"]) + (" early" if r["approved_early"] else " NotBefore")
+        approved = _short(r["approved"])
+        if r["approved"] is not None:
+            approved += " early" if r["approved_early"] else " NotBefore"
         table.append((
             r["vm"], r["event_type"], _short(r["posted"]), _short(r["hooks_start"]),
             r["waited_for"] or "-", approved, _short(r["down"]), _short(r["back"]),

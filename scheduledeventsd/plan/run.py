@@ -9,8 +9,8 @@ poll whose document did not change and that did nothing but order the next (a qu
 not replayed one by one: the VM's polls stay "quiet" until anything else is due for it, then the
 last ones are delivered (the last `RATE_WINDOW` of them at their own instants, so the engine's
 rate budget is what it would be), and the rest in one late answer. A held slot's keep-alives are
-delivered the same way, the latest before whatever comes next. A week's notice at 1 s polls costs
-a handful of steps, not 604 800.
+delivered the same way, the latest before whatever comes next (each at its instant while two
+events share the slot). A week's notice at 1 s polls costs a handful of steps, not 604 800.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Plan:
         self.steps = 0
         self.faults = 0
         self.until = 0.0  # the last instant simulated
-        last = max((p.not_before + p.impact for p in self.cloud.events), default=0.0)
+        last = max((p.due() + p.impact for p in self.cloud.events), default=0.0)
         self.horizon = last + SLACK
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -109,7 +109,7 @@ class Plan:
                 self.push(p.posted, self.by_name[name], DOC, None)
                 if p.cancelled is not None:
                     self.push(p.cancelled, self.by_name[name], CANCEL, p)
-            self.push(p.not_before, None, START, p)
+            self.push(p.due(), None, START, p)
         while self._heap and self._open:
             t, _, index, gen, kind, payload = heapq.heappop(self._heap)
             if t > self.horizon:
@@ -280,7 +280,7 @@ class Plan:
         if vm.kept_from is None or concurrency is None or not self.skip_quiet:
             return
         renew = concurrency.ttl / 3
-        last = vm.kept_from + math.floor((t - vm.kept_from) / renew) * renew
+        last = vm.kept_from + math.floor((t - vm.kept_from) / renew + 1e-9) * renew
         if last <= vm.kept_to:
             return
         vm.kept_to = last
@@ -310,13 +310,27 @@ class Plan:
         return True
 
     def _keep_alive(self, vm: Vm, since: float, t: float) -> None:
-        """`skip_quiet=False`: each keep-alive at its instant, as the keeper renews."""
-        if vm.kept_from != since or vm.config.concurrency is None:
+        """Each keep-alive at its instant, as the keeper renews: always with `skip_quiet=False`,
+        else while two or more events share the slot. The engine checks every event's lease
+        whenever it is told of one: the latest renewal told late, to one event after the
+        other, would find the others' leases expired (the slot lost)."""
+        concurrency = vm.config.concurrency
+        if vm.kept_from != since or concurrency is None:
+            vm.keeping = None
             return  # given back (or lost with the daemon) since
+        renew = concurrency.ttl / 3
+        following = since + (round((t - since) / renew) + 1) * renew
+        if self.skip_quiet:
+            if len(vm.slot_events) < 2:
+                vm.keeping = None  # one event: its latest renewal is told when due (_keep_up)
+                return
+            self._keep_up(vm, t, speculate=vm.quiet)
+            self.push(following, vm, KEEP, since)
+            return
         vm.kept_to = t
         for event_id in sorted(vm.slot_events):
             self._feed(vm, SlotKept(event_id, t), t)
-        self.push(t + vm.config.concurrency.ttl / 3, vm, KEEP, since)
+        self.push(following, vm, KEEP, since)
 
     # ---- the cloud: an event starts, a VM goes down and comes back ---------------------------
 
@@ -337,6 +351,8 @@ class Plan:
             seen.down = t
             if posting.reboots or posting.gone_for_good:
                 self._down(vm, posting, t)
+                if posting.reboots:  # it leaves the document then, also if the VM was down
+                    self.push(t + posting.impact, vm, DOC, None)  # already (back earlier)
             else:  # paused: Started, then gone once it is over
                 seen.back = t + posting.impact
                 vm.waiting_after.add(posting.event_id)
@@ -407,6 +423,12 @@ class Plan:
                 vm.kept_from = vm.kept_to = since
                 if not self.skip_quiet:
                     self.push(since + vm.config.concurrency.ttl / 3, vm, KEEP, since)
+            kept, concurrency = vm.kept_from, vm.config.concurrency
+            shared = len(vm.slot_events) > 1 and vm.keeping != kept
+            if self.skip_quiet and shared and kept is not None and concurrency is not None:
+                vm.keeping = kept  # two events share the slot: each renewal at its instant
+                renew = concurrency.ttl / 3
+                self.push(kept + (math.floor((t - kept) / renew) + 1) * renew, vm, KEEP, kept)
 
     def answer(self, answers: list[Answer], t: float) -> None:
         for name, message in answers:

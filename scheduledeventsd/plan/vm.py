@@ -46,6 +46,7 @@ class Vm:
     shown: int = -1  # the incarnation it last saw
     kept_from: Optional[float] = None  # its slot's lease renewed every ttl/3 from then
     kept_to: float = -math.inf  # the last renewal it was told of
+    keeping: Optional[float] = None  # the kept_from its renewals are told one by one for
     slot_events: set[str] = field(default_factory=set)
     persisted: Known = field(default_factory=dict)
     mark: Optional[ClusterMark] = None

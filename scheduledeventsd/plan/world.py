@@ -48,6 +48,11 @@ class Posting:
     def gone_for_good(self) -> bool:
         return self.event_type in GONE_FOR_GOOD
 
+    def due(self) -> float:
+        """When the cloud starts it unless approved before: its NotBefore, or when it is
+        posted if that is later (no notice, or a NotBefore already past: Started at once)."""
+        return self.started if self.started is not None else self.not_before
+
     def ends(self) -> Optional[float]:
         """When it leaves the document: withdrawn, or once the VM is back (never, for a VM
         gone for good)."""

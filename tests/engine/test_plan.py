@@ -246,6 +246,37 @@ def test_plan_writes_its_output_file_and_exits_0_when_all_is_in_time(tmp_path, c
             WEB.replace("concurrency: {group: web, max: 1}", "concurrency: {group: web, max: 0}"),
             "web.yaml: concurrency.max:",
         ),
+        (
+            wave(4).replace("names: web-[1-4]", "names: []"),
+            WEB,
+            "fleet.yaml: vms[0].names: must name a VM or a range like web-[1-12], got an empty",
+        ),
+        (
+            wave(4).replace("web-[1-4]", "web-[1-100000000]"),
+            WEB,
+            "fleet.yaml: vms[0].names: web-[1-100000000] names 100000000 VMs, more than 100000",
+        ),
+        (
+            wave(4).replace("not_before: 2026-11-28T05:30:00Z", "notice: .inf"),
+            WEB,
+            "fleet.yaml: maintenance[0].notice: must be a duration like 30s",
+        ),
+        (
+            wave(4).replace("not_before: 2026-11-28T05:30:00Z", "notice: 100000000w"),
+            WEB,
+            "fleet.yaml: maintenance[0].notice: must be at most 366d",
+        ),
+        (
+            wave(4, not_before="0001-01-01T00:00:00Z"),
+            WEB,
+            "fleet.yaml: maintenance[0].not_before: must be an instant from 1970 to 8999, "
+            "got 0001-01-01T00:00:00+00:00",
+        ),
+        (
+            "vms: [{names: web-1, config: web.yaml}]\nmaintenance: []\n",
+            WEB,
+            "fleet.yaml: maintenance: must be a list of mappings, got an empty list",
+        ),
     ],
     ids=[
         "unknown-hook",
@@ -253,6 +284,12 @@ def test_plan_writes_its_output_file_and_exits_0_when_all_is_in_time(tmp_path, c
         "empty-range",
         "negative-notice",
         "config-the-daemon-refuses",
+        "empty-list-of-names",
+        "range-too-large",
+        "infinite-notice",
+        "notice-past-a-year",
+        "not-before-in-year-1",
+        "no-maintenance",
     ],
 )
 def test_bad_fleet_input_is_named_by_file_and_key_path_with_exit_2(
@@ -521,7 +558,7 @@ def test_an_output_file_that_cannot_be_written_is_an_error_not_a_traceback(tmp_p
     out = tmp_path / "no-such-dir" / "plan.json"
     code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--output", str(out)])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == cli.EXIT_CONFIG  # bad input: 1 says a VM is late or a group over its max
     assert f"error: {out}: No such file or directory" in err
     assert "Traceback" not in err
 
@@ -551,3 +588,143 @@ maintenance:
     assert first["back"] == "2026-11-23T00:05:10Z"
     assert second["hooks_start"] == second["posted"] == "2026-11-23T02:00:00Z"
     assert second["back"] == "2026-11-23T02:05:10Z"
+
+
+def test_a_not_before_already_past_starts_the_event_when_it_is_posted(tmp_path):
+    """not_before before the plan's start (a FLEET file planned again a week later): the cloud
+    starts such an event when it lists it, as one with no notice; the VMs go down when it is
+    posted (01:00) and are back 5 minutes later, and its `approved` is that instant."""
+    text = wave(2, not_before="2026-11-20T00:00:00Z")
+    text = text.replace("impact: 5m", "posted: 1h\n    impact: 5m")
+    data = planned(files(tmp_path, text))
+    for r in data["rows"]:
+        assert (r["down"], r["back"]) == ("2026-11-23T01:00:00Z", "2026-11-23T01:05:00Z")
+        assert (r["approved"], r["approved_early"]) == ("2026-11-23T01:00:00Z", False)
+
+
+def test_an_event_its_vm_was_gone_before_is_neither_late_nor_approved(tmp_path):
+    """spot-1 drains for a Reboot due in an hour (no window before it: at once) when a Preempt
+    takes it 30 s later: the Preempt's row is cut_off and late; the Reboot never happens to
+    it: no approval, and not late (its NotBefore never came for the VM)."""
+    text = """\
+vms:
+  - names: spot-1
+    config: web.yaml
+    hooks: {drain: 60s}
+maintenance:
+  - type: Reboot
+    vms: spot-1
+    notice: 1h
+    impact: 5m
+  - type: Preempt
+    vms: spot-1
+    notice: 30s
+"""
+    data = planned(files(tmp_path, text))
+    rows = {r["event_type"]: r for r in data["rows"]}
+    assert rows["Reboot"]["hooks_start"] == START_ISO
+    assert (rows["Reboot"]["approved"], rows["Reboot"]["down"]) == (None, None)
+    assert rows["Reboot"]["flags"] == ["no_window"]  # Saturday's window is after NotBefore
+    assert rows["Preempt"]["flags"] == ["cut_off", "late"]
+    assert data["summary"]["problems"]["late"] == 1
+    (line,) = [x for x in report.as_text(data).splitlines() if x.startswith("spot-1  Reboot")]
+    assert "NotBefore" not in line
+
+
+TWO_REBOOTS = """\
+vms:
+  - names: web-1
+    config: web.yaml
+    hooks: {drain: 30m, undrain: 0s}
+maintenance:
+  - type: Reboot
+    vms: web-1
+    not_before: 2026-11-28T05:30:00Z
+    impact: 5m
+  - type: Reboot
+    vms: web-1
+    posted: 1m
+    not_before: 2026-11-28T05:31:00Z
+    impact: 5m
+"""
+
+
+def test_two_events_of_one_vm_share_its_slot_and_skipping_quiet_polls_changes_nothing(tmp_path):
+    """Two Reboots of web-1 prepare together in Saturday's window and share its one slot: both
+    are approved when the drains end (02:30) and it is back at 02:35, as when every keep-alive
+    is replayed (the slot is not lost to a keep-alive told late to one event after the other).
+    One VM is one VM in maintenance: the group is not over its max of 1."""
+    loaded = fleet.load(files(tmp_path, TWO_REBOOTS), tmp_path / "absent.yaml")
+    saturday = dt.datetime(2026, 11, 28, 1, 0, tzinfo=dt.timezone.utc)  # replayed: 1 s polls
+    skipped, replayed = (
+        report.build(run.Plan(loaded, saturday, skip_quiet=skip).run()) for skip in (True, False)
+    )
+    for data in (skipped, replayed):
+        for r in data["rows"]:
+            assert (r["approved"], r["approved_early"]) == (at(28, "02:30:00"), True)
+            assert (r["back"], r["flags"]) == (at(28, "02:35:00"), [])
+        (group,) = data["summary"]["groups"]
+        assert (group["most_at_once"], group["exceeds_max"]) == (1, False)
+        assert data["summary"]["exit"] == 0
+    assert skipped["rows"] == replayed["rows"]
+
+
+DOWN_TWICE = """\
+vms:
+  - names: v-[1-2]
+    config: web.yaml
+    hooks: {drain: 0s, undrain: 0s}
+maintenance:
+  - type: Redeploy
+    vms: v-2
+    posted: 10m
+    notice: 0s
+    impact: 5m
+  - type: Redeploy
+    vms: v-2
+    posted: 10m
+    notice: 30s
+    impact: 5m
+  - type: Reboot
+    vms: v-2
+    posted: 40m
+    notice: 1h
+    impact: 5m
+"""
+DOWN_TWICE_CONFIG = """\
+hooks:
+  drain: [{command: [/bin/true]}]
+  undrain: [{command: [/bin/true]}]
+events:
+  Reboot: {before: [drain], after: [undrain]}
+  Redeploy: {before: [drain], after: [undrain]}
+concurrency: {group: g, max: 1}
+coordination: {etcd: {endpoints: ["http://127.0.0.1:2379"]}}
+approve: all
+"""
+
+
+def test_an_event_that_starts_while_its_vm_is_down_leaves_the_document_for_quiet_polls(tmp_path):
+    """A host failure takes v-2 down at 00:10 (back 00:15); a second Redeploy starts at its
+    NotBefore (00:10:30) while it is down and leaves the document 5 minutes later (00:15:30),
+    after v-2 is back and polling quietly: that change is due in the plan's heap (it was not:
+    "its document changed while quiet", no plan at all), and the plan is the one replayed
+    poll by poll."""
+    loaded = fleet.load(files(tmp_path, DOWN_TWICE, DOWN_TWICE_CONFIG), tmp_path / "absent.yaml")
+    skipped, replayed = (
+        report.build(run.Plan(loaded, START, skip_quiet=skip).run()) for skip in (True, False)
+    )
+    assert skipped["rows"] == replayed["rows"]
+    reboot = next(r for r in skipped["rows"] if r["event_type"] == "Reboot")
+    assert reboot["hooks_start"] == "2026-11-23T00:40:00Z"
+
+
+def test_a_window_opening_exactly_at_the_lead_is_used_and_not_flagged_no_window(tmp_path):
+    """NotBefore 02:10 on Saturday: the window opens at 02:00, exactly the 10-minute lead
+    before it, and the engine starts the drain in it (waited_for window); the row is late and
+    cut off (a 30-minute drain), but not no_window (it was: the flag read the window as
+    having to open before the lead, the engine takes one opening at it)."""
+    data = planned(files(tmp_path, wave(1, not_before="2026-11-28T02:10:00Z")))
+    (r,) = data["rows"]
+    assert (r["hooks_start"], r["waited_for"]) == (at(28, "02:00:00"), "window")
+    assert r["flags"] == ["cut_off", "late"]
