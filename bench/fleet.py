@@ -38,7 +38,7 @@ from bench import start_daemon
 from bench.fleet_load import at_rest, cpu_seconds, etcd_counters, per_vm_event
 from scheduledeventsd.config import Etcd
 from scheduledeventsd.coordination.etcd import EtcdClient
-from scheduledeventsd.simulators.azure import Simulator
+from scheduledeventsd.simulators.azure import Approval, Simulator
 from scheduledeventsd.simulators.scenario import Scenario
 from tests.etcd_cluster import Cluster
 
@@ -55,6 +55,13 @@ for vm in $SCHEDULED_EVENT_RESOURCES; do
 done
 exit 0
 """
+
+
+def approvals(sim: Simulator) -> list[Approval]:
+    """A copy taken under the simulator's lock: its server threads append while we read (100
+    daemons' POSTs broke an iteration: deque mutated during iteration)."""
+    with sim._lock:
+        return list(sim.approvals)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -110,11 +117,11 @@ class Contender:
         """One shared event: seconds from the last hook end (and last ready) to the POST."""
         event_id = self.sim.add_event("Reboot", list(self.vms), not_before_in=900)
         deadline = time.monotonic() + timeout
-        while not [a for a in self.sim.approvals if a.event_id == event_id]:
+        while not [a for a in approvals(self.sim) if a.event_id == event_id]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: {event_id} not approved in {timeout} s")
             time.sleep(0.01)
-        posted = min(a.at for a in self.sim.approvals if a.event_id == event_id)
+        posted = min(a.at for a in approvals(self.sim) if a.event_id == event_id)
         ends = [float((self.out / f"{event_id}.{vm}").read_text()) for vm in self.vms]
         while event_id in self.sim.event_ids():
             time.sleep(0.05)
@@ -184,9 +191,11 @@ def measure(
             if name == "etcd":
                 load_after += etcd_counters(cluster)
                 event_id = next(
-                    a.event_id for a in reversed(sim.approvals) if a.event_id not in event_id_before
+                    a.event_id
+                    for a in reversed(approvals(sim))
+                    if a.event_id not in event_id_before
                 )
-                posted = min(a.at for a in sim.approvals if a.event_id == event_id)
+                posted = min(a.at for a in approvals(sim) if a.event_id == event_id)
                 ready.append(posted - last_ready(cluster, prefix, event_id))
         cpu = sum(cpu_seconds(p.pid) for p in contender.procs) - cpu_before
         extra["daemon_cpu_ms_per_vm_event"] = round(1000 * cpu / (count * rounds), 1)
