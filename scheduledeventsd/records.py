@@ -68,6 +68,7 @@ class What(str, enum.Enum):
     SLOT_ACQUIRED = "slot_acquired"
     SLOT_UNAVAILABLE = "slot_unavailable"
     SLOT_RELEASED = "slot_released"
+    SLOT_HELD = "slot_held"
     SLOT_LOST = "slot_lost"
     SLOT_FAILED = "slot_failed"
     COORDINATION_RECOVERED = "coordination_recovered"

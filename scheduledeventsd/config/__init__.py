@@ -144,7 +144,7 @@ def parse(
     )
     if c.problems:
         raise ConfigError(c.problems)
-    return config
+    return replace(config, warnings=config.warnings + fleet.hold_warnings(config))
 
 
 def _hooks(c: Checker, given: Mapping[str, Any], top: Mapping[str, Any]) -> Mapping[str, Hook]:

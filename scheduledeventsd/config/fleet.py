@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..model import EVENT_TYPES
 from . import files, logic, schema
 from .sections import command
-from .settings import Concurrency, Coordination, DrainMethod, Etcd, Gate, Pacemaker, frozen
+from .settings import Concurrency, Config, Coordination, DrainMethod, Etcd, Gate, Pacemaker, frozen
 from .walker import Checker, Entry, kind_of, url_parts
 
 # Pacemaker's own CLI, looked for where the distributions install it (never the caller's PATH).
@@ -129,3 +129,35 @@ def concurrency(c: Checker, fields: Optional[dict[str, Any]]) -> Optional[Concur
     if not _GROUP.fullmatch(group):
         c.fail("concurrency.group", f"letters, digits, '_', '.', '-' (at most 64), got {group!r}")
     return Concurrency(**fields)
+
+
+# How long each event type usually keeps a VM away, as documented (docs/imds-reference, the
+# README's fleet section): a live-migration Freeze pauses 5-30 s; a Reboot is Started until it
+# leaves the document in 5-10 min; a Redeploy boots on another host and rebuilds the ephemeral
+# disk (20 min, the longest seen). Terminate and Preempt do not come back: no hold.
+USUAL_IMPACT: Mapping[str, int] = {"Freeze": 30, "Reboot": 600, "Redeploy": 1200}
+NOT_BACK = ("Terminate", "Preempt")
+
+
+def hold_warnings(config: Config) -> tuple[str, ...]:
+    """`concurrency.hold_max` shorter than the longest hook timeout plus the usual impact of an
+    event type that takes slots: a VM still down (or still undraining) may lose its slot."""
+    concurrency = config.concurrency
+    if concurrency is None:
+        return ()
+    longest = max((c.timeout for hook in config.hooks.values() for c in hook.commands), default=0)
+    impacts = [
+        (USUAL_IMPACT[t], t)
+        for t, rule in config.events.items()
+        if t in USUAL_IMPACT and rule.obeys_windows(t)
+    ]
+    if not impacts:
+        return ()
+    impact, event_type = max(impacts)
+    if concurrency.hold_max >= longest + impact:
+        return ()
+    return (
+        f"concurrency.hold_max: {concurrency.hold_max} s is shorter than the longest hook "
+        f"timeout ({longest:g} s) plus a {event_type}'s usual impact ({impact} s): a VM still "
+        "in its maintenance may lose its slot and let the next one go",
+    )

@@ -51,6 +51,12 @@ APPROVE_CHOICES = (
     ("never", "run hooks only"),
 )
 
+_HOLD_MAX = (
+    "A daemon that stops holding a slot (for its maintenance) leaves it held this long, until it "
+    "is back and its after-hooks succeeded; a Terminate or Preempt frees it as the VM goes."
+)
+_AFTER_RETRY = "After-hooks that fail holding a slot keep it held, and run again this long after."
+
 KEYS: tuple[Key, ...] = (
     Key(
         "provider",
@@ -303,6 +309,8 @@ KEYS: tuple[Key, ...] = (
         5,
         300,
     ),
+    Key("concurrency.hold_max", Kind.WHOLE, _HOLD_MAX, 3600, 5, 7 * 24 * 3600),
+    Key("concurrency.after_retry", Kind.SECONDS, _AFTER_RETRY, 60, 1, 3600),
     Key(
         "environment",
         Kind.NAMED,

@@ -203,6 +203,8 @@ class Concurrency:
     group: str
     max: int = int(schema.number("concurrency.max"))
     ttl: int = int(schema.number("concurrency.ttl"))
+    hold_max: int = int(schema.number("concurrency.hold_max"))
+    after_retry: float = schema.number("concurrency.after_retry")
 
 
 STAGES = ("before", "after", "cancelled")

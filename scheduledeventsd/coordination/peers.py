@@ -2,11 +2,12 @@
 
 The engine decides (approve once every VM named is ready, never when one failed); this module
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
-connection: it writes `<prefix>/events/<EventId>/<vm name>` under a lease that outlives the
-event, reads the event's keys, then watches them and sends every change to the inbox as
-PeersChanged, until told to stop (a `failed` write reports the keys once, and ends). Any
-failure ends the worker with one CoordinationFailed; the engine's backoff decides when to try
-again.
+connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
+(daemon_lease.py, also its slots': a mark lives as long as its daemon, gone within `ttl` of its
+stop; one lost with it is written again), reads the event's keys, then watches them and sends
+every change to the inbox as PeersChanged, until told to stop (a `failed` write reports the
+keys once, and ends). Any failure ends the worker with one CoordinationFailed; the engine's
+backoff decides when to try again.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-import time
 import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Etcd
 from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged
-from ..model import Event
+from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
 
 # A watch that stays silent this long is checked with a linearizable read: a member cut off
 # from the quorum keeps a stream open but delivers nothing.
 WATCH_CHECK = 30.0
-LEASE_MARGIN = 3600  # seconds the keys outlive NotBefore (an event may be postponed)
-LEASE_DEFAULT = 24 * 3600  # when NotBefore is unknown
 
 
 def event_prefix(settings: Etcd, event_id: str) -> str:
@@ -37,13 +35,6 @@ def event_prefix(settings: Etcd, event_id: str) -> str:
 def _segment(text: str) -> str:
     """A key segment: IMDS' EventId and the VM name are data, never a path of their own."""
     return urllib.parse.quote(text, safe="-_.~")
-
-
-def lease_ttl(event: Event, now_wall: float) -> int:
-    if event.not_before is None:
-        return LEASE_DEFAULT
-    remaining = event.not_before.timestamp() - now_wall
-    return int(min(max(remaining, 0) + LEASE_MARGIN, 7 * 24 * 3600))
 
 
 def record(effect: Coordinate) -> bytes:
@@ -75,15 +66,17 @@ def state_of(value: Optional[bytes]) -> str:
 class EtcdCoordinator:
     """The workers of the shared events in progress, by EventId."""
 
-    def __init__(self, settings: Etcd, send: Callable[[Message], None]) -> None:
+    def __init__(self, settings: Etcd, send: Callable[[Message], None], ttl: int = 30) -> None:
+        """`ttl`: of the daemon's one lease (`concurrency.ttl`), which it owns."""
         self.settings = settings
         self._send = send
+        self.lease = DaemonLease(settings, ttl)
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
 
     def start(self, effect: Coordinate) -> None:
         event_id = effect.event.event_id
-        worker = _Worker(self.settings, effect, self._send)
+        worker = _Worker(self.settings, effect, self._send, self.lease)
         with self._lock:
             previous = self._workers.pop(event_id, None)
             if effect.ready:
@@ -99,14 +92,24 @@ class EtcdCoordinator:
             worker.stop()
 
     def stop_all(self) -> None:
+        """The daemon stops (or a reload replaces this): the workers end, and the lease is no
+        longer renewed (never revoked: the keys on it expire within its ttl)."""
         with self._lock:
             ids = list(self._workers)
         self.stop(*ids)
+        self.lease.close()
 
 
 class _Worker:
-    def __init__(self, settings: Etcd, effect: Coordinate, send: Callable[[Message], None]) -> None:
+    def __init__(
+        self,
+        settings: Etcd,
+        effect: Coordinate,
+        send: Callable[[Message], None],
+        lease: DaemonLease,
+    ) -> None:
         self.settings = settings
+        self._lease = lease
         self.effect = effect
         self._send = send
         self._client = EtcdClient(settings)
@@ -157,19 +160,20 @@ class _Worker:
                 if own not in {kv.key for kv in changes if kv.value is None}:
                     self._report(states)
                     continue
-                self._write(own)  # our lease expired (NotBefore moved far): write it again
+                self._write(own)  # the daemon's lease expired (a partition): write it again
             # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
 
     def _write(self, key: str) -> None:
-        """One lease per event and VM: a worker started again (after a failed watch, or to say
-        failed) writes under the lease its key already has; a new one only for a new key."""
+        """Under the daemon's one lease, whatever the number of events and restarts of this
+        worker; a lease found expired is granted anew and the key written again, once."""
+        lease, _ = self._lease.get(self._client)
         try:
-            self._client.put(key, record(self.effect), keep_lease=True)
-        except EtcdError as e:
-            if e.kind != "not_found":
-                raise
-            lease = self._client.grant(lease_ttl(self.effect.event, time.time()))
             self._client.put(key, record(self.effect), lease)
+        except EtcdError as e:
+            if "lease not found" not in e.detail:
+                raise
+            self._lease.lost(lease)
+            self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
 
     def _read(self, prefix: str) -> list[KeyValue]:
         return self._client.range(prefix)[1]

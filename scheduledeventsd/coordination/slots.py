@@ -1,15 +1,28 @@
 """Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once.
 
-The group's slots are the keys `<prefix>/slots/<group>/<n>`, n < max. A VM takes one with a
-transaction that puts it only if it does not exist, under a lease of `concurrency.ttl` it
-renews every third of that: a daemon that dies loses its slot within the TTL. No lock service,
-no leader: etcd's transactions decide, and every daemon reads the same keys. The engine decides
-when to ask and when to give back (AcquireSlot, ReleaseSlot); this module carries that out, one
-worker thread per VM (its events share its one slot, given back after the last of them), and
-tells each of those events SlotGranted and SlotKept (with when etcd's acknowledged grant or
-keep-alive was sent: the engine counts the slot lost `ttl` after that), SlotBusy (who holds
-them, on change) or SlotFailed (etcd could not be asked; the worker asks again on its own, with
-backoff).
+The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this list true):
+
+- `<prefix>/slots/<group>/<n>`, n < max (group URL-quoted): one slot, held by the VM whose
+  value it is. Value: JSON `{"vm": name, "event": EventId of the first event that took it,
+  "at": when it was taken, UTC ISO 8601}`; taken by a transaction that creates it only if
+  absent, given back by one that deletes it only while it holds that exact value.
+- While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
+  the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
+  `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
+- When the daemon stops holding it (HoldSlot: its maintenance, most likely), the key moves in
+  one transaction (put only while it holds the same value) to a lease of its own of
+  `concurrency.hold_max` that nothing renews: it stays held until the VM is back (its daemon
+  takes it back under its own lease, same value check) and its after-hooks succeeded, or
+  until hold_max if the VM never returns. A Terminate or Preempt deletes it as the VM goes.
+- Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
+  through its engine's next SlotBusy (it does not watch its own key).
+
+The engine decides when to ask, give back and hold (AcquireSlot, ReleaseSlot, HoldSlot); this
+module carries that out, one worker thread per VM (its events share its one slot, given back
+after the last of them), and tells each of those events SlotGranted and SlotKept (with when
+etcd's acknowledged grant or keep-alive of the daemon's lease was sent: the engine counts the
+slot lost `ttl` after that), SlotBusy (who holds them, on change; the lease expired) or
+SlotFailed (etcd could not be asked; the worker asks again on its own, with backoff).
 """
 
 from __future__ import annotations
@@ -17,19 +30,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-import time
 import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
 from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
 from ..retry import Backoff
+from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
-
-# A daemon that stops while it holds a slot (most likely for the reboot it approved) leaves the
-# slot under a lease this long, so the next VM does not start before this one's undrain; taken
-# back when the daemon starts again, or free after this if the VM never comes back.
-HAND_OVER_TTL = 900
 
 
 def group_prefix(settings: Etcd, group: str) -> str:
@@ -53,11 +61,20 @@ class SlotKeeper:
     gives it back only once the last of them is released."""
 
     def __init__(
-        self, settings: Etcd, concurrency: Concurrency, send: Callable[[Message], None]
+        self,
+        settings: Etcd,
+        concurrency: Concurrency,
+        send: Callable[[Message], None],
+        lease: Optional[DaemonLease] = None,
     ) -> None:
+        """`lease`: the daemon's one lease (the coordinator's); one of its own without it."""
         self.settings = settings
         self.concurrency = concurrency
         self._send = send
+        self._own_lease = lease is None
+        self.lease = lease if lease is not None else DaemonLease(settings, concurrency.ttl)
+        if self.lease.ttl != concurrency.ttl:
+            self.lease.retune(concurrency.ttl)
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}  # by VM name
         self._vm_of: dict[str, str] = {}  # EventId -> the VM name its worker holds for
@@ -70,7 +87,7 @@ class SlotKeeper:
             worker = self._workers.get(vm)
             fresh = worker is None
             if worker is None:
-                worker = _Worker(self.settings, self.concurrency, effect, self._send)
+                worker = _Worker(self.settings, self.concurrency, effect, self._send, self.lease)
                 self._workers[vm] = worker
             self._vm_of[event_id] = vm
             worker.join(event_id)
@@ -86,13 +103,28 @@ class SlotKeeper:
             del self._workers[vm]  # type: ignore[arg-type]
         worker.release()
 
-    def stop_all(self, *, hand_over: bool) -> None:
-        """On the daemon's stop: held slots are kept for HAND_OVER_TTL (or, without
-        `hand_over`, left to expire within TTL); asking ends."""
+    def hold(self, event_id: str, seconds: int) -> None:
+        """The daemon stops while this event holds the VM's slot (HoldSlot): the slot key moves
+        to a lease of `seconds` that nothing renews, in one transaction; the VM's worker ends."""
+        with self._lock:
+            vm = self._vm_of.get(event_id)
+            worker = self._workers.pop(vm, None) if vm is not None else None
+            if worker is None:
+                return
+            self._vm_of = {e: v for e, v in self._vm_of.items() if v != vm}
+        worker.stop(hold=seconds)
+
+    def stop_all(self) -> None:
+        """On the daemon's stop (after HoldSlot for the slots to keep), or a reload that
+        replaces this keeper: asking ends; a slot still held moves to a lease of `ttl` of its
+        own, so it is gone within `ttl` unless the new keeper takes it back meanwhile (on the
+        daemon's lease, which lives on, a key in a group the reload left would stay held)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
         for worker in workers:
-            worker.stop(hand_over=hand_over)
+            worker.stop(hold=self.concurrency.ttl)
+        if self._own_lease:
+            self.lease.close()
 
 
 class _Worker:
@@ -102,8 +134,10 @@ class _Worker:
         concurrency: Concurrency,
         effect: AcquireSlot,
         send: Callable[[Message], None],
+        lease: DaemonLease,
     ) -> None:
         self.settings = settings
+        self._shared = lease
         self.concurrency = concurrency
         self.renew = concurrency.ttl / 3
         self.event_id = effect.event.event_id  # the first event: names the thread and the key
@@ -120,6 +154,7 @@ class _Worker:
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
+        self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
         self._key: Optional[str] = None  # the slot key, once held
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
@@ -132,6 +167,7 @@ class _Worker:
         self._thread = threading.Thread(
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
         )
+        self._unwatch = lease.watch(self)
 
     def start(self) -> None:
         self._thread.start()
@@ -163,31 +199,43 @@ class _Worker:
     def release(self) -> None:
         """Give the slot back now (a thread of its own: never holds up the daemon's loop)."""
         self._stopped.set()
+        self._ended.set()
+        self._unwatch()
         self._client.close()
         threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
 
-    def stop(self, *, hand_over: bool) -> None:
+    def stop(self, hold: int = 0) -> None:
+        """End this worker; with `hold`, a slot held moves to a lease of its own of that many
+        seconds (granted, then one transaction that puts the key under it only while it is
+        still ours)."""
         self._stopped.set()
+        self._ended.set()
+        self._unwatch()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
-        if hand_over and self._key is not None:
+        if hold and self._key is not None:
             try:
                 with _Client(self.settings) as client:
-                    lease = client.grant(HAND_OVER_TTL)
+                    lease = client.grant(hold)
                     client.replace(self._key, self.value, self.value, lease)
             except EtcdError:
                 pass  # the slot expires within TTL instead
 
     def _give_back(self) -> None:
+        """Delete the VM's key: the one it holds or, given back before it was taken back after
+        a restart (after-hooks quicker than etcd), the one its hold lease still keeps: a key
+        left there would hold the next VM up for hold_max. Only while it holds our value."""
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with _Client(self.settings) as client:
                 if self._key is not None:
                     client.delete(self._key, self.value)
-                if self._lease is not None:
-                    client.revoke(self._lease)
+                    return
+                for kv in client.range(self.prefix)[1]:
+                    if kv.value is not None and holder(kv.value) == self.vm:
+                        client.delete(kv.key, kv.value)
         except EtcdError:
-            pass  # the lease expires within TTL
+            pass  # on the daemon's lease, it goes with it; under a hold, at its end
 
     def _run(self) -> None:
         backoff = Backoff(first=1.0, cap=self.renew)
@@ -198,6 +246,8 @@ class _Worker:
             except EtcdError as e:
                 if self._stopped.is_set():
                     return
+                if self._lease is not None and "lease not found" in e.detail:
+                    self._shared.lost(self._lease)  # expired meanwhile: granted anew
                 if not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
@@ -215,22 +265,30 @@ class _Worker:
             else:
                 return
 
-    def _grant(self) -> str:
-        sent = time.monotonic()
-        lease = self._client.grant(self.concurrency.ttl)
-        self._confirmed = sent
+    def _get_lease(self) -> str:
+        """The daemon's lease (granted now if it has none) and when etcd last confirmed it."""
+        lease, self._confirmed = self._shared.get(self._client)
         return lease
 
-    def _keep_alive(self, lease: str) -> bool:
-        """Renew the lease; False when etcd says it has expired (its keys are gone)."""
-        sent = time.monotonic()
-        if self._client.keep_alive(lease) == 0:
-            return False
-        self._confirmed = sent
-        return True
+    def kept(self, confirmed: float) -> None:
+        """The daemon's lease was renewed: a held slot is confirmed until `ttl` after."""
+        with self._lock:
+            held = self._held
+        if held and not self._ended.is_set():
+            self._confirmed = confirmed
+            self._tell(SlotKept, confirmed)
+
+    def expired(self) -> None:
+        """etcd says the daemon's lease is gone, and a held slot with it."""
+        with self._lock:
+            held = self._held
+        if held and not self._ended.is_set():
+            self._key = None
+            self._tell(SlotBusy, ("(lease expired)",), held=False)
+            self._ended.set()
 
     def _work(self) -> None:
-        self._lease = self._grant()
+        self._lease = self._get_lease()
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
             revision, kvs = self._client.range(self.prefix)
@@ -244,8 +302,7 @@ class _Worker:
                 self._tell(SlotBusy, taken)
             for _ in self._client.watch(self.prefix, revision + 1, self.renew):
                 break  # a slot changed hands: try again
-            if not self._keep_alive(self._lease):
-                self._lease = self._grant()
+            self._lease = self._get_lease()  # the same, unless it expired meanwhile
 
     def _take(self, kvs: list[KeyValue]) -> bool:
         """Take back a slot this VM holds (after a restart: under the new lease), else a free
@@ -273,15 +330,9 @@ class _Worker:
         return n.isdigit() and int(n) < self.concurrency.max
 
     def _hold(self) -> None:
-        """Renew the lease a third of its ttl after the last renewal etcd acknowledged, and
-        say so (SlotKept), until released; a lease found expired means the slot was lost."""
-        assert self._lease is not None  # noqa: S101 - granted before
-        while not self._stopped.wait(max(0.0, self._confirmed + self.renew - time.monotonic())):
-            if not self._keep_alive(self._lease):
-                self._key = None
-                self._tell(SlotBusy, ("(lease expired)",), held=False)
-                return
-            self._tell(SlotKept, self._confirmed)
+        """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
+        at each renewal), and its expiry loses it (`expired`)."""
+        self._ended.wait()
 
 
 class _Client(EtcdClient):

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, slot, window
+from .gates import drain, hold, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, rate, timing
@@ -223,6 +223,7 @@ class Timers:
 TIMERS: tuple[Timers, ...] = (
     Timers("lifetime", None, lifetime.due),
     Timers("slot", slot.fire, None, slot.due_for, slot.DUE_PHASES),
+    Timers("hold", stages.retry_after, None, hold.due_for, hold.DUE_PHASES),
     Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
     Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),

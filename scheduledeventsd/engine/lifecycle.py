@@ -135,6 +135,7 @@ _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
 # A new boot proves the maintenance happened only once the event is Started or gone: until the
 # first document says which, a prepared event waits in REBOOTED.
 _REBOOTS = (P.REBOOTED, *_ENDS)
+_HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
 
 
 def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition:
@@ -300,11 +301,14 @@ _ROWS: list[Transition] = [
         "forgotten if it left; if it came back Scheduled after "
         "being cancelled, judged anew at the next poll",
     ),
+    _t(P.AFTER, On.STAGE_ENDED, [P.AFTER], f"failed or cut off {_HELD}"),
+    _t(P.AFTER, On.LEAD_TIME, [P.AFTER, P.OVER, P.GONE], "after_retry: again if held, else over"),
     _t(P.AFTER, On.LISTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.STARTED, [P.AFTER], "nothing"),
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
+    *[_t(P.AFTER, on, [P.AFTER], _HELD) for on in (On.RESTARTED, On.REBOOTED)],
     _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
     _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, stages
-from .gates import drain, lease, slot, window
+from .gates import drain, hold, lease, slot, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -100,6 +100,10 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
 def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
     """What a restart means for an event the state file kept: its runs died with us."""
     phase = tracked.phase
+    if phase is Phase.AFTER and tracked.slot is Slot.HELD and state.config.concurrency:
+        # Held until they succeed (gates/hold.py): the stage runs again, its slot taken back.
+        out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, tracked.event, again=True))
+        return stages._start_stage(state, tracked, on, tracked.stage, out)
     if phase is Phase.AFTER:
         out.append(
             _note(
@@ -232,7 +236,10 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = approval._retry_approvals(state, now, out)
     # After-hooks waiting for their node's restore are waited for as a run is (started then).
-    restoring = any(stages._awaiting_restore(t) for t in state.events.values())
+    # After-hooks waiting for their next try (gates/hold.py) are not: they run after a restart.
+    restoring = any(
+        stages._awaiting_restore(t) and not hold.waiting(t) for t in state.events.values()
+    )
     if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
     if stopping.kill_until is None and now >= stopping.grace_until:
@@ -255,6 +262,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
 
 
 def _exit(state: State, out: list[Effect]) -> State:
+    state = hold._stopped(state, out)  # held slots stay held while the VM is away
     out.append(_persist(state))
     out.append(Record(Level.INFO, What.DAEMON_STOPPED, {}))
     out.append(Exit(0))

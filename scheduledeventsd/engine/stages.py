@@ -8,8 +8,8 @@ from ..config import EventRule
 from ..model import SCHEDULED
 from ..records import Cause, Level, Record, What
 from . import approval, peers
-from .gates import drain, window
-from .lifecycle import Drain, On, Phase, Rule, Stage
+from .gates import drain, hold, window
+from .lifecycle import Drain, On, Phase, Rule, Slot, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
@@ -49,6 +49,8 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
         return state
     event = tracked.event
     if tracked.phase is Phase.AFTER:
+        if hold.keeps(state, tracked, outcome):
+            return _stage_retried_later(state, tracked, outcome, now, out, detail=msg.detail)
         return _stage_finished(state, tracked, outcome, out, msg.detail)
     on = _BEFORE_ENDED[outcome]
     if tracked.phase is Phase.ENDING:
@@ -104,6 +106,47 @@ def _stage_finished(
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, event, stage=stage))
     state, over = _over(state, tracked, On.STAGE_ENDED)
     return _with(state, event.event_id, over)
+
+
+def _stage_retried_later(
+    state: State, tracked: Tracked, outcome: Outcome, now: float, out: list[Effect], *, detail: str
+) -> State:
+    """After- or cancelled-hooks that failed (or were cut off) holding the event's slot: it
+    stays held, the VM not healthy yet, and they run again (hold.py)."""
+    retried = hold._retry_later(state, tracked, now)
+    out.append(
+        _note(
+            Level.ERROR if outcome is Outcome.FAILED else Level.WARNING,
+            What.AFTER_HOOKS_FAILED if outcome is Outcome.FAILED else What.AFTER_HOOKS_INTERRUPTED,
+            tracked.event,
+            stage=tracked.stage.value,
+            retry_in_s=round(retried.start_at - now, 1),
+            reason="its concurrency slot stays held until they succeed (or an operator frees "
+            "it): they run again",
+            **_why(detail),
+        )
+    )
+    return _with(state, tracked.event.event_id, _move(retried, On.STAGE_ENDED, Phase.AFTER))
+
+
+def retry_after(state: State, now: float, out: list[Effect]) -> State:
+    """The hold's timer: after-hooks waiting for their next try run again while the slot is
+    held; one no longer held (lost, freed by an operator) is over without them."""
+    if state.stopping is not None:
+        return state
+    for event_id, t in state.events.items():
+        if not hold.waiting(t) or t.start_at > now:
+            continue
+        rule = state.config.events.get(t.event.event_type)
+        hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
+        if t.slot is not Slot.HELD or not hooks:
+            state, over = _over(state, t, On.LEAD_TIME)
+            state = _with(state, event_id, over)
+            continue
+        rebooted = bool(t.boot_id and state.boot_id and t.boot_id != state.boot_id)
+        state, run = _spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
+        state = _with(state, event_id, _move(t, On.LEAD_TIME, Phase.AFTER, run=run))
+    return state
 
 
 def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:

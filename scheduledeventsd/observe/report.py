@@ -217,6 +217,11 @@ def sections(cfg: Config) -> list[str]:
         if slots is None
         else f"concurrency: group {slots.group}, {slots.max} slot(s), ttl {slots.ttl}s, by etcd"
     )
+    if slots is not None:
+        lines.append(
+            f"  held up to {slots.hold_max}s while its VM is away (hold_max); after-hooks that "
+            f"fail holding it run again every {slots.after_retry:g}s (after_retry)"
+        )
     co = cfg.coordination
     if co is None or (co.etcd is None and co.gate is None):
         lines.append("coordination: none")

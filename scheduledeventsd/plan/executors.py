@@ -27,6 +27,7 @@ from ..engine import (
     Exit,
     Fetch,
     GateAnswered,
+    HoldSlot,
     HooksFinished,
     Message,
     NameResolved,
@@ -203,6 +204,7 @@ EXECUTORS: Mapping[type, Callable[[Loop, Vm, Any, float], None]] = {
     AskCluster: _ask,
     AcquireSlot: _acquire,
     ReleaseSlot: _release,
+    HoldSlot: _nothing,  # a planned VM goes down without a stop: run._down holds its slot
     CheckCluster: _check_cluster,
     DrainNode: _drain,
     StopDraining: _stop_draining,

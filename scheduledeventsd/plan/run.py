@@ -384,7 +384,9 @@ class Plan:
         vm.drains.clear()
         vm.fetch_at, vm.quiet, vm.kept_from, vm.wake_at = None, False, None, math.inf
         vm.slot_events.clear()
-        self.slots.stopped(vm.name, t)
+        concurrency = vm.config.concurrency  # the engine's HoldSlot (gates/hold.py)
+        hold = 0 if posting.gone_for_good or concurrency is None else concurrency.hold_max
+        self.slots.stopped(vm.name, t, hold)
         self.peers.stopped(vm.name)
         expiry = self.slots.next_expiry()
         if expiry is not None:

@@ -19,10 +19,6 @@ from ..engine import Message, Outcome, PeersChanged, SlotBusy, SlotGranted
 from ..model import SCHEDULED, STARTED, Document, Event
 from .fleet import GONE_FOR_GOOD, REBOOTS, Fleet, HookTime
 
-# coordination/slots.py's: a daemon stopped while it holds a slot leaves it under a lease this
-# long, so the next VM does not start before this one's after-hooks (tests check they agree).
-HAND_OVER_TTL = 900.0
-
 # ---- the cloud: what each VM's metadata document says --------------------------------------
 
 
@@ -182,8 +178,9 @@ class Slots(Protocol):
     def release(self, vm: str, event_id: str, now: float) -> list[Answer]:
         """Give it back or stop asking; the VMs granted the freed slot are told."""
 
-    def stopped(self, vm: str, now: float) -> None:
-        """The VM's daemon stopped: a slot it held is handed over, it asks no more."""
+    def stopped(self, vm: str, now: float, hold: float) -> None:
+        """The VM's daemon stopped: a slot it held stays held `hold` s (0: freed), it asks no
+        more."""
 
     def next_expiry(self) -> Optional[float]:
         """When a handed-over slot frees itself, if any is."""
@@ -218,7 +215,8 @@ class EtcdSlots:
     """Today's keeper: a free slot is granted at once; when none is, the VM waits and is told
     who holds them (SlotBusy, again on change); a slot freed goes to the VM that asked first
     (etcd lets the watchers race: the plan picks this order, the instants are the same). Held
-    until the engine gives it back, through a restart (hand-over for HAND_OVER_TTL)."""
+    until the engine gives it back, through a restart (held for `concurrency.hold_max`, as
+    coordination/slots.py's HoldSlot; a VM that does not come back frees it as it goes)."""
 
     def __init__(self) -> None:
         self._groups: dict[str, _Group] = {}
@@ -262,13 +260,13 @@ class EtcdSlots:
         self._ended(vm, now)
         return self._hand_on(g, self._group_of[vm], now)
 
-    def stopped(self, vm: str, now: float) -> None:
+    def stopped(self, vm: str, now: float, hold: float) -> None:
         g = self._groups.get(self._group_of.get(vm, ""))
         if g is None:
             return
         g.waiting.pop(vm, None)
         if g.holders.pop(vm, None) is not None:
-            g.handed[vm] = now + HAND_OVER_TTL
+            g.handed[vm] = now + hold
 
     def next_expiry(self) -> Optional[float]:
         ends = [t for g in self._groups.values() for t in g.handed.values()]

@@ -43,6 +43,7 @@ from ..engine import (
     Faulted,
     Fetch,
     GateAnswered,
+    HoldSlot,
     HooksFinished,
     Message,
     Notify,
@@ -124,7 +125,7 @@ class Daemon:
         self._approver = Lane("imds-approve", self.inbox, wiring.client_for(config))
         self._namer = Lane("imds-name", self.inbox, wiring.client_for(config))
         self._coordinator = wiring.coordinator(config, self.inbox.put)
-        self._slots = wiring.slot_keeper(config, self.inbox.put)
+        self._slots = wiring.slot_keeper(config, self.inbox.put, self._coordinator)
         self._drainer = wiring.drainer(config, self.runner, self.inbox.put)
         self._restorer: Optional[Drainer] = None  # a mark of ours with no pacemaker configured
         self._wake_at = 0.0
@@ -181,7 +182,7 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             if self._slots is not None:
-                self._slots.stop_all(hand_over=True)
+                self._slots.stop_all()
             for drainer in (self._drainer, self._restorer):
                 if drainer is not None:
                     drainer.stop_all()
@@ -303,7 +304,7 @@ class Daemon:
             self._spawn(effect)
         elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
             self._coordinate(effect)
-        elif isinstance(effect, (AcquireSlot, ReleaseSlot)):
+        elif isinstance(effect, (AcquireSlot, ReleaseSlot, HoldSlot)):
             self._slot(effect)
         elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster)):
             self._cluster(effect)
@@ -345,8 +346,11 @@ class Daemon:
         else:
             self._coordinator.stop(*effect.event_ids)
 
-    def _slot(self, effect: Union[AcquireSlot, ReleaseSlot]) -> None:
-        if isinstance(effect, ReleaseSlot):
+    def _slot(self, effect: Union[AcquireSlot, ReleaseSlot, HoldSlot]) -> None:
+        if isinstance(effect, HoldSlot):
+            if self._slots is not None:
+                self._slots.hold(effect.event_id, effect.seconds)
+        elif isinstance(effect, ReleaseSlot):
             if self._slots is not None:
                 self._slots.release(effect.event_id)
         elif self._slots is None:
@@ -401,7 +405,7 @@ class Daemon:
             if effect.event_id:  # its after-hooks wait for the answer
                 self.log.info("would_restore_node", event_id=effect.event_id)
                 self.inbox.put(ClusterRestored(effect.event_id))
-        elif isinstance(effect, (ReleaseSlot, StopDraining)):
+        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining)):
             pass
         elif isinstance(effect, Coordinate):
             self.log.info(
@@ -463,11 +467,11 @@ class Daemon:
             # The engine asks again through the new keeper for every slot asked for or held
             # (AcquireSlot follows this effect): a held one is taken back at once under the new
             # keeper's own renewed lease, while the old lease (not revoked) still keeps it.
-            # Not handed over under HAND_OVER_TTL: nothing would renew that lease, and a slot
-            # in keys the new settings do not use would block them for 15 minutes.
+            # Not held under hold_max: nothing would renew that lease, and a slot in keys the
+            # new settings do not use would block them for as long.
             if self._slots is not None:
-                self._slots.stop_all(hand_over=False)
-            self._slots = wiring.slot_keeper(new, self.inbox.put)
+                self._slots.stop_all()
+            self._slots = wiring.slot_keeper(new, self.inbox.put, self._coordinator)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..config import Config, Pacemaker
+from ..config import Config, Pacemaker, schema
 from ..config.provider import Provider
 from ..engine import Message
 from ..host.hooks import ProcessRunner
@@ -44,16 +44,21 @@ def coordinator(config: Config, send: Callable[[Message], None]) -> Optional[Etc
         return None
     from ..coordination.peers import EtcdCoordinator  # noqa: PLC0415 - only fleets need etcd's client
 
-    return EtcdCoordinator(etcd, send)
+    # The daemon's one lease (slots and marks) is the coordinator's, of concurrency's ttl.
+    ttl = config.concurrency.ttl if config.concurrency else int(schema.number("concurrency.ttl"))
+    return EtcdCoordinator(etcd, send, ttl)
 
 
-def slot_keeper(config: Config, send: Callable[[Message], None]) -> Optional[SlotKeeper]:
+def slot_keeper(
+    config: Config, send: Callable[[Message], None], coordinator: Optional[EtcdCoordinator]
+) -> Optional[SlotKeeper]:
     etcd = config.coordination.etcd if config.coordination else None
     if etcd is None or config.concurrency is None:
         return None
     from ..coordination.slots import SlotKeeper  # noqa: PLC0415 - only fleets need etcd's client
 
-    return SlotKeeper(etcd, config.concurrency, send)
+    lease = coordinator.lease if coordinator is not None else None
+    return SlotKeeper(etcd, config.concurrency, send, lease)
 
 
 def drainer(

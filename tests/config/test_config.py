@@ -749,3 +749,30 @@ def test_the_settings_and_their_checks_import_no_yaml():
         [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def _held(hold_max: int, timeout: float, events: dict) -> config.Config:
+    return config.parse(
+        {
+            "vm_name": "vm-a",
+            "coordination": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}},
+            "concurrency": {"group": "web", "hold_max": hold_max},
+            "hooks": {"drain": [{"command": ["/bin/true"], "timeout": timeout}]},
+            "events": events,
+        },
+        "test",
+        check_files=False,
+    )
+
+
+def test_hold_max_shorter_than_a_hook_timeout_plus_the_types_usual_impact_is_warned_about():
+    """Issue 28: a slot freed while its VM is still down (or undraining) lets the next VM go.
+    The longest impact of the types that take slots counts (a Redeploy's 20 min here)."""
+    both = {"Reboot": ["drain"], "Redeploy": ["drain"]}
+    (warning,) = _held(1400, 300, both).warnings
+    assert warning.startswith("concurrency.hold_max: 1400 s is shorter than")
+    assert "(300 s) plus a Redeploy's usual impact (1200 s)" in warning
+    assert not _held(1500, 300, both).warnings, "1500 >= 300 + 1200"
+    assert not _held(700, 60, {"Reboot": ["drain"]}).warnings, "a Reboot's 600 s"
+    assert not _held(5, 60, {"Terminate": ["drain"]}).warnings, "takes no slot, never back"
+    assert config.parse({"vm_name": "a"}, "test", check_files=False).warnings == ()

@@ -15,7 +15,6 @@ import pytest
 
 from scheduledeventsd import cli, engine
 from scheduledeventsd.config import ConfigError
-from scheduledeventsd.coordination import slots as etcd_slots
 from scheduledeventsd.plan import fleet, report, run, scenarios, world
 
 START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
@@ -337,8 +336,16 @@ def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(t
         plan._carry(plan.vms[0], (Unknown(),), 0.0)  # type: ignore[arg-type]
 
 
-def test_the_slots_hand_over_as_long_as_the_etcd_keeper_does():
-    assert world.HAND_OVER_TTL == etcd_slots.HAND_OVER_TTL
+def test_a_stopped_vms_slot_is_held_for_what_it_is_told_as_the_etcd_keeper_holds_it():
+    """Issue 28: held for concurrency.hold_max (was a fixed 15 minutes), 0 for a VM that does
+    not come back."""
+    slots = world.EtcdSlots()
+    slots.acquire("web", 1, "vm-a", "E1", 0.0)
+    slots.stopped("vm-a", 10.0, 1800)
+    assert slots.next_expiry() == 1810.0
+    slots.acquire("web", 1, "vm-b", "E2", 20.0)
+    granted = slots.expire(1810.0)
+    assert [vm for vm, _ in granted] == ["vm-b"]
 
 
 SHARED = """\

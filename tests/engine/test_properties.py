@@ -376,7 +376,10 @@ class History:
             else:
                 n = self.stage_runs.get(effect.event.event_id, 0) + 1
                 self.stage_runs[effect.event.event_id] = n
-                assert n == 1, "after- or cancelled-hooks twice for one event"
+                # Issue 28: again only while they have not succeeded and its slot is held.
+                now = self.state.events.get(effect.event.event_id)
+                again = now is not None and now.phase is Phase.AFTER and now.slot is Slot.HELD
+                assert n == 1 or again, "after- or cancelled-hooks twice for one event"
         elif isinstance(effect, PostApproval):
             event = effect.event
             assert event.names(VM), "approved an event that is not ours"
@@ -413,8 +416,9 @@ class History:
             else:
                 self.doc[event_id] = dataclasses.replace(self.doc[event_id], status="Started")
             self.document()
-        elif kind == "finish" and self.state.runs:
-            runs = sorted(self.state.runs)
+        elif kind == "finish" and any(r in self.run_of for r in self.state.runs):
+            # Hook runs only: a gate run (AskGate, AskCluster) is answered by GateAnswered.
+            runs = sorted(r for r in self.state.runs if r in self.run_of)
             run = runs[step[1] % len(runs)]
             event_id, stage = self.run_of[run]
             if step[2] is Outcome.SUCCEEDED and stage == "before":

@@ -44,6 +44,7 @@ def test_check_config_prints_every_section_it_read(daemons, hooks):
     out = shown.stdout
     assert "  windows:   sat,sun 02:00-05:00 UTC" in out
     assert "  concurrency: group web, 2 slot(s), ttl 30s, by etcd" in out
+    assert "held up to 3600s while its VM is away (hold_max)" in out, "issue 28"
     assert "  coordination: etcd http://127.0.0.1:2379 (prefix /scheduledeventsd" in out
     assert f"  http:      127.0.0.1:{port} (" in out
     assert "  health:    503 from hooks_started" in out

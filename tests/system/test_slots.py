@@ -162,8 +162,8 @@ def test_without_etcd_nobody_is_approved_early_and_the_hooks_start_at_the_deadli
 def test_a_daemon_stopped_while_holding_its_slot_keeps_it_for_the_reboot_and_takes_it_back(
     tier, sim, cluster
 ):
-    """SIGTERM (a reboot, most likely): the slot key stays, under a lease of HAND_OVER_TTL;
-    the daemon started again takes it back under its own short lease."""
+    """SIGTERM (a reboot, most likely): the slot key stays, under a lease of hold_max (60
+    minutes by default); the daemon started again takes it back under its own short lease."""
     cfg = tier.config("vm-a", ttl=6)
     cfg["hooks"]["drain"] = [{"command": [tier.drain], "timeout": 60}]
     a = tier.start("vm-a", cfg)
@@ -317,7 +317,7 @@ def test_the_keeper_shares_one_key_among_the_events_of_a_vm_and_frees_it_after_t
         keeper.release("R1")
         wait_for(lambda: not keys(cluster, slots), 10, "the slot given back")
     finally:
-        keeper.stop_all(hand_over=False)
+        keeper.stop_all()
 
 
 def slot_lease_left(cluster: Cluster, prefix: str, n: int = 0) -> int:
@@ -539,7 +539,7 @@ def test_after_a_restart_with_a_lower_max_a_key_beyond_it_is_not_taken_back(clus
         assert isinstance(answer, SlotBusy), answer
         assert sorted(keys(cluster, slots)) == [f"{slots}0"]
     finally:
-        keeper.stop_all(hand_over=False)
+        keeper.stop_all()
         seed.revoke(lease)
         seed.close()
 

@@ -34,6 +34,9 @@ class SlotOn(str, enum.Enum):
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
     OVER_AT_BOOT = "the state file has its event over"
+    STOPPED = "the daemon stops (for the maintenance it approved, most likely)"
+    GOES = "the daemon stops and its VM does not come back (Terminate, Preempt)"
+    AFTER_FAILED = "its after- or cancelled-hooks failed or were cut off"
 
 
 _ = Slot
@@ -58,6 +61,9 @@ TABLE = Table(
             _.NONE,
             "nothing to give back",
         ),
+        row([_.HELD], SlotOn.STOPPED, _.HELD, "HoldSlot: held for hold_max (slot_held)"),
+        row([_.HELD], SlotOn.GOES, _.NONE, "ReleaseSlot: free as its VM goes (slot_released)"),
+        row([_.HELD], SlotOn.AFTER_FAILED, _.HELD, "kept: they run again every after_retry"),
     ),
 )
 del _

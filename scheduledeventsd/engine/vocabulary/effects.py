@@ -148,6 +148,16 @@ class ReleaseSlot:
 
 
 @dataclass(frozen=True)
+class HoldSlot:
+    """The daemon stops while the event holds its slot (most likely for the maintenance it
+    approved): the slot stays held for `seconds` under a lease of its own, nothing renewing it,
+    so the next VM waits until this one is back (and takes it back) or that time has passed."""
+
+    event_id: str
+    seconds: int
+
+
+@dataclass(frozen=True)
 class CheckCluster:
     """Read the cluster once at start: ClusterChecked comes back."""
 
@@ -195,6 +205,7 @@ Effect = Union[
     RestoreNode,
     AcquireSlot,
     ReleaseSlot,
+    HoldSlot,
     Fetch,
     CancelFetch,
     ResolveName,
@@ -232,6 +243,7 @@ FAILURE: Mapping[type, Optional[type]] = {
     CancelFetch: None,
     CancelRuns: None,
     ReleaseSlot: None,
+    HoldSlot: None,
     StopCoordinating: None,
     StopDraining: None,
     Record: None,

@@ -1,0 +1,142 @@
+"""This daemon's one etcd lease: every key it writes (its slots, its shared-event marks) hangs on
+it, and one thread keeps it alive, every third of its ttl. A daemon killed loses all of them
+within `ttl`; one that stops for its maintenance moves its held slot to a lease of its own
+(slots.py). Per event and VM that is one grant for the daemon's life, not one per slot and mark,
+and one keep-alive stream for all of them.
+
+The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
+acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
+after that) and `expired()` when etcd says the lease is gone (its keys with it); the next `get`
+grants a new one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional, Protocol
+
+from ..config import Etcd
+from ..retry import Backoff
+from .etcd import EtcdClient, EtcdError
+
+
+class Listener(Protocol):
+    def kept(self, confirmed: float) -> None: ...
+
+    def expired(self) -> None: ...
+
+
+class DaemonLease:
+    """Thread-safe: slot workers and shared-event workers `get` it from their own threads."""
+
+    def __init__(self, settings: Etcd, ttl: int) -> None:
+        self.settings = settings
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._granting = threading.Lock()  # one grant at a time, outside `_lock`
+        self._client = EtcdClient(settings)  # the keep-alive thread's own
+        self._id: Optional[str] = None
+        self._confirmed = 0.0  # monotonic: when the last acknowledged grant or keep-alive was sent
+        self._granted = ttl  # the ttl the current lease was granted with
+        self._listeners: list[Listener] = []
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def retune(self, ttl: int) -> None:
+        """A reload changed `concurrency.ttl`: renewed every third of the shorter of the two
+        (the lease granted keeps its own ttl), new grants under the new one."""
+        with self._lock:
+            self.ttl = ttl
+        self._wake.set()
+
+    def get(self, client: EtcdClient) -> tuple[str, float]:
+        """The lease's ID and when etcd last confirmed it, granted through `client` (the
+        caller's thread's) if there is none; raises EtcdError."""
+        with self._granting:
+            with self._lock:
+                if self._id is not None:
+                    return self._id, self._confirmed
+                ttl = self.ttl
+            sent = time.monotonic()
+            lease = client.grant(ttl)
+            with self._lock:
+                self._id, self._confirmed, self._granted = lease, sent, ttl
+                if self._thread is None and not self._stopped.is_set():
+                    self._thread = threading.Thread(
+                        target=self._run, name="etcd-lease", daemon=True
+                    )
+                    self._thread.start()
+            self._wake.set()
+            return lease, sent
+
+    def lost(self, lease: str) -> None:
+        """A caller found `lease` gone (etcd refused a put under it): granted anew next time."""
+        with self._lock:
+            if self._id != lease:
+                return
+            self._id = None
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.expired()
+
+    def watch(self, listener: Listener) -> Callable[[], None]:
+        """Hear of keep-alives and expiry; returns what stops that."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unwatch() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unwatch
+
+    def close(self) -> None:
+        """Stop renewing (never revoked: its keys expire within ttl, as for a daemon killed)."""
+        self._stopped.set()
+        self._wake.set()
+        self._client.close()
+
+    def _every(self) -> float:
+        with self._lock:
+            return min(self.ttl, self._granted) / 3
+
+    def _run(self) -> None:
+        backoff = Backoff(first=1.0, cap=self._every())
+        failures = 0
+        while not self._stopped.is_set():
+            with self._lock:
+                lease, confirmed = self._id, self._confirmed
+            if lease is None:
+                wait = 3600.0  # until `get` grants one
+            elif failures:  # asked again with backoff (the engine counts the slot lost at ttl)
+                wait = backoff.delay(failures)
+            else:
+                wait = confirmed + self._every() - time.monotonic()
+            if self._wake.wait(max(0.0, wait)):
+                self._wake.clear()
+                continue
+            if lease is None or self._stopped.is_set():
+                continue
+            sent = time.monotonic()
+            try:
+                left = self._client.keep_alive(lease)
+            except EtcdError:
+                if self._stopped.is_set():
+                    return
+                failures += 1
+                self._client.close()
+                self._client = EtcdClient(self.settings)
+                continue
+            failures = 0
+            if left == 0:
+                self.lost(lease)
+                continue
+            with self._lock:
+                if self._id == lease:
+                    self._confirmed = sent
+                listeners = list(self._listeners)
+            for listener in listeners:
+                listener.kept(sent)

@@ -1,0 +1,93 @@
+"""The hold: a concurrency slot held through the whole maintenance, until its VM is back and its
+after-hooks (or cancelled-hooks) succeeded. A daemon that stops holding a slot leaves it held for
+`hold_max` (HoldSlot), unless its VM does not come back (Terminate, Preempt): then it is free as
+it goes; after-hooks that fail (or are cut off) while it is held keep it held, and run again
+every `after_retry` until they succeed (or an operator frees the slot)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ...config.fleet import NOT_BACK
+from ...records import Level, What
+from ..lifecycle import Drain, Phase, Slot
+from ..notes import _note
+from ..state import State, Tracked, _with
+from ..vocabulary.constants import Outcome
+from ..vocabulary.effects import Effect, HoldSlot, ReleaseSlot
+from . import slot
+
+# Phases past the before-hooks of an event whose VM then goes for good: the stop is its end.
+_GOES = frozenset({Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE})
+
+
+def _stopped(state: State, out: list[Effect]) -> State:
+    """On the daemon's exit: every held slot is left held for `hold_max` (its VM is going down
+    for its maintenance, or the daemon restarts: it takes the slot back when it is back); a
+    slot of a VM that does not come back is given back now."""
+    concurrency = state.config.concurrency
+    if concurrency is None:
+        return state
+    for event_id, t in state.events.items():
+        if t.slot is not Slot.HELD:
+            continue
+        if t.event.event_type in NOT_BACK and t.phase in _GOES:
+            out.append(ReleaseSlot(event_id))
+            out.append(
+                _note(
+                    Level.INFO,
+                    What.SLOT_RELEASED,
+                    t.event,
+                    reason=f"a {t.event.event_type}: this VM does not come back",
+                )
+            )
+            state = _with(state, event_id, slot.move(t, slot.SlotOn.GOES, Slot.NONE))
+            continue
+        out.append(HoldSlot(event_id, concurrency.hold_max))
+        out.append(
+            _note(
+                Level.INFO,
+                What.SLOT_HELD,
+                t.event,
+                hold_s=concurrency.hold_max,
+                reason="the daemon stops holding it: held until it is back and its after-hooks "
+                "succeeded, at most hold_max",
+            )
+        )
+        state = _with(state, event_id, slot.move(t, slot.SlotOn.STOPPED, Slot.HELD))
+    return state
+
+
+def keeps(state: State, tracked: Tracked, outcome: Outcome) -> bool:
+    """After- or cancelled-hooks that did not succeed while the event holds its slot: the
+    slot stays held and they run again (`_retry_later`)."""
+    return (
+        outcome is not Outcome.SUCCEEDED
+        and tracked.slot is Slot.HELD
+        and state.config.concurrency is not None
+    )
+
+
+def _retry_later(state: State, tracked: Tracked, now: float) -> Tracked:
+    """Held, run again `after_retry` from now (`start_at`: when, run None: none running)."""
+    concurrency = state.config.concurrency
+    every = concurrency.after_retry if concurrency is not None else 0.0
+    tracked = slot.move(tracked, slot.SlotOn.AFTER_FAILED, Slot.HELD)
+    return replace(tracked, run=None, start_at=now + every)
+
+
+# ---- the hold's timer: failed after-hooks run again (stages.retry_after fires it)
+
+DUE_PHASES = frozenset({Phase.AFTER})
+
+
+def waiting(t: Tracked) -> bool:
+    """An event whose after-hooks wait for their next try (run again while its slot is held;
+    over once it is not: lost, or freed by an operator). Not one whose hooks wait for its
+    node's restore (stages._awaiting_restore: its node still marked)."""
+    return t.phase is Phase.AFTER and t.run is None and t.drain is Drain.NONE
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    return t.start_at if waiting(t) and state.stopping is None else None
