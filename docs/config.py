@@ -47,6 +47,7 @@ def allowed(key: Key) -> str:
     return key.kind.value
 
 
+_SECTIONS = (Kind.SECTION, Kind.SECTIONS)  # a mapping of keys (or a list of them)
 _SAID = (Kind.SECONDS, Kind.WHOLE, Kind.ARGV, Kind.HOOK_NAMES, Kind.ADDRESS)
 
 
@@ -63,7 +64,7 @@ def default(key: Key) -> str:
         return "required"
     if key.default_text is not None:
         return key.default_text
-    if key.kind is Kind.SECTION:
+    if key.kind in _SECTIONS:
         return ""
     return flow(key.default)
 
@@ -103,13 +104,13 @@ def man() -> str:
         body = key.doc
         if key.choices:
             body += " " + "; ".join(f"{v}: {meaning}" for v, meaning in key.choices) + "."
-        if key.kind is not Kind.SECTION:
+        if key.kind not in _SECTIONS:
             body += f" ({allowed(key)})"
         shown = default(key)
         if key.path == "hooks":
             shown = _hook_names(key, "")
         elif key.default in (None, [], {}) and not key.required and key.default_text is None:
-            shown = "" if key.kind is Kind.SECTION else "none"
+            shown = "" if key.kind in _SECTIONS else "none"
         if shown:
             body += f" [{shown}]"
         if key.example:
@@ -125,7 +126,7 @@ def _comment(text: str, indent: str) -> list[str]:
 def _about(key: Key, indent: str) -> list[str]:
     """The comment above a key: what it does, what it holds, what each choice means."""
     text = key.doc + holds(key)
-    if key.kind not in (Kind.SECTION, Kind.NAMED) and key.default_text:
+    if key.kind not in (*_SECTIONS, Kind.NAMED) and key.default_text:
         text += f" Default: {key.default_text}."
     lines = _comment(text, indent)
     lines += [f"{indent}#   {value}: {meaning}" for value, meaning in key.choices]
@@ -162,7 +163,7 @@ def _entries(parent: str, indent: str, *, example: bool = False) -> list[str]:
         if key.parent != parent:
             continue
         lines += _about(key, indent)
-        if key.kind is Kind.SECTION:
+        if key.kind in _SECTIONS:
             lines.append(f"{indent}{key.name}:")
             lines += _entries(key.path, indent + "  ", example=example)
             continue
@@ -189,7 +190,7 @@ def _needs_example(section: Key) -> bool:
     """A section off by default that, once given, needs keys of its own, or that holds
     sections of which the one given is used (coordination, cluster): shown commented."""
     below = [k for k in schema.KEYS if k.path.startswith(f"{section.path}.")]
-    return any(k.required or (k.parent == section.path and k.kind is Kind.SECTION) for k in below)
+    return any(k.required or (k.parent == section.path and k.kind in _SECTIONS) for k in below)
 
 
 _ENTRY = {"hooks": "Each command of a hook holds", "events": "Each event type's mapping holds"}
@@ -226,7 +227,7 @@ def shipped() -> str:
                 )
             lines.append(f"{key.name}:")
             lines += _block(key.default, "  ")
-        elif key.kind is Kind.SECTION and _needs_example(key):
+        elif key.kind in _SECTIONS and _needs_example(key):
             lines += [f"#{key.name}:"]
             lines += [f"#{line}" for line in _entries(key.path, "  ", example=True)]
             lines.append(f"{key.name}: null")
@@ -234,7 +235,7 @@ def shipped() -> str:
             example = _list_item(_entries(item, "    ", example=True), "")
             lines += [f"#{key.name}:"] + [f"#{line}" for line in example]
             lines.append(f"{key.name}: {flow(key.default)}")
-        elif key.kind is Kind.SECTION:
+        elif key.kind in _SECTIONS:
             lines.append(f"{key.name}:")
             lines += _entries(key.path, "  ")
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import __version__, config
+from .config import loader
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
 from .observe import observer, report
@@ -43,7 +44,7 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         type=Path,
-        default=config.DEFAULT_PATH,
+        default=loader.DEFAULT_PATH,
         metavar="PATH",
         help="the configuration file (default: %(default)s)",
     )
@@ -183,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        default=config.DEFAULT_PATH,
+        default=loader.DEFAULT_PATH,
         metavar="PATH",
         help="the configuration of each VM whose entry names none (default: %(default)s)",
     )
@@ -231,7 +232,7 @@ def _instant(text: str) -> dt.datetime:
 
 def _load_config(path: Path) -> Optional[config.Config]:
     try:
-        return config.load(path)
+        return loader.load(path)
     except config.ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -528,10 +529,10 @@ def _demo(
             "provider": args.provider,
             "metadata": {"url": url, "first_call_timeout": 10},
             "state_dir": state_dir,
-            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in config.DEFAULT_HOOKS},
+            "hooks": {h: [{"command": [str(hooks_dir / h)]}] for h in loader.DEFAULT_HOOKS},
         }
         try:
-            cfg = config.parse(raw, "demo configuration")
+            cfg = loader.parse(raw, "demo configuration")
         except config.ConfigError as e:
             for problem in e.problems:
                 print(f"error: {problem}", file=sys.stderr)

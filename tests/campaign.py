@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from scheduledeventsd.engine.gates.window import WINDOW_LEAD
+from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
 from scheduledeventsd.engine.lifecycle import PREPARED, Rule
 from scheduledeventsd.host.store import StateStore
 from scheduledeventsd.simulators.azure import SCHEDULED_EVENTS_PATH, Simulator, rfc1123

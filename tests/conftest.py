@@ -21,7 +21,7 @@ import pytest
 import structlog
 import yaml
 
-from scheduledeventsd import config as config_mod
+from scheduledeventsd.config import loader
 from scheduledeventsd.runtime.daemon import Daemon as InProcessDaemon
 from scheduledeventsd.simulators.azure import Simulator
 from scheduledeventsd.simulators.scenario import Scenario
@@ -338,7 +338,7 @@ def in_process(sim: Simulator, hooks: Hooks, tmp_path: Path) -> Iterator[Any]:
     (daemon, its unstarted thread, the structlog capture, its metrics textfile)."""
     capture = structlog.testing.LogCapture()
     structlog.configure(processors=[capture])
-    cfg = config_mod.parse(
+    cfg = loader.parse(
         {
             "metadata": {"url": sim.url, "poll_interval": 0.25, "first_call_timeout": 5},
             "vm_name": VM,

@@ -21,6 +21,7 @@ import yaml
 
 with atheris.instrument_imports():
     from scheduledeventsd import config
+    from scheduledeventsd.config import loader
     from scheduledeventsd.coordination.pacemaker import ClusterError, parse_status, transitions
     from scheduledeventsd.coordination.peers import state_of
     from scheduledeventsd.host.hooks import hook_environment, hook_stdin
@@ -54,7 +55,7 @@ def one(data: bytes) -> None:
         parse_status(text)
     transitions(text)
     with contextlib.suppress(config.ConfigError, yaml.YAMLError):
-        config.parse(config.parse_yaml(text), "fuzz", check_files=False)
+        loader.parse(loader.parse_yaml(text), "fuzz", check_files=False)
 
 
 def to_the_hooks(document: Document) -> None:

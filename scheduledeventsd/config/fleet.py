@@ -7,12 +7,22 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..model import EVENT_TYPES
 from . import files, logic, schema
 from .sections import command
-from .settings import Concurrency, Config, Coordination, DrainMethod, Etcd, Gate, Pacemaker, frozen
+from .settings import (
+    Concurrency,
+    Config,
+    Coordination,
+    DrainMethod,
+    Etcd,
+    Gate,
+    Limit,
+    Pacemaker,
+    frozen,
+)
 from .walker import Checker, Entry, kind_of, url_parts
 
 # Pacemaker's own CLI, looked for where the distributions install it (never the caller's PATH).
@@ -122,13 +132,49 @@ def _nodes(c: Checker, raw: Mapping[Any, Any], where: str) -> Mapping[str, str]:
     return frozen(nodes)
 
 
-def concurrency(c: Checker, fields: Optional[dict[str, Any]]) -> Optional[Concurrency]:
-    if fields is None or "group" not in fields:
+# The keys of `concurrency` that hold for a VM's slots together, not per group (one lease
+# holds them all): in the list form, the values given must agree.
+SHARED = ("ttl", "hold_max", "after_retry")
+
+
+def concurrency(
+    c: Checker, given: Union[dict[str, Any], list[Entry], None]
+) -> Optional[Concurrency]:
+    """The mapping form (one group), or the list form (one mapping per group: several limits
+    at once, all held together, so `ttl`, `hold_max` and `after_retry` are one value each)."""
+    if given is None:
         return None
-    group = fields["group"]
-    if not _GROUP.fullmatch(group):
-        c.fail("concurrency.group", f"letters, digits, '_', '.', '-' (at most 64), got {group!r}")
-    return Concurrency(**fields)
+    entries = given if isinstance(given, list) else [Entry("concurrency", given)]
+    limits: list[Limit] = []
+    shared: dict[str, dict[Any, str]] = {name: {} for name in SHARED}  # value -> where given
+    for entry in entries:
+        group = entry.fields.get("group")
+        if group is None:
+            continue  # required: said by the walk
+        if not _GROUP.fullmatch(group):
+            c.fail(
+                f"{entry.where}.group",
+                f"letters, digits, '_', '.', '-' (at most 64), got {group!r}",
+            )
+        elif group in (limit.group for limit in limits):
+            c.fail(f"{entry.where}.group", f"{group!r} is given twice: one limit per group")
+        limits.append(Limit(group, entry.fields.get("max", Concurrency.max)))
+        for name in SHARED:
+            if name in entry.fields:
+                shared[name].setdefault(entry.fields[name], entry.where)
+    for name, found in shared.items():
+        if len(found) > 1:
+            (one, where), (two, other) = list(found.items())[:2]
+            c.fail(
+                f"{other}.{name}",
+                f"{two} differs from {where}.{name}'s {one}: the slots of every group are held "
+                f"together (give {name} once, or the same on each)",
+            )
+    if not limits:
+        return None
+    values = {name: next(iter(found)) for name, found in shared.items() if found}
+    first, *more = limits
+    return Concurrency(first.group, first.max, more=tuple(more), **values)
 
 
 # How long each event type usually keeps a VM away, as documented (docs/imds-reference, the
@@ -136,7 +182,6 @@ def concurrency(c: Checker, fields: Optional[dict[str, Any]]) -> Optional[Concur
 # leaves the document in 5-10 min; a Redeploy boots on another host and rebuilds the ephemeral
 # disk (20 min, the longest seen). Terminate and Preempt do not come back: no hold.
 USUAL_IMPACT: Mapping[str, int] = {"Freeze": 30, "Reboot": 600, "Redeploy": 1200}
-NOT_BACK = ("Terminate", "Preempt")
 
 
 def hold_warnings(config: Config) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ class Kind(str, enum.Enum):
     """What a key holds, as the reference names it."""
 
     SECTION = "mapping of the keys below"
+    SECTIONS = "mapping of the keys below, or a list of such mappings"
     NAMED = "mapping of names you choose"
     LIST = "list"
     SECONDS = "seconds"

@@ -282,8 +282,12 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "concurrency",
-        Kind.SECTION,
-        "At most max VMs of a group in early maintenance at once (slots in coordination.etcd).",
+        Kind.SECTIONS,
+        "At most max VMs of a group in early maintenance at once (slots in coordination.etcd). "
+        "Several limits at once: a list of these mappings, one per group (a tier and a zone); "
+        "an event's hooks start only once the VM holds a slot in every group, all taken in one "
+        "etcd transaction; ttl, if given on several, the same on each.",
+        example="[{group: web, max: 1}, {group: zone-1, max: 2}]",
     ),
     Key(
         "concurrency.group",

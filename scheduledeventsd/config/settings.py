@@ -194,17 +194,39 @@ class EventRule:
 # The types whose maintenance can wait for a window by default: the others (Freeze, Preempt,
 # Terminate) come with seconds of notice or are not the VM's to plan.
 WINDOWED = ("Reboot", "Redeploy")
+# The types whose VM does not come back (Terminate, Preempt): nothing is held for them.
+NOT_BACK = ("Terminate", "Preempt")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most `max` VMs of `group` at once: one of the limits a VM's slots obey."""
+
+    group: str
+    max: int
 
 
 @dataclass(frozen=True)
 class Concurrency:
-    """At most `max` VMs of `group` between before-hooks start and after-hooks end."""
+    """At most `max` VMs of `group` between before-hooks start and after-hooks end; with
+    `more` (the list form), at the same time at most that many of each further group: a VM
+    holds a slot in every group or in none."""
 
     group: str
     max: int = int(schema.number("concurrency.max"))
     ttl: int = int(schema.number("concurrency.ttl"))
     hold_max: int = int(schema.number("concurrency.hold_max"))
     after_retry: float = schema.number("concurrency.after_retry")
+    more: tuple[Limit, ...] = ()  # the further groups, in the order written
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """Every group's limit, the first one's first."""
+        return (Limit(self.group, self.max), *self.more)
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(limit.group for limit in self.limits)
 
 
 STAGES = ("before", "after", "cancelled")
@@ -221,8 +243,10 @@ class Config:
     state_dir: Path = Path(schema.text("state_dir"))
     approve: ApprovePolicy = _APPROVE
     user_events: UserEvents = _USER_EVENTS
-    hooks: Mapping[str, Hook] = field(default_factory=lambda: _defaults()[0])
-    events: Mapping[str, EventRule] = field(default_factory=lambda: _defaults()[1])
+    # Empty here: the schema's default hooks and events are checked like a file's (their hook
+    # files on this machine) by the loader, which fills them in when a file leaves them out.
+    hooks: Mapping[str, Hook] = field(default_factory=lambda: frozen({}))
+    events: Mapping[str, EventRule] = field(default_factory=lambda: frozen({}))
     environment: Mapping[str, str] = field(default_factory=lambda: frozen({}))
     shutdown_grace: float = schema.number("shutdown_grace")
     coordination: Optional[Coordination] = None
@@ -249,13 +273,6 @@ class Config:
         """An event type's own `approve`, else the top-level one."""
         rule = self.events.get(event_type)
         return rule.approve if rule is not None and rule.approve is not None else self.approve
-
-
-def _defaults() -> tuple[Mapping[str, Hook], Mapping[str, EventRule]]:
-    """The schema's default hooks and events, read by the same checks as a file's."""
-    from .sections import DEFAULT_EVENTS, DEFAULT_HOOKS  # noqa: PLC0415 - it imports this module
-
-    return DEFAULT_HOOKS, DEFAULT_EVENTS
 
 
 def frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -86,10 +86,27 @@ class Checker:
             if isinstance(item, dict):
                 yield Entry(f"{where}[{i}]", fields)
 
+    def sections(self, value: Any, where: str, path: str) -> Any:  # noqa: ANN401
+        """A mapping of the keys `path` declares (its checked values), or a non-empty list of
+        such mappings (an Entry for each, named `where[i]`)."""
+        if not isinstance(value, list):
+            return self.section(value, where, path)
+        if not value:
+            self.fail(where, "must be a mapping or a non-empty list of mappings, got an empty list")
+            return INVALID
+        found = []
+        for i, item in enumerate(value):
+            fields = self.section(item, f"{where}[{i}]", path)
+            if isinstance(item, dict):
+                found.append(Entry(f"{where}[{i}]", fields))
+        return found
+
     def value(self, key: Key, value: Any, where: str) -> Any:  # noqa: ANN401
         """`value` checked as `key` declares, or INVALID (and a problem told)."""
         if key.kind is Kind.SECTION:
             return self.section(value, where, key.path)
+        if key.kind is Kind.SECTIONS:
+            return self.sections(value, where, key.path)
         check = _CHECKS[key.kind]
         result = check(key, value)
         if isinstance(result, Refused):
@@ -264,7 +281,8 @@ def _clock(key: Key, value: Any) -> object:  # noqa: ANN401
     return dt.time(int(match[1]), int(match[2]))
 
 
-# Each kind's check (a SECTION is walked key by key): a new kind without one fails at import.
+# Each kind's check (SECTION and SECTIONS are walked key by key): a new kind without one fails
+# at import.
 _CHECKS: dict[Kind, Callable[[Key, Any], object]] = {
     Kind.NAMED: _named,
     Kind.LIST: _list,
@@ -280,4 +298,4 @@ _CHECKS: dict[Kind, Callable[[Key, Any], object]] = {
     Kind.BOOL: _bool,
     Kind.CLOCK: _clock,
 }
-assert set(_CHECKS) == set(Kind) - {Kind.SECTION}  # noqa: S101 - a declaration error
+assert set(_CHECKS) == set(Kind) - {Kind.SECTION, Kind.SECTIONS}  # noqa: S101 - a declaration error

@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -130,6 +130,20 @@ class EtcdClient:
         compare = {"target": "VALUE", "key": _b64(key), "value": _b64_bytes(expected)}
         return self._txn(compare, {"request_delete_range": {"key": _b64(key)}})
 
+    def put_all(
+        self, keys: Sequence[tuple[str, Optional[bytes]]], value: bytes, lease: str
+    ) -> bool:
+        """Put every key (under `lease`) in one transaction, only while each holds exactly
+        what is given with it (None: while it does not exist): all of them, or none."""
+        compares = [_holds(key, expected) for key, expected in keys]
+        puts = [{"request_put": self._put_body(key, value, lease)} for key, _ in keys]
+        return self._txn_all(compares, puts)
+
+    def delete_all(self, keys: Sequence[str], expected: bytes) -> bool:
+        """Delete every key in one transaction, only while each holds exactly `expected`."""
+        compares = [_holds(key, expected) for key in keys]
+        return self._txn_all(compares, [{"request_delete_range": {"key": _b64(k)}} for k in keys])
+
     def keep_alive(self, lease: str) -> int:
         """Renew a lease; its remaining TTL, 0 when it has expired (its keys are gone)."""
         result = self._call("/v3/lease/keepalive", {"ID": lease}).get("result")
@@ -144,7 +158,10 @@ class EtcdClient:
         return {"key": _b64(key), "value": _b64_bytes(value), "lease": lease}
 
     def _txn(self, compare: dict[str, Any], then: dict[str, Any]) -> bool:
-        answer = self._call("/v3/kv/txn", {"compare": [compare], "success": [then]})
+        return self._txn_all([compare], [then])
+
+    def _txn_all(self, compares: list[dict[str, Any]], then: list[dict[str, Any]]) -> bool:
+        answer = self._call("/v3/kv/txn", {"compare": compares, "success": then})
         _revision(answer)  # an answer without a header is no answer
         return answer.get("succeeded") is True
 
@@ -370,6 +387,13 @@ def _messages(response: requests.Response, limit: int) -> Iterator[bytes]:
             raise EtcdError("bad_answer", f"a watch message larger than {limit} bytes")
     if pending:
         yield pending
+
+
+def _holds(key: str, expected: Optional[bytes]) -> dict[str, Any]:
+    """A transaction's compare: `key` holds exactly `expected` (None: it does not exist)."""
+    if expected is None:
+        return {"target": "CREATE", "key": _b64(key), "create_revision": "0"}
+    return {"target": "VALUE", "key": _b64(key), "value": _b64_bytes(expected)}
 
 
 def _change(event: dict[str, Any]) -> KeyValue:

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config import CLUSTER_TOOLS, TOOL_PATH, DrainMethod, Pacemaker
+from ..config import DrainMethod, Pacemaker
+from ..config.fleet import CLUSTER_TOOLS, TOOL_PATH
 from ..host.hooks import OutputBudget, ProcessRunner
 
 TOOL_TIMEOUT = 30.0  # seconds; crm_mon answers in well under one

@@ -1,4 +1,6 @@
-"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once.
+"""Concurrency slots in etcd: at most `max` VMs of a group in early maintenance at once; with
+several groups (a tier and a zone), a slot in each, taken in one transaction or none
+(slotset.py), held, handed over and given back together.
 
 The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this list true):
 
@@ -30,28 +32,24 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
 from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
 from ..retry import Backoff
+from . import slotset
 from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
+from .slotset import holder
 
 
 def group_prefix(settings: Etcd, group: str) -> str:
     return f"{settings.prefix.rstrip('/')}/slots/{urllib.parse.quote(group, safe='-_.~')}/"
 
 
-def holder(value: Optional[bytes]) -> str:
-    """The VM a slot key names ("" for a value this daemon did not write)."""
-    try:
-        decoded = json.loads(value or b"")
-    except (ValueError, RecursionError):
-        return ""
-    vm = decoded.get("vm") if isinstance(decoded, dict) else None
-    return vm if isinstance(vm, str) else ""
+__all__ = ["SlotKeeper", "group_prefix", "holder"]
 
 
 class SlotKeeper:
@@ -142,7 +140,8 @@ class _Worker:
         self.renew = concurrency.ttl / 3
         self.event_id = effect.event.event_id  # the first event: names the thread and the key
         self.vm = effect.vm_name
-        self.prefix = group_prefix(settings, concurrency.group)
+        self.prefixes = {g: group_prefix(settings, g) for g in concurrency.groups}
+        self.root = slotset.root(self.prefixes)  # read and watched: every group's keys
         self.value = json.dumps(
             {
                 "vm": self.vm,
@@ -156,7 +155,7 @@ class _Worker:
         self._stopped = threading.Event()
         self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
-        self._key: Optional[str] = None  # the slot key, once held
+        self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
         # `ttl` after it, whatever this thread is doing.
@@ -213,11 +212,11 @@ class _Worker:
         self._unwatch()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
-        if hold and self._key is not None:
+        if hold and self._keys:
             try:
                 with _Client(self.settings) as client:
                     lease = client.grant(hold)
-                    client.replace(self._key, self.value, self.value, lease)
+                    client.put_all([(k, self.value) for k in self._keys], self.value, lease)
             except EtcdError:
                 pass  # the slot expires within TTL instead
 
@@ -228,11 +227,12 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with _Client(self.settings) as client:
-                if self._key is not None:
-                    client.delete(self._key, self.value)
+                if self._keys:
+                    client.delete_all(self._keys, self.value)
                     return
-                for kv in client.range(self.prefix)[1]:
-                    if kv.value is not None and holder(kv.value) == self.vm:
+                ours = tuple(self.prefixes.values())
+                for kv in client.range(self.root)[1]:
+                    if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
                         client.delete(kv.key, kv.value)
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
@@ -251,7 +251,7 @@ class _Worker:
                 if not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
-                self._key = None
+                self._keys = ()
                 self._lease = None
                 with self._lock:
                     self._held = False
@@ -283,7 +283,7 @@ class _Worker:
         with self._lock:
             held = self._held
         if held and not self._ended.is_set():
-            self._key = None
+            self._keys = ()
             self._tell(SlotBusy, ("(lease expired)",), held=False)
             self._ended.set()
 
@@ -291,43 +291,45 @@ class _Worker:
         self._lease = self._get_lease()
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
-            revision, kvs = self._client.range(self.prefix)
-            if self._take(kvs):
+            revision, kvs = self._client.range(self.root)
+            taking = self._take(kvs)
+            if taking is None:
                 self._tell(SlotGranted, self._confirmed, held=True)
                 self._hold()
                 return
-            taken = tuple(sorted(holder(kv.value) or "?" for kv in kvs))
-            if taken != holders:
-                holders = taken
-                self._tell(SlotBusy, taken)
-            for _ in self._client.watch(self.prefix, revision + 1, self.renew):
-                break  # a slot changed hands: try again
+            if taking.full and taking.holders != holders:
+                holders = taking.holders
+                self._tell(SlotBusy, taking.holders, taking.full)
+            self._changed(revision + 1)  # a slot of its groups changed hands: try again
             self._lease = self._get_lease()  # the same, unless it expired meanwhile
 
-    def _take(self, kvs: list[KeyValue]) -> bool:
-        """Take back a slot this VM holds (after a restart: under the new lease), else a free
-        one; True when it is ours. A key of this VM at or beyond `max` (a reload or restart
-        lowered it) is no slot any more: it is deleted, never taken back."""
+    def _take(self, kvs: list[KeyValue]) -> Optional[slotset.Plan]:
+        """Take a slot in every group at once: the one this VM holds (after a restart: put
+        under the new lease), else a free one. None when they are ours; else the plan that
+        found a group full, or was beaten by another VM (its change is then watched). A key
+        of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
+        it is deleted, never taken back; so are the VM's keys while another group is full."""
         assert self._lease is not None  # noqa: S101 - granted before
-        for kv in kvs:
-            if kv.value is None or holder(kv.value) != self.vm:
-                continue
-            if not self._counts(kv.key):
-                self._client.delete(kv.key, kv.value)
-            elif self._client.replace(kv.key, kv.value, self.value, self._lease):
-                self._key = kv.key
-                return True
-        for n in range(self.concurrency.max):
-            key = f"{self.prefix}{n}"
-            if self._client.create(key, self.value, self._lease):
-                self._key = key
-                return True
-        return False
+        taking = slotset.plan(kvs, self.vm, self.concurrency.limits, self.prefixes)
+        for kv in taking.stale:
+            self._client.delete(kv.key, kv.value or b"")
+        if taking.take and self._client.put_all(taking.take, self.value, self._lease):
+            self._keys = tuple(key for key, _ in taking.take)
+            return None
+        return taking
 
-    def _counts(self, key: str) -> bool:
-        """A slot key of the group below `max`: `<prefix><n>`, n < max."""
-        n = key[len(self.prefix) :] if key.startswith(self.prefix) else ""
-        return n.isdigit() and int(n) < self.concurrency.max
+    def _changed(self, start: int) -> bool:
+        """Wait for a change to the keys of this VM's groups from revision `start`; False
+        after `renew` without one (the lease is checked then), also while only other groups'
+        keys change under the same root."""
+        until = time.monotonic() + self.renew
+        ours = tuple(self.prefixes.values())
+        for batch in self._client.watch(self.root, start, self.renew):  # closed on leaving
+            if any(kv.key.startswith(ours) for kv in batch):
+                return True
+            if time.monotonic() >= until:
+                return False
+        return False
 
     def _hold(self) -> None:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept

@@ -9,11 +9,10 @@ from ..config import ApprovePolicy
 from ..model import SCHEDULED, Event
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
-from .gates import lease
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
-from .poll import rate
-from .state import NO_FAILURES, Approvals, State, Tracked, _move, _with
+from .poll import rate, timing, turns
+from .state import Approvals, State, Tracked, _move, _with
 from .vocabulary.constants import APPROVAL_BACKOFF
 from .vocabulary.effects import Effect, PostApproval
 from .vocabulary.messages import ApprovalFailed, ApprovalSent
@@ -101,7 +100,7 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
         if t.phase is Phase.APPROVING
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at
-        and not lease._slot_pending(state, event_id, now)
+        and not turns._slot_pending(state, event_id, now)
     ]
     posting = set()
     for event in due:
@@ -195,19 +194,11 @@ def _approval(event: Event, state: State) -> tuple[Phase, Optional[Record]]:
     return Phase.APPROVING, None
 
 
-# ---- the approvals' timer: an APPROVING event's next POST
+# ---- the approvals' timer: an APPROVING event's next POST (when: poll/turns.approval_due)
 
 DUE_PHASES = frozenset({Phase.APPROVING})
 
 
-def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """When its approval goes out: after a failure's backoff, when the rate limit allows; none
-    while it is on its way, or while its slot is being confirmed."""
-    if event_id in state.approvals.posting or lease._slot_pending(state, event_id, now):
-        return None
-    return max(state.approvals.failures.get(event_id, NO_FAILURES).retry_at, allowed)
-
-
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    state = rate._make_room(state, now, out)  # a poll ordered for later gives way to it
+    state = timing._make_room(state, now, out)  # a poll ordered for later gives way to it
     return _retry_approvals(state, now, out)

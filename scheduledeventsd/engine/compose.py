@@ -12,10 +12,10 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, hold, slot, window
+from .gates import drain, hold, lease, pipeline, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
-from .poll import names, rate, timing
+from .poll import names, timing, turns
 from .state import State, Tracked
 from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
 from .vocabulary.effects import Effect, Exit, WakeAt
@@ -80,7 +80,7 @@ def _quiet_answer(
         or offset is None
         or abs(wall - now - offset) > CLOCK_STEP
         or next_wakeup(state, now) <= now
-        or rate._others_due(state, now)
+        or turns._others_due(state, now)
     ):
         return None
     out: list[Effect] = []
@@ -189,7 +189,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     CoordinationFailed: peers._coordination_failed,
     GateAnswered: peers._gate_answered,
     Faulted: lifetime._faulted,
-    SlotGranted: slot._slot_granted,
+    SlotGranted: pipeline._slot_granted,
     SlotKept: slot._slot_kept,
     SlotBusy: slot._slot_busy,
     SlotFailed: slot._slot_failed,
@@ -222,12 +222,13 @@ class Timers:
 # first, in `_timers`: while stopping nothing else does.
 TIMERS: tuple[Timers, ...] = (
     Timers("lifetime", None, lifetime.due),
+    Timers("lease", lease.fire, None, lease.due_for, lease.DUE_PHASES),
     Timers("slot", slot.fire, None, slot.due_for, slot.DUE_PHASES),
     Timers("hold", stages.retry_after, None, hold.due_for, hold.DUE_PHASES),
     Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
     Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
-    Timers("approval", approval.fire, None, approval.due_for, approval.DUE_PHASES),
+    Timers("approval", approval.fire, None, turns.approval_due, approval.DUE_PHASES),
     Timers("names", names.fire, names.due),
     Timers("poll", timing.fire, timing.due),
 )
@@ -254,7 +255,7 @@ def _timers(state: State, now: float, out: list[Effect]) -> State:
 def next_wakeup(state: State, now: float) -> float:
     """The earliest instant a timer of this state is due (never in the past): the soonest of
     every component's `due`."""
-    allowed = rate._allowed_first(state, now)  # none is due before the rate limit allows it
+    allowed = timing._allowed_first(state, now)  # none is due before the rate limit allows it
     times: list[float] = []
     for due in _DUE:
         times.extend(due(state, now, allowed))

@@ -9,7 +9,7 @@ from typing import Optional
 from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import approval, peers, stages
+from . import approval, peers, runs, stages
 from .gates import drain, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
@@ -245,7 +245,7 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
             )
         )
         out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
-        state = stages._cancel(state, (gone.run,), out)
+        state = runs._cancel(state, (gone.run,), out)
         return state, _move(gone, on, Phase.ENDING, stage=stage)
     out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
     return stages._start_stage(state, gone, on, stage, out)

@@ -176,6 +176,7 @@ _ROWS: list[Transition] = [
     _t(P.QUEUED, On.SLOT, [P.RUNNING], "before-hooks start holding the slot"),
     _t(P.QUEUED, On.SLOT, [P.DRAINING], "pacemaker: the node is drained holding the slot"),
     _t(P.QUEUED, On.SLOT, _DECIDE, "a reload left it no before-hooks: approval per policy"),
+    _t(P.QUEUED, On.SLOT, [P.WAITING], "granted after its window: given back, waits again"),
     _t(
         P.QUEUED,
         On.LEAD_TIME,
@@ -189,12 +190,7 @@ _ROWS: list[Transition] = [
         [P.DONE],
         "no before-hooks and no longer Scheduled (an unknown status): after-hooks once it is over",
     ),
-    _t(
-        P.QUEUED,
-        On.LEAD_TIME,
-        [P.DRAINING],
-        "no slot by its deadline: drained, never approved early",
-    ),
+    _t(P.QUEUED, On.LEAD_TIME, [P.DRAINING], "no slot by its deadline: drained, not early"),
     _t(P.DRAINING, On.DRAINED, [P.RUNNING], "cluster_drained: before-hooks start"),
     _t(P.DRAINING, On.DRAINED, _DECIDE, "cluster_drained, no before-hooks: approval per policy"),
     _t(

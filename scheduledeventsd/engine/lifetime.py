@@ -6,8 +6,8 @@ import math
 from dataclasses import replace
 
 from ..records import Level, Record, What
-from . import approval, events, stages
-from .gates import drain, hold, lease, slot, window
+from . import approval, events, runs, stages
+from .gates import drain, hold, slot, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -80,7 +80,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             else:
                 out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
                 if tracked.slot is Slot.HELD:
-                    state = lease._slot_unconfirmed(state, tracked, now)
+                    state = slot._slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set
             out.append(drain._drain_effect(state, tracked))
             tracked = replace(tracked, start_at=drain._drain_deadline(state, tracked.event, now))
@@ -170,7 +170,7 @@ def _faulted(state: State, msg: Faulted, now: float, out: list[Effect]) -> State
         poll = replace(state.poll, in_flight_since=None, next_at=now + POLL_BACKOFF_CAP)
         state = replace(state, poll=poll)
     elif isinstance(dropped, (HooksFinished, GateAnswered)):
-        state = stages._without_run(state, dropped.run)
+        state = runs._without_run(state, dropped.run)
     elif isinstance(dropped, (ApprovalSent, ApprovalFailed)):
         posting = state.approvals.posting - {dropped.event_id}
         state = replace(state, approvals=replace(state.approvals, posting=posting))
@@ -238,7 +238,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     # After-hooks waiting for their node's restore are waited for as a run is (started then).
     # After-hooks waiting for their next try (gates/hold.py) are not: they run after a restart.
     restoring = any(
-        stages._awaiting_restore(t) and not hold.waiting(t) for t in state.events.values()
+        runs._awaiting_restore(t) and not hold.waiting(t) for t in state.events.values()
     )
     if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
@@ -254,7 +254,7 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
                     },
                 )
             )
-            state = stages._cancel(state, tuple(sorted(state.runs)), out)
+            state = runs._cancel(state, tuple(sorted(state.runs)), out)
         return replace(state, stopping=replace(stopping, kill_until=now + KILL_WAIT))
     if stopping.kill_until is not None and now >= stopping.kill_until:
         return _exit(state, out)

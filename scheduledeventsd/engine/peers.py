@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
-from . import stages
+from . import runs
 from .lifecycle import On, Phase
 from .notes import _note, event_fields
 from .state import Peers, State, Tracked, _move, _with
@@ -94,7 +94,7 @@ def _coordination_failed(
     peers = state.peers.get(msg.event_id, Peers())
     peers = replace(peers, asking=False, next_at=failures.retry_at)
     if tracked.run is not None:
-        state = stages._without_run(state, tracked.run)
+        state = runs._without_run(state, tracked.run)
         state = _with(state, msg.event_id, replace(tracked, run=None))
     return replace(state, peers={**state.peers, msg.event_id: peers})
 
@@ -118,7 +118,7 @@ def _gate_answered(state: State, msg: GateAnswered, now: float, out: list[Effect
             out,
         )
     state = _coordination_works(state, out)
-    state = stages._without_run(state, msg.run)
+    state = runs._without_run(state, msg.run)
     tracked = replace(tracked, run=None)
     event = tracked.event
     if msg.exit_status == 0:
@@ -166,7 +166,7 @@ def _stop_asking(state: State, tracked: Tracked, out: list[Effect]) -> tuple[Sta
     """A COORDINATING event that is decided, started or gone: end its watch or gate run."""
     event_id = tracked.event.event_id
     if tracked.run is not None:
-        state = stages._cancel(stages._without_run(state, tracked.run), (tracked.run,), out)
+        state = runs._cancel(runs._without_run(state, tracked.run), (tracked.run,), out)
     elif event_id in state.peers and _etcd(state):
         out.append(StopCoordinating((event_id,)))
     state = _without_peers(state, event_id)
@@ -198,7 +198,7 @@ def _coordinate(state: State, now: float, out: list[Effect]) -> State:
         if via == "etcd":
             out.append(Coordinate(t.event, vm_name, not announce, t.incarnation))
         else:  # the gate command, or the cluster alone: its drains say
-            state, run = stages._new_run(state, event_id)
+            state, run = runs._new_run(state, event_id)
             ask = AskCluster if via == "pacemaker" else AskGate
             out.append(ask(run, t.event, t.incarnation, vm_name))
             state = _with(state, event_id, replace(t, run=run))

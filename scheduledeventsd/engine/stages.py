@@ -1,19 +1,18 @@
-"""Hook runs: the before-stage, and the after- or cancelled-stage once an event is over."""
+"""The after- and cancelled-stages once an event is over (the node restored before them), and what
+a finished hook run leads to. Starting runs, the before-stage and the end: runs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..config import EventRule
-from ..model import SCHEDULED
 from ..records import Cause, Level, Record, What
-from . import approval, peers
-from .gates import drain, hold, window
-from .lifecycle import Drain, On, Phase, Rule, Slot, Stage
+from . import approval, peers, runs
+from .gates import drain, hold
+from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
-from .vocabulary.effects import CancelRuns, Effect, RestoreNode, SpawnHooks, StopDraining
+from .vocabulary.effects import Effect, RestoreNode, StopDraining
 from .vocabulary.messages import HooksFinished
 
 _BEFORE_ENDED = {
@@ -27,7 +26,7 @@ def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effe
     event_id = state.runs.get(msg.run, "")
     # A run we stopped did not finish, whatever its exit status says.
     outcome = Outcome.CANCELLED if msg.run in state.cancelled else msg.outcome
-    state = _without_run(state, msg.run)
+    state = runs._without_run(state, msg.run)
     tracked = state.events.get(event_id)
     if (
         tracked is None
@@ -104,7 +103,7 @@ def _stage_finished(
         )
     else:
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, event, stage=stage))
-    state, over = _over(state, tracked, On.STAGE_ENDED)
+    state, over = runs._over(state, tracked, On.STAGE_ENDED)
     return _with(state, event.event_id, over)
 
 
@@ -140,25 +139,13 @@ def retry_after(state: State, now: float, out: list[Effect]) -> State:
         rule = state.config.events.get(t.event.event_type)
         hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
         if t.slot is not Slot.HELD or not hooks:
-            state, over = _over(state, t, On.LEAD_TIME)
+            state, over = runs._over(state, t, On.LEAD_TIME)
             state = _with(state, event_id, over)
             continue
         rebooted = bool(t.boot_id and state.boot_id and t.boot_id != state.boot_id)
-        state, run = _spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
+        state, run = runs._spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
         state = _with(state, event_id, _move(t, On.LEAD_TIME, Phase.AFTER, run=run))
     return state
-
-
-def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
-    """Nothing is left to do for it: kept while listed, else forgotten. A cancelled event that
-    came back Scheduled is forgotten too, and judged anew at the next poll: never left
-    unprepared because it once left the document."""
-    event = tracked.event
-    listed = event.event_id in state.listed
-    back = listed and tracked.stage is Stage.CANCELLED and event.status == SCHEDULED
-    if back:
-        state = replace(state, incarnation=None)
-    return state, _move(tracked, on, Phase.OVER if listed and not back else Phase.GONE, run=None)
 
 
 def _start_stage(
@@ -179,93 +166,7 @@ def _start_stage(
     if not hooks:
         if restore is not None:
             out.append(RestoreNode(tracked.event.event_id, restore))
-        return _over(state, replace(tracked, stage=stage), on)
+        return runs._over(state, replace(tracked, stage=stage), on)
     if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
         return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
-    return _run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)
-
-
-def _run_stage(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
-    """Spawn the hooks of the stage an AFTER event is in, once (at once, or when the restore
-    of its node has been answered)."""
-    rule = state.config.events.get(tracked.event.event_type)
-    stage = tracked.stage
-    hooks = rule.hooks_for(stage.value) if rule is not None else ()
-    if not hooks:  # a reload took them away while the node was restored
-        return _over(state, tracked, On.STAGE_ENDED)
-    rebooted = bool(tracked.boot_id and state.boot_id and tracked.boot_id != state.boot_id)
-    state, run = _spawn(state, tracked, stage, hooks, out, rebooted=rebooted)
-    return state, replace(tracked, run=run)
-
-
-def _awaiting_restore(tracked: Tracked) -> bool:
-    """Its after- or cancelled-hooks wait for its node's restore to be answered."""
-    return tracked.phase is Phase.AFTER and tracked.run is None
-
-
-def _spawn(
-    state: State,
-    tracked: Tracked,
-    stage: Stage,
-    hooks: tuple[str, ...],
-    out: list[Effect],
-    *,
-    rebooted: bool = False,
-) -> tuple[State, int]:
-    """Start a hook run for an event, with the name and incarnation it was seen under."""
-    state, run = _new_run(state, tracked.event.event_id)
-    vm_name = tracked.vm_name or state.vm_name  # a state file of version 1 did not keep it
-    incarnation = tracked.incarnation or state.incarnation or 0
-    out.append(SpawnHooks(run, tracked.event, hooks, incarnation, vm_name, stage, rebooted))
-    return state, run
-
-
-def _new_run(state: State, event_id: str) -> tuple[State, int]:
-    """The one allocation of run ids (hooks and gate runs alike)."""
-    run = state.next_run
-    return replace(state, runs={**state.runs, run: event_id}, next_run=run + 1), run
-
-
-def _cancel(state: State, runs: tuple[int, ...], out: list[Effect]) -> State:
-    """Stop runs; their results will say CANCELLED whatever their exit status."""
-    out.append(CancelRuns(runs))
-    return replace(state, cancelled=state.cancelled | frozenset(runs))
-
-
-def _without_run(state: State, run: int) -> State:
-    return replace(
-        state,
-        runs={r: e for r, e in state.runs.items() if r != run},
-        cancelled=state.cancelled - {run} if run in state.cancelled else state.cancelled,
-    )
-
-
-def _before_hooks(
-    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
-) -> tuple[State, Tracked]:
-    """The before-stage's hooks: `fast` instead of `before` when fewer than `fast_below`
-    seconds are left; with none to run, approval per policy at once."""
-    event = tracked.event
-    rule = state.config.events.get(event.event_type, EventRule())
-    hooks = rule.before
-    left = window._seconds_left(event, state, now)
-    quick = window.fast_hooks(rule, left)
-    if quick is not None:
-        hooks = quick
-        seconds = max(0.0, left or 0.0)
-        out.append(
-            _note(
-                Level.INFO,
-                What.EVENT_RULE,
-                event,
-                rule=Rule.FAST.value,
-                hooks=list(hooks),
-                seconds_left=int(seconds),
-                reason=f"{seconds:.0f} s to NotBefore < fast_below {rule.fast_below:g}: the "
-                "fast hooks run instead of before",
-            )
-        )
-    if not hooks:
-        return state, approval._decide(state, replace(tracked, start_at=0.0), on, out)
-    state, run = _spawn(state, tracked, Stage.BEFORE, hooks, out)
-    return state, _move(tracked, on, Phase.RUNNING, run=run, start_at=0.0)
+    return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

@@ -16,7 +16,8 @@ from typing import Any, Optional
 from .. import __version__
 from ..config import Config, HealthFrom
 from ..engine import Boot, DocumentFetched, Message, Phase, PollFailed, State, Tracked
-from ..engine.gates.window import Held, hold, lead
+from ..engine.gates.lead import lead
+from ..engine.gates.window import Held, hold
 from ..model import SCHEDULED, Event, iso_utc
 from ..windows import current_or_next
 
@@ -151,6 +152,10 @@ class Observer:
             else {
                 "group": state.config.concurrency.group,
                 "max": state.config.concurrency.max,
+                "groups": [
+                    {"group": limit.group, "max": limit.max}
+                    for limit in state.config.concurrency.limits
+                ],
                 "held_for": sorted(k for k, t in state.events.items() if t.slot.value == "held"),
                 "last_seen_holders": list(state.slot_holders),
             },

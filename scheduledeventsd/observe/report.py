@@ -110,8 +110,10 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         )
     slots = doc.get("concurrency")
     if isinstance(slots, dict):
+        groups = slots.get("groups") or [slots]
+        limits = "; ".join(f"group {g.get('group')}, max {g.get('max')}" for g in groups)
         lines.append(
-            f"concurrency: group {slots.get('group')}, max {slots.get('max')}; held for "
+            f"concurrency: {limits}; held for "
             f"{', '.join(slots.get('held_for') or []) or 'none'}; last seen holders "
             f"{', '.join(slots.get('last_seen_holders') or []) or '-'}"
         )
@@ -215,7 +217,8 @@ def sections(cfg: Config) -> list[str]:
     lines.append(
         "concurrency: none"
         if slots is None
-        else f"concurrency: group {slots.group}, {slots.max} slot(s), ttl {slots.ttl}s, by etcd"
+        else f"concurrency: {'; '.join(f'group {g.group}, {g.max} slot(s)' for g in slots.limits)}"
+        f", ttl {slots.ttl}s, by etcd"
     )
     if slots is not None:
         lines.append(

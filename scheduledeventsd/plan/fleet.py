@@ -17,8 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import config as config_mod
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, loader
 from ..config.walker import Checker, kind_of
 from ..model import EVENT_TYPES
 
@@ -261,7 +260,7 @@ def _config(path: Path, problems: list[str]) -> Optional[Config]:
         raw = yaml.read(path)
         if isinstance(raw, dict) and raw.get("provider", "auto") == "auto":
             raw = {**raw, "provider": "azure"}
-        return config_mod.parse(raw, str(path), path, check_files=False)
+        return loader.parse(raw, str(path), path, check_files=False)
     except ConfigError as e:
         problems.extend(e.problems)
         return None

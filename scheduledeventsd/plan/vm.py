@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import engine
 from ..config import Config
-from ..engine import ClusterMark, Known, Stage
+from ..engine import ClusterMark, Known, SlotBusy, Stage
 from .fleet import VmSet
 
 # What the plan's heap holds, by kind: a message for the engine, its wake-up, the poll it
@@ -54,6 +54,12 @@ class Vm:
     drains: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
     waiting_after: set[str] = field(default_factory=set)  # back up: until the engine is done
+    # A slot's news (SlotBusy) not stepped yet: only the last of a run of them is (run.py
+    # `_defer`), while the state a probe found them harmless in is the VM's, until then.
+    deferred: Optional[tuple[float, SlotBusy]] = None
+    busy_probe: Optional[engine.State] = None
+    busy_event: str = ""  # the event whose news the probe was about
+    busy_until: float = -math.inf
 
     def token(self) -> int:
         self.tokens += 1

@@ -96,7 +96,7 @@ class Cloud:
         for p in events:
             for vm in p.vms:
                 self._of.setdefault(vm, []).append(p)
-        self._shown: dict[str, tuple[object, ...]] = {}
+        self._shown: dict[str, tuple[tuple[tuple[str, bool], ...], Document]] = {}
         self._incarnation: dict[str, int] = {}
 
     def of(self, vm: str) -> list[Posting]:
@@ -113,12 +113,20 @@ class Cloud:
         return True
 
     def document(self, vm: str, now: float) -> Document:
-        events = []
+        """The VM's document now: the same object while what it lists is the same (a quiet
+        poll builds nothing), a new incarnation when that changes."""
+        listed = []
         for p in self.of(vm):
             ends = p.ends()
             if p.posted > now or (ends is not None and ends <= now):
                 continue
-            started = p.started is not None and p.started <= now
+            listed.append((p, p.started is not None and p.started <= now))
+        shown = tuple((p.event_id, started) for p, started in listed)
+        last = self._shown.get(vm)
+        if last is not None and last[0] == shown:
+            return last[1]
+        events = []
+        for p, started in listed:
             not_before = None if started else self.start + dt.timedelta(seconds=p.not_before)
             events.append(
                 Event(
@@ -133,11 +141,10 @@ class Cloud:
                     duration_seconds=p.duration,
                 )
             )
-        shown = tuple((e.event_id, e.status, e.not_before) for e in events)
-        if self._shown.get(vm) != shown:
-            self._shown[vm] = shown
-            self._incarnation[vm] = self._incarnation.get(vm, 0) + 1
-        return Document(self._incarnation[vm], tuple(events))
+        self._incarnation[vm] = self._incarnation.get(vm, 0) + 1
+        document = Document(self._incarnation[vm], tuple(events))
+        self._shown[vm] = (shown, document)
+        return document
 
 
 # ---- hook runs -------------------------------------------------------------------------------

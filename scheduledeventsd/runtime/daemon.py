@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Callable, Optional, Union, get_args
 
-from .. import config as config_mod
 from .. import engine
-from ..config import Config, Hook, Pacemaker
+from ..config import Config, ConfigError, Hook, Pacemaker, loader
 from ..engine import (
     AcquireSlot,
     ApprovalFailed,
@@ -218,8 +217,8 @@ class Daemon:
 
     def _load_config(self) -> Message:
         try:
-            return engine.Reloaded(config_mod.load(self.config.path or config_mod.DEFAULT_PATH))
-        except config_mod.ConfigError as e:
+            return engine.Reloaded(loader.load(self.config.path or loader.DEFAULT_PATH))
+        except ConfigError as e:
             return engine.ReloadFailed(tuple(e.problems))
 
     def _feed(self, message: Message) -> None:

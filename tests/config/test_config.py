@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scheduledeventsd import config
-from scheduledeventsd.config import ConfigError
+from scheduledeventsd.config import ConfigError, loader
 from tests.conftest import cli
 
 ROOT = Path(__file__).parents[2]
@@ -29,7 +29,7 @@ def hook(tmp_path: Path) -> str:
 def load(tmp_path: Path, text: str) -> config.Config:
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    return config.load(path)
+    return loader.load(path)
 
 
 def problems(tmp_path: Path, text: str) -> list[str]:
@@ -39,7 +39,7 @@ def problems(tmp_path: Path, text: str) -> list[str]:
 
 
 def test_an_empty_file_gives_the_documented_defaults(tmp_path):
-    cfg = config.parse(None, "x", check_files=False)
+    cfg = loader.parse(None, "x", check_files=False)
     assert cfg.metadata.url == "http://169.254.169.254/metadata/scheduledevents"
     assert cfg.metadata.api_version == "2020-07-01"
     assert (cfg.metadata.poll_interval, cfg.metadata.timeout, cfg.metadata.first_call_timeout) == (
@@ -57,13 +57,13 @@ def test_an_empty_file_gives_the_documented_defaults(tmp_path):
 
 
 def test_the_shipped_config_states_exactly_the_defaults(tmp_path):
-    raw = config.parse_yaml((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
-    shipped = config.parse(
+    raw = loader.parse_yaml((ROOT / "etc/scheduledeventsd/config.yaml").read_text())
+    shipped = loader.parse(
         {k: v for k, v in raw.items() if k != "hooks"}, "shipped", check_files=False
     )
-    assert shipped == config.parse(None, "defaults", check_files=False)
+    assert shipped == loader.parse(None, "defaults", check_files=False)
     commands = {name: [c["command"] for c in cmds] for name, cmds in raw["hooks"].items()}
-    assert commands == {n: [list(h.commands[0].argv)] for n, h in config.DEFAULT_HOOKS.items()}
+    assert commands == {n: [list(h.commands[0].argv)] for n, h in loader.DEFAULT_HOOKS.items()}
 
 
 def test_a_given_events_mapping_replaces_the_default_wholly(tmp_path, hook):
@@ -189,7 +189,7 @@ def test_an_unquoted_api_version_date_is_read_as_the_string_meant(tmp_path):
 
 def test_a_missing_file_is_an_error_not_silent_defaults(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
-        config.load(tmp_path / "absent.yaml")
+        loader.load(tmp_path / "absent.yaml")
 
 
 def test_check_config_exits_2_with_every_problem_and_no_traceback(tmp_path):
@@ -225,7 +225,7 @@ def test_check_config_summarises_a_valid_config(tmp_path, hook):
 
 def _yaml_key_paths(raw):
     """The declared key paths (`hooks.*.timeout`) a loaded YAML value holds."""
-    source = config.key_paths()
+    source = loader.key_paths()
     prefixes = {p.rsplit(".", n)[0] for p in source for n in range(p.count(".") + 1)}
     found = set()
 
@@ -266,16 +266,16 @@ def _commented_example(text, first_line):
         if not line.startswith("#"):
             break
         block.append(line[1:])
-    return config.parse_yaml("\n".join(block))
+    return loader.parse_yaml("\n".join(block))
 
 
 def test_the_shipped_config_and_the_readme_examples_hold_only_declared_keys():
     """The shipped file (generated) shows every declared key, its commented examples included;
     every hand-written YAML example of the docs and the README uses no key the schema does not
     declare."""
-    source = config.key_paths()
+    source = loader.key_paths()
     shipped_text = (ROOT / "etc/scheduledeventsd/config.yaml").read_text()
-    shipped = _yaml_key_paths(config.parse_yaml(shipped_text))
+    shipped = _yaml_key_paths(loader.parse_yaml(shipped_text))
     for commented in re.findall(r"^#\w+:$", shipped_text, re.MULTILINE):
         shipped |= _yaml_key_paths(_commented_example(shipped_text, commented))
     for section, heading in (("hooks", "# Each command of a hook holds:"), ("events", "# Each ev")):
@@ -285,7 +285,7 @@ def test_the_shipped_config_and_the_readme_examples_hold_only_declared_keys():
     examples = list(_yaml_examples())
     assert len(examples) >= 10
     for place, block in examples:
-        example = _yaml_key_paths(config.parse_yaml(block))
+        example = _yaml_key_paths(loader.parse_yaml(block))
         assert example <= source, place
 
 
@@ -293,7 +293,7 @@ def test_a_missing_default_hook_fails_check_config(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("approve: always\n")
     hook_dir = Path("/etc/scheduledeventsd/hooks")
-    if all((hook_dir / name).exists() for name in config.DEFAULT_HOOKS):
+    if all((hook_dir / name).exists() for name in loader.DEFAULT_HOOKS):
         pytest.skip("the default hooks are installed on this machine")
     result = cli("check-config", "--config", str(path))
     assert result.returncode == 2
@@ -595,7 +595,7 @@ def test_a_config_over_a_mebibyte_is_refused_unread(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("# " + "x" * (1 << 20) + "\n")
     with pytest.raises(ConfigError, match="larger than 1024 KiB"):
-        config.load(path)
+        loader.load(path)
 
 
 def test_no_problem_quotes_an_unbounded_value(tmp_path):
@@ -733,17 +733,8 @@ def test_a_gate_and_a_cluster_load_together(tmp_path, hook):
     assert cfg.cluster is not None
 
 
-def test_the_settings_and_their_checks_import_no_yaml():
-    """The engine takes its types from scheduledeventsd.config (issue 27: it imported config.py,
-    and with it PyYAML, for them): PyYAML is imported only where a file is read."""
-    code = (
-        "import sys\n"
-        "import scheduledeventsd.config as c\n"
-        "c.parse({'hooks': {}, 'events': {}}, 'x', check_files=False)\n"
-        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
-        "c.parse_yaml('a: 1')\n"
-        "assert 'yaml' in sys.modules\n"
-    )
+def _run(code: str) -> None:
+    """`code` in a fresh interpreter: what it imports is not hidden by what the tests did."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
@@ -751,8 +742,35 @@ def test_the_settings_and_their_checks_import_no_yaml():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_settings_and_their_checks_import_no_yaml():
+    """PyYAML is imported only where a file is read: checking an already-read value does not
+    load it (issue 27: the engine imported config.py, and with it PyYAML, for its types)."""
+    _run(
+        "import sys\n"
+        "from scheduledeventsd.config import loader\n"
+        "loader.parse({'hooks': {}, 'events': {}}, 'x', check_files=False)\n"
+        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+        "loader.parse_yaml('a: 1')\n"
+        "assert 'yaml' in sys.modules\n"
+    )
+
+
+def test_the_engine_and_the_settings_load_neither_the_checks_nor_yaml():
+    """The settings the engine takes its types from come without the loader: its walker
+    (urllib.parse), its YAML reader (PyYAML). test_layers says the same of the source (and of
+    urllib, which pathlib imports anyway before 3.13); this says it of a real import."""
+    _run(
+        "import sys\n"
+        "import scheduledeventsd.engine, scheduledeventsd.config\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'yaml'\n"
+        "    or m.startswith('scheduledeventsd.config.') and m.split('.')[2] in\n"
+        "    ('loader', 'walker', 'sections', 'fleet', 'logic', 'files', 'yaml'))\n"
+        "assert not loaded, loaded\n"
+    )
+
+
 def _held(hold_max: int, timeout: float, events: dict) -> config.Config:
-    return config.parse(
+    return loader.parse(
         {
             "vm_name": "vm-a",
             "coordination": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}},
@@ -775,4 +793,51 @@ def test_hold_max_shorter_than_a_hook_timeout_plus_the_types_usual_impact_is_war
     assert not _held(1500, 300, both).warnings, "1500 >= 300 + 1200"
     assert not _held(700, 60, {"Reboot": ["drain"]}).warnings, "a Reboot's 600 s"
     assert not _held(5, 60, {"Terminate": ["drain"]}).warnings, "takes no slot, never back"
-    assert config.parse({"vm_name": "a"}, "test", check_files=False).warnings == ()
+    assert loader.parse({"vm_name": "a"}, "test", check_files=False).warnings == ()
+
+
+# ---- issue 28: several limits at once ---------------------------------------------------------
+
+ETCD_SECTION = "coordination:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n"
+
+
+def test_concurrency_as_a_list_holds_a_limit_per_group_and_the_mapping_form_still_loads(
+    tmp_path, hook
+):
+    """Issue 28: `concurrency` takes a list of mappings (a tier and a zone), each a group and
+    its max, ttl given once; the mapping form loads as before (one limit)."""
+    rest = f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n{ETCD_SECTION}"
+    cfg = load(
+        tmp_path,
+        f"{rest}concurrency:\n  - {{group: web, max: 1}}\n  - {{group: zone-1, max: 2, ttl: 12}}\n",
+    )
+    assert cfg.concurrency.limits == (config.Limit("web", 1), config.Limit("zone-1", 2))
+    assert cfg.concurrency.groups == ("web", "zone-1")
+    assert cfg.concurrency.ttl == 12
+    shown = cli("check-config", "--config", str(tmp_path / "config.yaml"), check=True)
+    assert "concurrency: group web, 1 slot(s); group zone-1, 2 slot(s), ttl 12s, by etcd" in (
+        shown.stdout
+    )
+    single = load(tmp_path, f"{rest}concurrency: {{group: web, max: 3}}\n")
+    assert single.concurrency == config.Concurrency("web", 3)
+    assert single.concurrency.limits == (config.Limit("web", 3),)
+
+
+def test_a_concurrency_list_names_each_problem_by_its_item(tmp_path, hook):
+    """A group given twice, a ttl that differs (one lease holds every group's slot), a bad
+    item and an empty list: each named by file and key path, all in one run."""
+    rest = f"hooks:\n  h:\n    - command: [{hook}]\nevents:\n  Reboot: [h]\n{ETCD_SECTION}"
+    found = problems(
+        tmp_path,
+        f"{rest}concurrency:\n  - {{group: web, ttl: 10}}\n  - {{group: web}}\n"
+        "  - {group: zone-1, max: 0, ttl: 20}\n  - 7\n  - {max: 2}\n",
+    )
+    where = str(tmp_path / "config.yaml")
+    assert f"{where}: concurrency[1].group: 'web' is given twice: one limit per group" in found
+    assert any(p.startswith(f"{where}: concurrency[2].max: must be a whole number") for p in found)
+    assert any(p.startswith(f"{where}: concurrency[2].ttl: 20 differs from") for p in found)
+    assert f"{where}: concurrency[3]: must be a mapping, got a number" in found
+    assert any(p.startswith(f"{where}: concurrency[4].group: required") for p in found)
+    empty = problems(tmp_path, f"{rest}concurrency: []\n")
+    expected = "must be a mapping or a non-empty list of mappings, got an empty list"
+    assert empty == [f"{where}: concurrency: {expected}"]

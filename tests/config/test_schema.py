@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config
-from scheduledeventsd.config import schema
+from scheduledeventsd.config import loader, schema
 from scheduledeventsd.config.provider import DEFAULT_URLS, Provider
 from scheduledeventsd.config.schema import Key, Kind
 from scheduledeventsd.windows import Window
@@ -50,10 +50,11 @@ def place(raw: dict[str, Any], path: str, value: Any) -> None:
 
 def shown(key: Key) -> Any:
     """What a full config sets a key to: its example, else its default."""
-    return config.parse_yaml(key.example) if key.example is not None else key.default
+    return loader.parse_yaml(key.example) if key.example is not None else key.default
 
 
 COORDINATIONS = ("etcd", "gate")
+SECTIONS = (Kind.SECTION, Kind.SECTIONS)  # a mapping of keys (or a list of them)
 
 
 def full(keep: str) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def full(keep: str) -> dict[str, Any]:
     raw: dict[str, Any] = {"approve": "all"}
     others = [f"coordination.{c}" for c in COORDINATIONS if c != keep]
     for key in schema.KEYS:
-        if key.kind is Kind.SECTION or key.path.startswith(tuple(others)):
+        if key.kind in SECTIONS or key.path.startswith(tuple(others)):
             continue
         if keep != "etcd" and key.path.startswith("concurrency"):
             continue
@@ -80,11 +81,11 @@ def full(keep: str) -> dict[str, Any]:
 
 FULL_ETCD = full("etcd")
 FULL_GATE = full("gate")
-LEAVES = [k for k in schema.KEYS if k.kind is not Kind.SECTION]
+LEAVES = [k for k in schema.KEYS if k.kind not in SECTIONS]
 
 
 def parse(raw: dict[str, Any]) -> config.Config:
-    return config.parse(raw, "t.yaml", check_files=False)
+    return loader.parse(raw, "t.yaml", check_files=False)
 
 
 def problems(raw: dict[str, Any]) -> list[str]:
@@ -111,12 +112,12 @@ def test_a_config_of_every_declared_key_at_its_example_or_default_is_valid():
 
 
 @pytest.mark.parametrize(
-    "key", LEAVES + [k for k in schema.KEYS if k.kind is Kind.SECTION], ids=lambda k: k.path
+    "key", LEAVES + [k for k in schema.KEYS if k.kind in SECTIONS], ids=lambda k: k.path
 )
 def test_every_declared_key_is_checked_and_a_wrong_kind_is_named_by_its_key_path(key):
     """A key the schema declares but the validator never reads would be accepted and ignored."""
     raw = base_for(key.path)
-    wrong = [1] if key.kind in (Kind.SECTION, Kind.NAMED) else {"x": [1]}
+    wrong = [1] if key.kind in (*SECTIONS, Kind.NAMED) else {"x": [1]}
     place(raw, key.path, wrong)
     where = concrete(key.path)
     found = [p for p in problems(raw) if p.startswith(f"t.yaml: {where}")]
@@ -173,7 +174,7 @@ def test_every_declared_choice_is_accepted_and_nothing_else(key):
 
 
 def test_every_section_refuses_a_key_it_does_not_declare_and_lists_the_declared_ones():
-    sections = [""] + [k.path for k in schema.KEYS if k.kind is Kind.SECTION]
+    sections = [""] + [k.path for k in schema.KEYS if k.kind in SECTIONS]
     sections += ["hooks.NAME[]", "events.TYPE", "webhooks[]"]
     for section in sections:
         raw = base_for(section)
@@ -184,7 +185,7 @@ def test_every_section_refuses_a_key_it_does_not_declare_and_lists_the_declared_
 
 
 def test_the_defaults_the_daemon_uses_are_the_declared_ones():
-    cfg = config.parse(None, "defaults", check_files=False)
+    cfg = loader.parse(None, "defaults", check_files=False)
     declared = {k.name: k.default for k in schema.KEYS if k.parent == "metadata"}
     assert declared.pop("url") is None, "each provider's own (default_text)"
     assert cfg.metadata == config.Metadata(**declared, url=DEFAULT_URLS[Provider.AZURE])
@@ -241,7 +242,7 @@ SETTINGS: dict[str, tuple[Optional[type], dict[str, Any], dict[str, str]]] = {
     "hooks.NAME[]": (config.HookCommand, {"argv": "hooks.NAME[].command"}, {"command": "argv"}),
     "events.TYPE": (config.EventRule, {}, {}),
     "windows[]": (Window, {"zone": "windows[].timezone"}, {"timezone": "zone"}),
-    "concurrency": (config.Concurrency, {}, {}),
+    "concurrency": (config.Concurrency, {"more": "concurrency"}, {}),
     "coordination": (config.Coordination, {}, {}),
     "coordination.etcd": (config.Etcd, {}, {}),
     "coordination.gate": (config.Gate, {}, {"timeout": "command.timeout"}),
@@ -265,7 +266,7 @@ def test_every_settings_field_has_its_schema_key_and_every_key_its_field(section
 
 
 def test_every_section_of_the_schema_has_its_settings_class():
-    sections = {k.path for k in schema.KEYS if k.kind is Kind.SECTION}
+    sections = {k.path for k in schema.KEYS if k.kind in SECTIONS}
     sections |= {"", "hooks.NAME[]", "events.TYPE", "windows[]", "webhooks[]"}
     assert sections - {"http", "health"} == set(SETTINGS)
 
@@ -318,7 +319,7 @@ def test_every_declared_key_is_in_the_reference_table_and_the_man_page_in_declar
 
 # Also the fuzzer's starting corpus (tests/fuzz.py; `make fuzz-quick` in CI runs from them).
 SEEDS = sorted((ROOT / "tests/seeds/config").glob("*.yaml"))
-BOUND = config.MAX_PROBLEM * 2  # a problem's text plus its file and key path, each bounded
+BOUND = loader.MAX_PROBLEM * 2  # a problem's text plus its file and key path, each bounded
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.stem)
@@ -331,7 +332,7 @@ def test_a_hostile_config_is_refused_with_short_errors_and_nothing_run(seed, tmp
     marker.unlink(missing_ok=True)
     started = time.monotonic()
     with pytest.raises(config.ConfigError) as e:
-        config.load(seed)
+        loader.load(seed)
     assert time.monotonic() - started < 30
     assert e.value.problems
     for problem in e.value.problems:

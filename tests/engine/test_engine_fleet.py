@@ -13,7 +13,9 @@ from scheduledeventsd.config import (
     Etcd,
     EventRule,
     Gate,
+    HealthFrom,
     HookCommand,
+    Limit,
 )
 from scheduledeventsd.engine import (
     AcquireSlot,
@@ -44,8 +46,9 @@ from scheduledeventsd.engine import (
 )
 from scheduledeventsd.engine.lifecycle import Slot
 from scheduledeventsd.observe.metrics import Metrics
+from scheduledeventsd.observe.observer import Observer
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
-from tests.engine.test_engine_when import EVENTS, MONO0, due_in, seen
+from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, seen
 from tests.engine.test_engine_when import machine as when_machine
 
 ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
@@ -623,3 +626,61 @@ def test_after_a_crash_a_drain_whose_slot_went_to_another_vm_queues_for_one():
     late.tick(MONO0 + 3600 - 600)  # the lead (10 minutes): prepared without a slot
     assert of(late.effects, SpawnHooks)
     assert logs(late.effects, "slot_unavailable")
+
+
+# ---- issue 28: several limits at once -----------------------------------------------------------
+
+LIMITS = Concurrency("web", 1, TTL, more=(Limit("zone-a", 2),))
+
+
+def test_with_several_groups_the_hooks_wait_for_a_slot_in_every_one_and_say_which_is_full():
+    """Issue 28: `concurrency` as a list (a tier and a zone). The VM asks once (the keeper
+    takes a slot in every group in one transaction, or none); while a group is full its
+    event waits, and the record says which group and who holds it; granted, its hooks start
+    holding both, and one ReleaseSlot gives both back once it is over."""
+    m = when_machine(concurrency=LIMITS, coordination=ETCD)
+    seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.QUEUED
+    assert len(of(m.effects, AcquireSlot)) == 1
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert (waiting.fields["group"], waiting.fields["groups"]) == ("web", ["web", "zone-a"])
+    m.send(SlotBusy("E1", ("vm-c", "vm-d"), ("zone-a",)), at=MONO0 + 1)
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["full"] == ["zone-a"]
+    assert waiting.fields["holders"] == ["vm-c", "vm-d"]
+    shown = Observer(WALL0).document(m.state, WALL0 + 1, HealthFrom.DETECTED)["concurrency"]
+    assert shown["groups"] == [{"group": "web", "max": 1}, {"group": "zone-a", "max": 2}]
+    assert shown["last_seen_holders"] == ["vm-c", "vm-d"]
+    assert not of(m.effects, SpawnHooks)
+    m.send(SlotGranted("E1", MONO0 + 2), at=MONO0 + 2)
+    (acquired,) = logs(m.effects, "slot_acquired")
+    assert acquired.fields["groups"] == ["web", "zone-a"]
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 3)
+    assert of(m.effects, PostApproval), "holding a slot in every group: approved early"
+    m.send(ApprovalSent("E1"), at=MONO0 + 3.1)
+    seen(m, incarnation=3, at=MONO0 + 4)  # over: the after-hooks run, still holding both
+    (after,) = of(m.effects, SpawnHooks)
+    assert not of(m.effects, ReleaseSlot)
+    m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 5)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")], "both groups' slots, together"
+
+
+def test_a_reload_that_adds_a_group_asks_again_and_approves_only_once_every_group_is_held():
+    """A held slot of `web` and a reload that adds the zone's limit: the new keeper is asked
+    (it takes the web slot back and a zone slot with it, or says the zone is full); until it
+    answers no early approval, and told the zone is full, none at all."""
+    for answer in ("granted", "busy"):
+        m, spawn = holding()
+        cfg = m.state.config
+        m.send(Reloaded(dataclasses.replace(cfg, concurrency=LIMITS)), at=MONO0 + 2)
+        assert [a.event.event_id for a in of(m.effects, AcquireSlot)] == ["E1"]
+        m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2.5)
+        assert not of(m.effects, PostApproval), "the zone's slot not held yet"
+        if answer == "granted":
+            m.send(SlotGranted("E1", MONO0 + 2.6), at=MONO0 + 2.7)
+            assert of(m.effects, PostApproval)
+        else:
+            m.send(SlotBusy("E1", ("vm-c", "vm-d"), ("zone-a",)), at=MONO0 + 2.7)
+            assert m.phase() is Phase.NOT_APPROVED
+            assert not of(m.tick(MONO0 + 60), PostApproval)

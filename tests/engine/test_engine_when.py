@@ -30,7 +30,7 @@ from scheduledeventsd.engine import (
     lifecycle,
 )
 from scheduledeventsd.engine.gates import window as window_gate
-from scheduledeventsd.engine.gates.window import WINDOW_LEAD
+from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
 from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.windows import Window
 from tests.engine.test_engine import Machine, config, doc, event, logs, of
@@ -378,6 +378,70 @@ def test_a_wall_clock_step_places_the_slot_deadline_again():
     assert not of(m.tick(deadline - 0.01), SpawnHooks)
     assert of(m.tick(deadline), SpawnHooks), "no slot by the deadline: hooks start anyway"
     assert logs(m.effects, "slot_unavailable")
+
+
+def test_a_slot_granted_after_the_window_closed_is_given_back_until_the_next_window():
+    """Issue 28, windows and slots together: the window 02:00-05:00 opens, the Reboot asks for
+    the slot and waits; the slot comes at 05:30, after the window closed. Before, its
+    before-hooks started then (`_slot_granted` prepared whenever the slot came); now the slot
+    is given back and the event waits for the next window, where it asks again and starts."""
+    m = slotted(windows=(window("02:00", "05:00"),))
+    seen(m, due_in(3 * 86400))  # Thursday 12:00; NotBefore Sunday 12:00
+    opens = mono("2026-11-27T02:00")
+    assert m.state.events["E1"].start_at == opens
+    m.tick(opens)
+    assert m.phase() is Phase.QUEUED
+    assert of(m.effects, AcquireSlot)
+    m.send(SlotBusy("E1", ("vm-b",)), at=opens + 60)
+    effects = m.send(SlotGranted("E1"), at=mono("2026-11-27T05:30"))
+    assert not of(effects, SpawnHooks), "no before-hooks outside the window"
+    assert of(effects, ReleaseSlot) == [ReleaseSlot("E1")], "the slot given back at once"
+    assert not logs(effects, "slot_acquired")
+    (waiting,) = logs(effects, "event_waiting")
+    assert waiting.fields["reason"] == "window"
+    assert waiting.fields["hooks_start_at"] == "2026-11-28T02:00:00Z"
+    assert m.phase() is Phase.WAITING
+    assert m.state.events["E1"].slot.value == ""
+    following = mono("2026-11-28T02:00")
+    assert m.wake() == following
+    assert not of(m.tick(following - 0.01), AcquireSlot)
+    assert of(m.tick(following), AcquireSlot), "asked for again when the next window opens"
+    assert m.phase() is Phase.QUEUED
+    m.send(SlotGranted("E1"), at=following + 5)
+    assert logs(m.effects, "slot_acquired")
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=following + 10)
+    assert of(m.effects, PostApproval), "holding its slot, prepared in the window: early"
+
+
+def test_a_slot_granted_after_the_last_window_that_opens_too_late_waits_for_the_lead():
+    """The next window opens after the lead (too late to prepare in): the slot granted after
+    the window closed is given back and the hooks wait for the lead, as the window gate says
+    for any event; a slot granted inside a window is kept (its hooks start at once)."""
+    m = slotted(windows=(window("02:00", "05:00", days=[4, 6]),))  # fri, sun
+    seen(m, due_in(3 * 86400 - 35700))  # NotBefore Sunday 02:05: Sunday's window too late
+    opens = mono("2026-11-27T02:00")
+    m.tick(opens)
+    assert m.phase() is Phase.QUEUED
+    m.send(SlotGranted("E1"), at=mono("2026-11-27T06:00"))
+    assert m.phase() is Phase.WAITING
+    (waiting,) = logs(m.effects, "event_waiting")
+    assert waiting.fields["reason"] == "start_before"
+    lead = mono("2026-11-29T02:05") - WINDOW_LEAD
+    assert m.state.events["E1"].start_at == lead
+    assert of(m.tick(lead), AcquireSlot)
+    m.send(SlotGranted("E1"), at=lead + 1)
+    assert of(m.effects, SpawnHooks), "at the lead the slot is kept whatever the window"
+
+
+def test_a_slot_granted_inside_the_window_starts_the_hooks_at_once():
+    m = slotted(windows=(window("02:00", "05:00"),))
+    seen(m, due_in(3 * 86400))
+    opens = mono("2026-11-27T02:00")
+    m.tick(opens)
+    m.send(SlotGranted("E1"), at=mono("2026-11-27T04:59"))
+    assert of(m.effects, SpawnHooks)
+    assert not of(m.effects, ReleaseSlot)
 
 
 # ---- faster than 1 Hz ----------------------------------------------------------------------

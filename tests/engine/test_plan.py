@@ -5,6 +5,7 @@ changes nothing but the number of steps. Pure: no process, no socket, no sleep."
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -735,3 +736,94 @@ def test_a_window_opening_exactly_at_the_lead_is_used_and_not_flagged_no_window(
     (r,) = data["rows"]
     assert (r["hooks_start"], r["waited_for"]) == (at(28, "02:00:00"), "window")
     assert r["flags"] == ["cut_off", "late"]
+
+
+class _Told(run.Plan):
+    """The plan, counting what each VM's engine is told (by message type)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.told: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def _observe(self, vm: Any, message: Any, effects: Any, t: float) -> None:
+        self.told[(vm.name, type(message).__name__)] += 1
+        super()._observe(vm, message, effects, t)
+
+
+def test_a_slot_handed_on_eleven_times_and_renewed_every_10s_is_told_a_few_times_the_same_plan(
+    tmp_path,
+):
+    """Twelve VMs, one slot, 10-minute drains: the slot changes hands 11 times while the last
+    VM waits, and each holder's lease (ttl 30 s) is renewed every 10 s for 15 minutes. Each
+    waiting VM's engine is told only the last of a run of the slot's news (a probe showed
+    they only say who holds it), and a holder is not woken at each end of its lease (the
+    latest renewal is told before each step): a few messages each, not 11 and 20 (main
+    told web-12 of every hand-off and each holder of 20 renewals). The plan is the one with
+    every poll, hand-off and renewal replayed one by one."""
+    path = files(tmp_path, wave(12).replace("drain: 30m", "drain: 10m"))
+    (tmp_path / "web.yaml").write_text(WEB + "metadata: {poll_interval: 2}\n")
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 1, 50, tzinfo=dt.timezone.utc)
+    fast = _Told(loaded, start)
+    data = report.build(fast.run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert data["rows"] == slow["rows"]
+    assert data["summary"].pop("steps") * 100 < slow["summary"].pop("steps")
+    assert data["summary"] == slow["summary"]
+    assert [r["slot_from"] for r in data["rows"]][-1] == "2026-11-28T04:45:00Z"
+    busy = [fast.told[(f"web-{i}", "SlotBusy")] for i in range(1, 13)]
+    kept = [fast.told[(f"web-{i}", "SlotKept")] for i in range(1, 13)]
+    assert max(busy) <= 3, busy
+    assert max(kept) <= 3, kept
+    # A catch-up answers the last rate window's polls one by one (at 2 s: none or one), not
+    # also the interval before it (main: 12 polls a VM).
+    polls = [fast.told[(f"web-{i}", "DocumentFetched")] for i in range(1, 13)]
+    assert max(polls) <= 9, polls
+
+
+@pytest.mark.parametrize("interval", [0.25, 1])
+def test_skipping_quiet_polls_at_1_hz_and_4_hz_changes_nothing(tmp_path, interval):
+    """At 1 s the polls of a rate window and the next can never fill IMDS' budget, so only the
+    last window's are answered one by one when a VM's quiet polls are caught up; at 4 Hz they
+    can, and the window and an interval are (the budget then holds polls back). Either way
+    the plan is the one with every poll replayed, hand-offs and approvals at the same
+    instants (at 4 Hz each approval 20 ms late, behind the polls in the budget)."""
+    path = files(tmp_path, wave(3, not_before="2026-11-28T02:00:00Z"))
+    path.write_text(path.read_text().replace("drain: 30m", "drain: 10m"))
+    (tmp_path / "web.yaml").write_text(
+        WEB.replace('start: "02:00"', 'start: "01:00"')
+        + f"metadata: {{poll_interval: {interval}}}\n"
+    )
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 28, 0, 55, tzinfo=dt.timezone.utc)
+    fast = report.build(run.Plan(loaded, start).run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert fast["rows"] == slow["rows"]
+    assert fast["summary"].pop("steps") * 50 < slow["summary"].pop("steps")
+    assert fast["summary"] == slow["summary"]
+    late = ".020" if interval < 1 else ""  # at 4 Hz the polls fill the budget: the POST waits
+    assert [r["approved"] for r in fast["rows"]] == [
+        f"2026-11-28T01:10:00{late}Z", f"2026-11-28T01:25:00{late}Z", f"2026-11-28T01:40:00{late}Z",
+    ]  # fmt: skip
+
+
+def test_a_vm_with_two_events_waiting_for_the_slot_is_told_of_each_events_wait(tmp_path):
+    """Five VMs, one slot, each with a Reboot and four with a second one posted 10 minutes
+    later: at each hand-off a waiting VM is told the slot's news for each of its two events.
+    Both events of web-3 and web-4 waited for the slot (the news for one was dropped when only
+    the last of a run was stepped, whatever its event: "window"); the same plan as replayed
+    one by one."""
+    config = WEB.replace('days: [sat], start: "02:00"', 'days: [mon], start: "01:00"')
+    text = (
+        "vms:\n  - names: web-[1-5]\n    config: web.yaml\n    hooks: {drain: 0s, undrain: 0s}\n"
+        "maintenance:\n  - type: Reboot\n    vms: web-[1-5]\n    notice: 1h\n    impact: 30s\n"
+        "  - type: Reboot\n    vms: web-[1-4]\n    posted: 10m\n    notice: 2h\n    impact: 5m\n"
+    )
+    path = files(tmp_path, text, config.replace("max: 1}", "max: 1, ttl: 15}"))
+    loaded = fleet.load(path, tmp_path / "absent.yaml")
+    start = dt.datetime(2026, 11, 23, 0, 30, tzinfo=dt.timezone.utc)
+    fast = report.build(run.Plan(loaded, start).run())
+    slow = report.build(run.Plan(loaded, start, skip_quiet=False).run())
+    assert fast["rows"] == slow["rows"]
+    waited = {(r["vm"], r["posted"]): r["waited_for"] for r in fast["rows"]}
+    assert [waited[(vm, at(23, "00:40:00"))] for vm in ("web-3", "web-4")] == ["slot", "slot"]

@@ -82,6 +82,7 @@ from scheduledeventsd.engine import (
     lifecycle,
     lifetime,
     reload,
+    runs,
     stages,
 )
 from scheduledeventsd.engine import state as engine_state
@@ -595,7 +596,7 @@ MUTANTS = {
         "date value out of range",
     ),
     "2 after-hooks get the daemon's name, empty after a reboot": (
-        stages,
+        runs,
         "_spawn",
         _spawn_with_the_daemons_name,
         "(c) hooks got VM name ''",

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduledeventsd import config, engine
-from scheduledeventsd.config import schema
+from scheduledeventsd.config import loader, schema
 from scheduledeventsd.coordination.etcd import EtcdError
 from scheduledeventsd.coordination.etcd import _change as etcd_change
 from scheduledeventsd.coordination.etcd import _decode as etcd_decode
@@ -55,7 +55,7 @@ from scheduledeventsd.engine import (
     Tick,
     Tracked,
 )
-from scheduledeventsd.engine.gates.window import lead
+from scheduledeventsd.engine.gates.lead import lead
 from scheduledeventsd.engine.lifecycle import Phase, Slot
 from scheduledeventsd.model import Document, DocumentError, Event, parse_document
 from scheduledeventsd.simulators.azure import _start_requests
@@ -278,7 +278,7 @@ config_values = st.recursive(
 def test_any_yaml_value_is_a_config_or_errors_that_name_the_source(raw):
     problems: list[str] = []
     try:
-        parsed = config.parse(raw, "fuzz.yaml", check_files=False)
+        parsed = loader.parse(raw, "fuzz.yaml", check_files=False)
     except config.ConfigError as e:
         problems = e.problems
     else:

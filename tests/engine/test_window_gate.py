@@ -10,18 +10,20 @@ import dataclasses
 import pytest
 
 from scheduledeventsd import engine
-from scheduledeventsd.config import EventRule
+from scheduledeventsd.config import Concurrency, EventRule
 from scheduledeventsd.engine import (
     DocumentFetched,
     Hold,
     IllegalTransitionError,
     Phase,
     Reloaded,
+    SlotGranted,
     SpawnHooks,
     Tracked,
 )
 from scheduledeventsd.engine.gates import window
-from scheduledeventsd.engine.gates.window import WINDOW_LEAD, WindowOn
+from scheduledeventsd.engine.gates.lead import WINDOW_LEAD
+from scheduledeventsd.engine.gates.window import WindowOn
 from tests.engine.test_engine import Machine, doc, logs, of
 from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, machine, mono
 from tests.engine.test_engine_when import window as daily
@@ -166,12 +168,50 @@ def test_an_event_that_starts_or_loses_its_rule_while_held_leaves_the_gate(taken
     assert (Hold.UNPLACED, WindowOn.DROPPED, Hold.NONE) in taken
 
 
+def test_a_slot_granted_after_the_window_closed_holds_the_event_again(taken):
+    """Issue 28 (windows and slots): a queued event granted its slot after its window closed
+    gives it back and is held again, for the next window or its lead; whether it passed the
+    gate (open) or was queued at first sight inside a window (never held)."""
+    cases = [
+        # (windows, NotBefore in, seen at, granted at, held by, from)
+        ([daily("02:00", "05:00")], 3 * 86400, None, "2026-11-27T05:30", Hold.WINDOW, Hold.OPEN),
+        (
+            [daily("02:00", "05:00", days=[4, 6])],
+            3 * 86400 - 35700,  # NotBefore Sunday 02:05: Sunday's window opens too late
+            None,
+            "2026-11-27T06:00",
+            Hold.LEAD,
+            Hold.OPEN,
+        ),
+        ([daily("11:00", "13:00")], 3 * 86400, MONO0, "2026-11-26T13:30", Hold.WINDOW, Hold.NONE),
+        (
+            [daily("11:00", "13:00", days=[3]), daily("02:00", "05:00", days=[6])],
+            3 * 86400 - 35700,
+            MONO0,
+            "2026-11-26T13:30",
+            Hold.LEAD,
+            Hold.NONE,
+        ),
+    ]
+    for windows, notice, at, granted, held, passed in cases:
+        m = machine(windows, concurrency=Concurrency("web", 1))
+        m.__class__ = Gate
+        seen(m, due_in(notice), at=at)
+        if at is None:
+            m.tick(mono("2026-11-27T02:00"))
+        assert (m.phase(), m.state.events["E1"].window) == (Phase.QUEUED, passed)
+        m.send(SlotGranted("E1"), at=mono(granted))
+        assert (m.phase(), m.state.events["E1"].window) == (Phase.WAITING, held)
+        assert (passed, WindowOn.CLOSED, held) in taken
+
+
 HISTORIES = (
     test_a_lead_time_holds_the_event_until_its_instant_then_the_gate_opens,
     test_a_window_holds_the_event_and_placing_it_again_may_change_why,
     test_after_a_restart_the_wait_is_unplaced_until_a_document_places_it,
     test_a_restart_past_its_instant_opens_the_gate_at_the_first_document,
     test_an_event_that_starts_or_loses_its_rule_while_held_leaves_the_gate,
+    test_a_slot_granted_after_the_window_closed_holds_the_event_again,
 )
 
 

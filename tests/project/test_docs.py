@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduledeventsd import cli, config, engine, model
+from scheduledeventsd.config import loader
 from scheduledeventsd.host import hooks
 from scheduledeventsd.observe import observer, telemetry, web
 from scheduledeventsd.observe.metrics import Metrics
@@ -81,7 +82,7 @@ def test_the_log_name_collector_sees_a_new_name():
 
 def exported() -> dict[str, set[str]]:
     """Metric family name -> label names, as the daemon exports them (counters with _total)."""
-    metrics = Metrics(config.Config(hooks={}, events=config.DEFAULT_EVENTS))
+    metrics = Metrics(config.Config(hooks={}, events=loader.DEFAULT_EVENTS))
     families: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduledeventsd import config
+from scheduledeventsd.config import loader
 from scheduledeventsd.config.provider import Provider, detect
 from scheduledeventsd.engine import Phase, Tracked
 from scheduledeventsd.host.store import StateStore, read_status
@@ -271,7 +271,7 @@ def test_any_bytes_are_a_document_never_an_exception(spot, scheduled):
 
 
 def test_an_aws_config_without_a_provider_specific_url_gets_aws_endpoint():
-    cfg = config.parse({"provider": "aws", "hooks": {}, "events": {}}, "t.yaml", check_files=False)
+    cfg = loader.parse({"provider": "aws", "hooks": {}, "events": {}}, "t.yaml", check_files=False)
     assert cfg.metadata.url == "http://169.254.169.254"
     assert cfg.provider is Provider.AWS
 
@@ -316,13 +316,13 @@ def test_keys_that_mean_nothing_on_aws_are_warned_about_not_refused():
         "hooks": {},
         "events": {},
     }
-    cfg = config.parse(raw, "t.yaml", check_files=False)
+    cfg = loader.parse(raw, "t.yaml", check_files=False)
     assert cfg.warnings == (
         "approve: aws takes no approval through its metadata service: nothing is posted, events "
         "proceed at their own time (hooks, after-hooks and everything else work)",
         "metadata.api_version: Azure's alone; aws ignores it",
     )
-    assert config.parse({**raw, "provider": "azure"}, "t.yaml", check_files=False).warnings == ()
+    assert loader.parse({**raw, "provider": "azure"}, "t.yaml", check_files=False).warnings == ()
 
 
 def test_the_state_file_keeps_whose_notice_an_event_was(tmp_path):

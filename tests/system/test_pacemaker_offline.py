@@ -66,13 +66,13 @@ def test_status_shows_the_cluster_unready_and_exits_1_while_it_cannot_drain_this
 
 def test_check_config_refuses_the_section_without_the_cluster_tools(tmp_path, monkeypatch):
     """The tools are looked for in fixed directories, never the caller's PATH."""
-    from scheduledeventsd import config  # noqa: PLC0415
+    from scheduledeventsd.config import ConfigError, fleet, loader  # noqa: PLC0415
 
     raw = {"coordination": {"pacemaker": {}}, "hooks": {}, "events": {}}
-    config.parse(raw, "t.yaml", check_files=True)  # installed: accepted
-    monkeypatch.setattr(config.fleet, "TOOL_PATH", str(tmp_path))  # a machine without them
-    with pytest.raises(config.ConfigError) as e:
-        config.parse(raw, "t.yaml", check_files=True)
+    loader.parse(raw, "t.yaml", check_files=True)  # installed: accepted
+    monkeypatch.setattr(fleet, "TOOL_PATH", str(tmp_path))  # a machine without them
+    with pytest.raises(ConfigError) as e:
+        loader.parse(raw, "t.yaml", check_files=True)
     (problem,) = e.value.problems
     assert problem.startswith("t.yaml: coordination.pacemaker: the cluster tools are missing")
     assert "pacemaker-cli-utils" in problem

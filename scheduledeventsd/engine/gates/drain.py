@@ -11,11 +11,11 @@ from typing import Optional
 from ...config import Config, Pacemaker
 from ...model import Event
 from ...records import Level, Record, What
-from .. import stages
+from .. import runs
 from ..lifecycle import Drain, On, Phase
 from ..machine import Table, row
 from ..notes import _note, event_fields
-from ..state import State, Tracked, _with, mark_of
+from ..state import State, Tracked, _move, _with, mark_of
 from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
@@ -64,6 +64,31 @@ def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
     """The one place an event's drain changes: only as `TABLE` declares."""
     TABLE.check(tracked.drain, on, target)
     return replace(tracked, drain=target)
+
+
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The last gate before the before-hooks (after the slot's, gates/pipeline): a node of a
+    cluster that drains for this event type is marked and the event waits in DRAINING; else its
+    before-hooks start (runs)."""
+    event = tracked.event
+    settings = _pacemaker(state)
+    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
+        out.append(_drain_effect(state, tracked))
+        out.append(
+            _note(
+                Level.INFO,
+                What.CLUSTER_DRAINING,
+                event,
+                method=settings.method.value,
+                reason="this node is marked as going away once the cluster can spare it",
+            )
+        )
+        deadline = _drain_deadline(state, event, now)
+        marked = move(tracked, DrainOn.MARK, Drain.ASKED)
+        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
+    return runs._before_hooks(state, tracked, on, now, out)
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
@@ -171,7 +196,7 @@ def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Ef
     if tracked is None:
         return state
     out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
-    state, tracked = stages._before_hooks(
+    state, tracked = runs._before_hooks(
         state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
     )
     return _with(state, msg.event_id, tracked)
@@ -200,7 +225,7 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
         )
     )
     held = move(tracked, DrainOn.HELD, Drain.HELD)
-    return stages._before_hooks(state, held, On.DRAIN_HELD, now, out)
+    return runs._before_hooks(state, held, On.DRAIN_HELD, now, out)
 
 
 def _restore_first(state: State, out: list[Effect]) -> State:
@@ -209,10 +234,10 @@ def _restore_first(state: State, out: list[Effect]) -> State:
     node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
     says (a failed restore is asked again until it works, as it always was)."""
     for event_id, t in state.events.items():
-        if t.drain in _MARKED and stages._awaiting_restore(t):
+        if t.drain in _MARKED and runs._awaiting_restore(t):
             if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
                 unmarked = move(t, DrainOn.UNMARKED, Drain.NONE)
-                state, tracked = stages._run_stage(state, unmarked, out)
+                state, tracked = runs._run_stage(state, unmarked, out)
             else:
                 out.append(RestoreNode(event_id, state.cluster_mark))
                 tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
@@ -223,8 +248,8 @@ def _restore_first(state: State, out: list[Effect]) -> State:
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
     state = _restored(state, msg, out)
     waiting = state.events.get(msg.event_id)
-    if waiting is not None and stages._awaiting_restore(waiting):  # its hooks, now
-        state, tracked = stages._run_stage(state, waiting, out)
+    if waiting is not None and runs._awaiting_restore(waiting):  # its hooks, now
+        state, tracked = runs._run_stage(state, waiting, out)
         state = _with(state, msg.event_id, tracked)
     return state
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from ...config.fleet import NOT_BACK
+from ...config import NOT_BACK
 from ...records import Level, What
 from ..lifecycle import Drain, Phase, Slot
 from ..notes import _note

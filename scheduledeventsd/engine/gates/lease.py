@@ -1,38 +1,19 @@
-"""The slot gate's lease: until when a held slot is known to be this VM's (etcd confirmed its
-lease), the approval that waits for that, and the slot lost when etcd does not confirm it."""
+"""The slot gate's lease: a held slot etcd did not confirm within its ttl is lost, and its event is
+not approved early. Until when it is known to be this VM's: slot (`_slot_confirmed`); the
+approval that waits for that: poll/turns."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from ...records import Cause, Level, What
 from .. import peers
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
 from ..state import NO_FAILURES, SlotLease, State, Tracked, _move, _with
-from ..vocabulary.constants import SLOT_MARGIN
 from ..vocabulary.effects import Coordinate, Effect, ReleaseSlot
 from . import slot
-
-
-def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
-    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
-    concurrency = state.config.concurrency
-    ttl = concurrency.ttl if concurrency is not None else 0
-    lease = state.slot_leases.get(event_id)
-    until = confirmed + ttl
-    if lease is not None and lease.confirmed and lease.until >= until:
-        return state
-    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
-
-
-def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
-    """A held slot asked for again (a restart, a reload): no early approval until etcd says
-    it is still ours, and lost if that takes longer than `ttl`."""
-    concurrency = state.config.concurrency
-    ttl = concurrency.ttl if concurrency is not None else 0
-    lease = SlotLease(now + ttl, confirmed=False)
-    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
 
 
 def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
@@ -49,7 +30,7 @@ def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
             state = replace(state, slot_leases=leases)
         elif (
             lease.until <= now
-            and t.phase in slot._BEFORE_APPROVAL
+            and t.phase in _BEFORE_APPROVAL
             and event_id not in state.approvals.posting
         ):
             state = _slot_lost(state, t, lease, out)
@@ -116,8 +97,22 @@ def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> S
     return _with(state, t.event.event_id, _move(t, On.SLOT_LOST, Phase.NOT_APPROVED))
 
 
-def _slot_pending(state: State, event_id: str, now: float) -> bool:
-    """A held slot being taken back, or confirmed for less than SLOT_MARGIN more: its event's
-    approval waits for etcd's next answer (or is lost at the lease's end)."""
-    lease = state.slot_leases.get(event_id)
-    return lease is not None and (not lease.confirmed or lease.until - now < SLOT_MARGIN)
+# Phases in which an event may still be approved early: a slot lost then means it is not.
+_BEFORE_APPROVAL = frozenset(
+    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
+)
+
+
+# ---- the lease's timer: the end of a held slot's lease
+
+DUE_PHASES = _BEFORE_APPROVAL
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    """The end of a held slot's lease (its event is then not approved early)."""
+    held = state.slot_leases.get(event_id)
+    return None if held is None else held.until
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    return _slots_lost(state, now, out)

@@ -1,17 +1,19 @@
 """The gates an event passes in order before its before-hooks: a maintenance window or lead time
-(gates/window), a slot, then the drain."""
+(gates/window), a slot, then the drain. Each hands the event on to the next (window ->
+slot._enter -> drain._enter -> runs._before_hooks), so none of them imports this module. What
+couples two gates the other way (a slot granted after the window closed) is decided here."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Optional
+
 from ...config import EventRule
-from ...records import Level, What
-from .. import stages
 from ..gates import drain, slot, window
-from ..lifecycle import Drain, On, Phase, Slot
-from ..notes import _note
-from ..state import State, Tracked, _move
-from ..vocabulary.constants import SLOT_GRACE
-from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
+from ..lifecycle import On, Phase, Slot
+from ..state import State, Tracked, _with
+from ..vocabulary.effects import Effect, ReleaseSlot
+from ..vocabulary.messages import SlotGranted
 
 # Every gate, in the order an event passes them: each module declares its `TABLE` (its slice
 # of the event, machine.Table), which docs/lifecycle.py draws from here.
@@ -21,53 +23,39 @@ GATES = (window, slot, drain)
 def _prepare(
     state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
 ) -> tuple[State, Tracked]:
-    """Start the before-stage: `fast` instead of `before` when fewer than `fast_below` seconds
-    are left; with no hooks to run, approval per policy at once."""
+    """Enter the gates after the window (events first seen, or judged again): the slot's, which
+    hands the event on to the drain's, which starts the before-hooks."""
+    return slot._enter(state, tracked, on, now, out)
+
+
+def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
+    """The window bounds when preparation starts: a slot granted to a queued event after its
+    window closed is given back; any other grant is the slot gate's."""
+    tracked = state.events.get(msg.event_id)
+    if tracked is not None and tracked.phase is Phase.QUEUED and tracked.slot is Slot.ASKED:
+        held = _window_closed(state, tracked, now)
+        if held is not None:
+            return _wait_for_window(state, tracked, held, out)
+    return slot._slot_granted(state, msg, now, out)
+
+
+def _window_closed(state: State, tracked: Tracked, now: float) -> Optional[window.Held]:
+    """The window gate's answer for a queued event granted its slot now: None when its hooks may
+    start now (in a window, no window before NotBefore, its lead come); else when they may."""
+    if not state.config.windows:
+        return None
+    rule = state.config.events.get(tracked.event.event_type, EventRule())
+    return window._start_at(tracked.event, rule, state, now)
+
+
+def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: list[Effect]) -> State:
+    """The window bounds when preparation starts: a slot granted after the window closed (the
+    VM waited for it past the window's end) is given back, and the event waits for the next
+    window, or its lead, then asks again."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
-    if slot._slot_awaited(state, tracked):
-        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
-        # the queue until it is taken back (or lost, then granted), or until the lead, as any
-        # queued event (`max` counts VMs from before-hooks start).
-        deadline = slot._slot_deadline(event, rule, state)
-        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
-            deadline = max(deadline, now + SLOT_GRACE)
-            out.append(slot._slot_waiting(event, deadline, state.slot_holders, state))
-            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
-        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
-            out.append(ReleaseSlot(event.event_id))
-            tracked = slot.move(tracked, slot.SlotOn.GIVEN_UP, Slot.NONE)
-    if slot._needs_slot(state, tracked):
-        deadline = slot._slot_deadline(event, rule, state)
-        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
-            deadline = max(deadline, now + SLOT_GRACE)
-            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
-            out.append(slot._slot_waiting(event, deadline, (), state))
-            asked = slot.move(tracked, slot.SlotOn.ASK, Slot.ASKED)
-            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
-        out.append(
-            _note(
-                Level.WARNING,
-                What.SLOT_UNAVAILABLE,
-                event,
-                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
-                "now, and it is not approved early",
-            )
-        )
-        tracked = slot.move(tracked, slot.SlotOn.TOO_LATE, Slot.MISSING)
-    settings = drain._pacemaker(state)
-    if settings is not None and settings.drains(event.event_type) and tracked.drain is Drain.NONE:
-        out.append(drain._drain_effect(state, tracked))
-        out.append(
-            _note(
-                Level.INFO,
-                What.CLUSTER_DRAINING,
-                event,
-                method=settings.method.value,
-                reason="this node is marked as going away once the cluster can spare it",
-            )
-        )
-        deadline = drain._drain_deadline(state, event, now)
-        marked = drain.move(tracked, drain.DrainOn.MARK, Drain.ASKED)
-        return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
-    return stages._before_hooks(state, tracked, on, now, out)
+    out.append(ReleaseSlot(event.event_id))
+    waiting = window._waiting(event, rule, held, state)
+    out.append(replace(waiting, fields={**waiting.fields, "slot": "given back: its window closed"}))
+    given_back = slot.move(tracked, slot.SlotOn.OUT_OF_WINDOW, Slot.NONE)
+    return _with(state, event.event_id, window._hold_again(given_back, On.SLOT, held))

@@ -13,11 +13,12 @@ from ...records import Level, Record, What
 from ..lifecycle import On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import State, Tracked, _with
+from ..state import SlotLease, State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
-from . import lease, pipeline, window
+from . import drain
+from .lead import lead
 
 
 class SlotOn(str, enum.Enum):
@@ -26,6 +27,7 @@ class SlotOn(str, enum.Enum):
     ASK = "its before-hooks are due"
     TOO_LATE = "too close to NotBefore to wait"
     GRANTED = "etcd granted it"
+    OUT_OF_WINDOW = "granted after its window closed"
     DEADLINE = "its deadline came first"
     BUSY = "it went to another VM while the daemon was down"
     TAKEN = "it went to another VM before its hooks ran again"
@@ -42,12 +44,19 @@ class SlotOn(str, enum.Enum):
 _ = Slot
 TABLE = Table(
     "slot",
-    "an event's concurrency slot (concurrency, etcd): held from before its before-hooks until "
-    "it is over; missing, it is never approved early",
+    "an event's concurrency slot (concurrency, etcd; with several groups a slot in each, taken "
+    "and given back together): held from before its before-hooks until it is over; missing, "
+    "it is never approved early",
     (
         row([_.NONE], SlotOn.ASK, _.ASKED, "AcquireSlot: the event waits in queued"),
         row([_.NONE], SlotOn.TOO_LATE, _.MISSING, "slot_unavailable: prepared now"),
         row([_.ASKED, _.HELD], SlotOn.GRANTED, _.HELD, "slot_acquired (taken_back)"),
+        row(
+            [_.ASKED],
+            SlotOn.OUT_OF_WINDOW,
+            _.NONE,
+            "ReleaseSlot: it waits for the next window, or the lead, and asks again then",
+        ),
         row([_.NONE, _.ASKED, _.HELD], SlotOn.DEADLINE, _.MISSING, "slot_unavailable: prepared"),
         row([_.HELD], SlotOn.BUSY, _.MISSING, "ReleaseSlot, slot_unavailable"),
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
@@ -75,20 +84,60 @@ def move(tracked: Tracked, on: SlotOn, target: Slot) -> Tracked:
     return replace(tracked, slot=target)
 
 
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The slot gate, after the window's: a slot asked for (or a held one being taken back)
+    holds the event in QUEUED until it comes or its deadline; else the drain's gate is next."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    if _slot_awaited(state, tracked):
+        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
+        # the queue until it is taken back (or lost, then granted), or until the lead, as any
+        # queued event (`max` counts VMs from before-hooks start).
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
+            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
+        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
+            out.append(ReleaseSlot(event.event_id))
+            tracked = move(tracked, SlotOn.GIVEN_UP, Slot.NONE)
+    if _needs_slot(state, tracked):
+        deadline = _slot_deadline(event, rule, state)
+        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
+            deadline = max(deadline, now + SLOT_GRACE)
+            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
+            out.append(_slot_waiting(event, deadline, (), state))
+            asked = move(tracked, SlotOn.ASK, Slot.ASKED)
+            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
+        out.append(
+            _note(
+                Level.WARNING,
+                What.SLOT_UNAVAILABLE,
+                event,
+                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
+                "now, and it is not approved early",
+            )
+        )
+        tracked = move(tracked, SlotOn.TOO_LATE, Slot.MISSING)
+    return drain._enter(state, tracked, on, now, out)
+
+
 def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
-    group = state.config.concurrency.group if state.config.concurrency else None
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
-    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, group=group, taken_back=back))
+    groups = _groups(state)
+    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
     confirmed = now if msg.confirmed is None else msg.confirmed
-    state = lease._slot_confirmed(state, msg.event_id, confirmed)
+    state = _slot_confirmed(state, msg.event_id, confirmed)
     if tracked.phase is not Phase.QUEUED:
         return _with(state, msg.event_id, tracked)
-    state, tracked = pipeline._prepare(state, tracked, On.SLOT, now, out)
+    state, tracked = drain._enter(state, tracked, On.SLOT, now, out)  # past the slot gate
     return _with(state, msg.event_id, tracked)
 
 
@@ -98,7 +147,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         return state
     state = replace(state, slot_holders=msg.holders)
     if tracked.phase is Phase.QUEUED:
-        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state))
+        out.append(_slot_waiting(tracked.event, tracked.start_at, msg.holders, state, msg.full))
         if tracked.slot is Slot.HELD:  # not taken back (another VM's now): asked for anew
             state = _without_lease(state, msg.event_id)
             tracked = move(tracked, SlotOn.TAKEN, Slot.ASKED)
@@ -124,6 +173,26 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     return state
 
 
+def _slot_confirmed(state: State, event_id: str, confirmed: float) -> State:
+    """The slot is ours for `ttl` from when etcd's acknowledged request was sent."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = state.slot_leases.get(event_id)
+    until = confirmed + ttl
+    if lease is not None and lease.confirmed and lease.until >= until:
+        return state
+    return replace(state, slot_leases={**state.slot_leases, event_id: SlotLease(until)})
+
+
+def _slot_unconfirmed(state: State, tracked: Tracked, now: float) -> State:
+    """A held slot asked for again (a restart, a reload): no early approval until etcd says
+    it is still ours, and lost if that takes longer than `ttl`."""
+    concurrency = state.config.concurrency
+    ttl = concurrency.ttl if concurrency is not None else 0
+    lease = SlotLease(now + ttl, confirmed=False)
+    return replace(state, slot_leases={**state.slot_leases, tracked.event.event_id: lease})
+
+
 def _without_lease(state: State, event_id: str) -> State:
     return replace(state, slot_leases={k: v for k, v in state.slot_leases.items() if k != event_id})
 
@@ -141,7 +210,7 @@ def _slot_kept(state: State, msg: SlotKept, now: float, out: list[Effect]) -> St
     held = state.slot_leases.get(msg.event_id)
     if tracked is None or tracked.slot is not Slot.HELD or held is None or not held.confirmed:
         return state  # lost meanwhile, or not taken back yet (SlotGranted says so first)
-    return lease._slot_confirmed(state, msg.event_id, msg.confirmed)
+    return _slot_confirmed(state, msg.event_id, msg.confirmed)
 
 
 def _slot_failed(state: State, msg: SlotFailed, now: float, out: list[Effect]) -> State:
@@ -188,7 +257,7 @@ def _slot_deadline(event: Event, rule: EventRule, state: State) -> Optional[floa
     yet (no time to wait)."""
     if event.not_before is None or state.wall_offset is None:
         return None
-    return event.not_before.timestamp() - window.lead(rule) - state.wall_offset
+    return event.not_before.timestamp() - lead(rule) - state.wall_offset
 
 
 def _queued_until(tracked: Tracked, state: State, now: float) -> float:
@@ -203,20 +272,37 @@ def _queued_until(tracked: Tracked, state: State, now: float) -> float:
     return max(deadline, min(tracked.start_at, now + SLOT_GRACE))
 
 
-def _slot_waiting(event: Event, deadline: float, holders: tuple[str, ...], state: State) -> Record:
+def _slot_waiting(
+    event: Event,
+    deadline: float,
+    holders: tuple[str, ...],
+    state: State,
+    full: tuple[str, ...] = (),
+) -> Record:
     """`deadline` is inf after a restart until the next document places it: no instant then
-    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded)."""
+    (fromtimestamp(inf) raised OverflowError: internal_error, holders never recorded). With
+    several groups, `full` names those without a slot for this VM (it holds one in each or none)."""
     wall = deadline + (state.wall_offset or 0.0)
-    concurrency = state.config.concurrency
     return _note(
         Level.INFO,
         What.EVENT_WAITING,
         event,
         reason="slot",
-        group=concurrency.group if concurrency else None,
+        **_groups(state),
         holders=list(holders),
+        **({"full": list(full)} if full else {}),
         hooks_start_at=_iso_wall(wall),
     )
+
+
+def _groups(state: State) -> dict[str, object]:
+    """The records' `group` (the first, or only, group); with several, `groups` too."""
+    concurrency = state.config.concurrency
+    if concurrency is None:
+        return {"group": None}
+    if not concurrency.more:
+        return {"group": concurrency.group}
+    return {"group": concurrency.group, "groups": list(concurrency.groups)}
 
 
 # Phases in which an event's slot is given back: it is over, or it never will be prepared.
@@ -268,7 +354,7 @@ def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) ->
         if new.concurrency is not None and etcd is not None:
             out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
             if t.slot is Slot.HELD:
-                state = lease._slot_unconfirmed(state, t, now)
+                state = _slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:
             out.append(ReleaseSlot(event_id))
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
@@ -294,30 +380,20 @@ def _deadlines(state: State, now: float, out: list[Effect]) -> State:
         missing = move(t, SlotOn.DEADLINE, Slot.MISSING)
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
-        state, tracked = pipeline._prepare(state, missing, On.LEAD_TIME, now, out)
+        state, tracked = drain._enter(state, missing, On.LEAD_TIME, now, out)  # without it
         state = _with(state, event_id, tracked)
     return state
 
 
-# Phases in which an event may still be approved early: a slot lost then means it is not.
-_BEFORE_APPROVAL = frozenset(
-    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
-)
+# ---- the slot gate's timer: a QUEUED event's deadline (a held slot's lease: gates/lease)
 
-
-# ---- the slot gate's timers: a QUEUED event's deadline, a held slot's lease
-
-DUE_PHASES = _BEFORE_APPROVAL | {Phase.QUEUED}
+DUE_PHASES = frozenset({Phase.QUEUED})
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """A QUEUED event's deadline (none while stopping); the end of a held slot's lease."""
-    if t.phase is Phase.QUEUED:
-        return None if state.stopping is not None else t.start_at
-    held = state.slot_leases.get(event_id)
-    return None if held is None else held.until
+    """A QUEUED event's deadline (none while stopping)."""
+    return None if state.stopping is not None else t.start_at
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    state = lease._slots_lost(state, now, out)
     return _deadlines(state, now, out)

@@ -1,7 +1,7 @@
-"""The window gate: when an event's before-hooks start, and which: lead time, maintenance windows,
-the fast path. `hold` is pure and on the wall clock; the engine places its answer on the
-monotonic clock. What holds an event back is its slice `Tracked.window`, moved only through
-`TABLE`, as the slot and drain gates' are."""
+"""The window gate: when an event's before-hooks start: maintenance windows, within the lead time
+(gates/lead); which hooks then (the fast path): runs. `hold` is pure and on the wall clock; the
+engine places its answer on the monotonic clock. What holds an event back is its slice
+`Tracked.window`, moved only through `TABLE`, as the slot and drain gates' are."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ from ...config import EventRule
 from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
-from ..gates import drain, pipeline, slot
 from ..lifecycle import On, Phase
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
 from ..state import Hold, State, Tracked, _move, _with
 from ..vocabulary.effects import Effect
-
-# Where windows hold an event back and no start_before is set, the before-hooks start this long
-# before NotBefore at the latest: a window that opens late never makes preparation too late.
-WINDOW_LEAD = 600.0
+from . import drain, slot
+from .lead import WINDOW_LEAD, lead
 
 
 class WindowOn(str, enum.Enum):
@@ -34,6 +31,7 @@ class WindowOn(str, enum.Enum):
     RESTARTED = "the daemon restarted while it waited"
     OPENED = "its start instant came"
     DROPPED = "it started, or a reload removed its type, while it waited"
+    CLOSED = "its slot came after its window closed (gates/slot)"
 
 
 _ = Hold
@@ -50,6 +48,8 @@ TABLE = Table(
         row([_.NONE], WindowOn.RESTARTED, _.UNPLACED, "no start instant until the next document"),
         row(_HELD, WindowOn.OPENED, _.OPEN, "on to the slot and drain gates (gates/pipeline)"),
         row(_HELD, WindowOn.DROPPED, _.NONE, "event_missed, or event_unhandled"),
+        row([_.NONE, _.OPEN], WindowOn.CLOSED, _.WINDOW, "the slot given back: event_waiting"),
+        row([_.NONE, _.OPEN], WindowOn.CLOSED, _.LEAD, "the slot given back: event_waiting"),
     ),
 )
 del _
@@ -68,12 +68,6 @@ class Held:
     at: float  # wall clock
     reason: str  # "start_before" | "window"
     window: Optional[str] = None  # the window that opens then, as configured
-
-
-def lead(rule: EventRule) -> float:
-    """How long before NotBefore the before-hooks start at the latest when a window or a slot
-    holds them: start_before, else WINDOW_LEAD."""
-    return rule.start_before if rule.start_before is not None else WINDOW_LEAD
 
 
 def hold(event: Event, rule: EventRule, windows: tuple[Window, ...], now: float) -> Optional[Held]:
@@ -117,6 +111,12 @@ def _hold_back(tracked: Tracked, on: On, held: Held) -> Tracked:
     return _move(waiting, on, Phase.WAITING, start_at=held.at)
 
 
+def _hold_again(tracked: Tracked, on: On, held: Held) -> Tracked:
+    """A queued event whose slot came after its window closed (gates/slot): it waits again."""
+    waiting = move(tracked, WindowOn.CLOSED, _holding(held))
+    return _move(waiting, on, Phase.WAITING, start_at=held.at)
+
+
 def _restarted(tracked: Tracked, on: On) -> Tracked:
     """A waiting event after a restart: placed again by the next document (the clock may have
     jumped meanwhile)."""
@@ -129,19 +129,6 @@ def _dropped(tracked: Tracked) -> Tracked:
     if tracked.phase is not Phase.WAITING:
         return tracked
     return move(tracked, WindowOn.DROPPED, Hold.NONE)
-
-
-def fast_hooks(rule: EventRule, seconds_left: Optional[float]) -> Optional[tuple[str, ...]]:
-    """The `fast` hooks when they run instead of `before`, with this much time to NotBefore."""
-    if rule.fast is None or seconds_left is None or seconds_left >= rule.fast_below:
-        return None
-    return rule.fast
-
-
-def _seconds_left(event: Event, state: State, now: float) -> Optional[float]:
-    if event.not_before is None or state.wall_offset is None:
-        return None
-    return event.not_before.timestamp() - (now + state.wall_offset)
 
 
 def _start_at(event: Event, rule: EventRule, state: State, now: float) -> Optional[Held]:
@@ -186,7 +173,7 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
         opened = move(t, WindowOn.OPENED, Hold.OPEN)
-        state, tracked = pipeline._prepare(state, opened, On.LEAD_TIME, now, out)
+        state, tracked = slot._enter(state, opened, On.LEAD_TIME, now, out)  # the next gate
         state = _with(state, event_id, tracked)
     return state
 

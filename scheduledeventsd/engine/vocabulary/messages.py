@@ -193,10 +193,12 @@ class SlotKept:
 
 @dataclass(frozen=True)
 class SlotBusy:
-    """Every slot of the group is held, by these VMs (for the log; on change)."""
+    """Every slot of a group is held, by these VMs (for the log; on change); `full` names
+    the groups without a slot for this VM (with several groups, it holds one in each or none)."""
 
     event_id: str
     holders: tuple[str, ...]
+    full: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
