@@ -46,12 +46,21 @@ def _values(action: argparse.Action) -> str:
 
 def _synopsis(name: str, sub: argparse.ArgumentParser) -> str:
     parts = [f"scheduledeventsd {name}"]
+    optional = False  # the last part is an optional positional's brackets
     for action in sub._actions:
         if isinstance(action, argparse._HelpAction):
             continue
         if not action.option_strings:
-            parts.append(str(action.metavar or action.dest))
+            positional = str(action.metavar or action.dest)
+            if action.nargs != "?":
+                parts.append(positional)
+            elif optional:  # given together or not at all: `fleet [free VM]`
+                parts[-1] = f"{parts[-1][:-1]} {positional}]"
+            else:
+                parts.append(f"[{positional}]")
+            optional = action.nargs == "?"
             continue
+        optional = False
         values = _values(action)
         parts.append(f"[{action.option_strings[-1]}{' ' + values if values else ''}]")
     return " ".join(parts)
@@ -104,7 +113,13 @@ def troff() -> str:
             if isinstance(action, argparse._HelpAction):
                 continue
             if not action.option_strings:
-                lines.append(f".I {action.metavar or action.dest}")
+                positional = action.metavar or action.dest
+                if action.nargs != "?":
+                    lines.append(f".I {positional}")
+                elif lines[-1].startswith(".RI [ "):  # together: `fleet [free VM]`
+                    lines[-1] = f'{lines[-1][:-2]} " " {positional} ]'
+                else:
+                    lines.append(f".RI [ {positional} ]")
                 continue
             flag = _roman(action.option_strings[-1])
             values = _values(action)

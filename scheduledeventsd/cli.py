@@ -18,6 +18,7 @@ from . import __version__, config
 from .config import loader
 from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
 from .model import EVENT_TYPES
+from .observe import fleet as fleet_view
 from .observe import observer, report
 from .plan.fleet import parse_instant
 from .plan.scenarios import SCENARIOS
@@ -127,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_config(p)
     p.add_argument("--json", action="store_true", help="the status document as JSON")
+
+    fleet_view.add_parser(sub, _add_config)
 
     p = sub.add_parser(
         "test-hooks",
@@ -412,6 +415,11 @@ def _fetch_status(url: str) -> object:
     return json.loads(body)
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config) if fleet_view.usage(args) else None
+    return EXIT_CONFIG if cfg is None else fleet_view.run(cfg, args)
+
+
 def cmd_test_hooks(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg is None:
@@ -564,6 +572,7 @@ COMMANDS = {
     "check-config": cmd_check_config,
     "events": cmd_events,
     "status": cmd_status,
+    "fleet": cmd_fleet,
     "test-hooks": cmd_test_hooks,
     "simulate": cmd_simulate,
     "demo": cmd_demo,

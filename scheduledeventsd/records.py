@@ -71,6 +71,7 @@ class What(str, enum.Enum):
     SLOT_HELD = "slot_held"
     SLOT_LOST = "slot_lost"
     SLOT_FAILED = "slot_failed"
+    SLOT_FREED_BY_OPERATOR = "slot_freed_by_operator"
     COORDINATION_RECOVERED = "coordination_recovered"
     CLUSTER_READY = "cluster_ready"
     CLUSTER_UNREADY = "cluster_unready"

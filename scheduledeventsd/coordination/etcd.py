@@ -47,6 +47,7 @@ class EtcdError(Exception):
 class KeyValue:
     key: str
     value: Optional[bytes]  # None: deleted (in a watch)
+    lease: str = ""  # the lease it is under ("" for none, or in a watch)
 
 
 def _b64(text: str) -> str:
@@ -150,6 +151,11 @@ class EtcdClient:
         ttl = result.get("TTL", "0") if isinstance(result, dict) else "0"
         return int(ttl) if isinstance(ttl, str) and ttl.isdigit() else 0
 
+    def time_to_live(self, lease: str) -> int:
+        """Seconds a lease has left; -1 when it has expired."""
+        ttl = self._call("/v3/lease/timetolive", {"ID": lease}).get("TTL", "-1")
+        return int(ttl) if isinstance(ttl, (str, int)) and str(ttl).lstrip("-").isdigit() else -1
+
     def revoke(self, lease: str) -> None:
         """End a lease now: its keys go with it."""
         self._call("/v3/lease/revoke", {"ID": lease})
@@ -173,7 +179,11 @@ class EtcdClient:
         if not isinstance(kvs, list):
             raise EtcdError("bad_answer", "range: kvs is not a list")
         found = [
-            KeyValue(_unb64(kv.get("key")).decode("utf-8", "replace"), _unb64(kv.get("value")))
+            KeyValue(
+                _unb64(kv.get("key")).decode("utf-8", "replace"),
+                _unb64(kv.get("value")),
+                _lease_id(kv.get("lease")),
+            )
             for kv in kvs
             if isinstance(kv, dict)
         ]
@@ -425,6 +435,12 @@ def _error(path: str, status: int, answer: dict[str, Any]) -> EtcdError:
     if _KEY_NOT_FOUND in message:
         return EtcdError("not_found", f"{path}: {message}")
     return EtcdError("rejected", f"{path}: HTTP {status}: {message}")
+
+
+def _lease_id(lease: Any) -> str:  # noqa: ANN401 - JSON
+    """etcd sends int64 as a JSON string; "0" or none is no lease."""
+    text = str(lease) if isinstance(lease, (str, int)) and not isinstance(lease, bool) else ""
+    return text if text.isdigit() and text != "0" else ""
 
 
 def _revision(answer: dict[str, Any]) -> int:

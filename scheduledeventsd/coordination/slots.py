@@ -37,11 +37,12 @@ import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
-from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotGranted, SlotKept
+from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
+from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
 from .slotset import holder
 
 
@@ -156,6 +157,8 @@ class _Worker:
         self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
         self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
+        self._waiting: Optional[tuple[str, bytes]] = None  # the waiting mark (fleet.py)
+        self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
         # `ttl` after it, whatever this thread is doing.
@@ -212,13 +215,21 @@ class _Worker:
         self._unwatch()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
-        if hold and self._keys:
-            try:
-                with _Client(self.settings) as client:
+        try:
+            with _Client(self.settings) as client:
+                if hold and self._keys:
                     lease = client.grant(hold)
                     client.put_all([(k, self.value) for k in self._keys], self.value, lease)
-            except EtcdError:
-                pass  # the slot expires within TTL instead
+                self._unmark(client)
+        except EtcdError:
+            pass  # the slot expires within TTL instead; the marks go with the daemon's lease
+
+    def _unmark(self, client: EtcdClient) -> None:
+        """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
+        if self._announced is not None:
+            client.delete(daemon_key(self.settings, self.vm), self._announced)
+        if self._waiting is not None:
+            client.delete(*self._waiting)
 
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
@@ -289,19 +300,73 @@ class _Worker:
 
     def _work(self) -> None:
         self._lease = self._get_lease()
+        self._announce()
+        if self._freed():
+            return
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
             revision, kvs = self._client.range(self.root)
             taking = self._take(kvs)
             if taking is None:
+                if self._waiting is not None:
+                    self._client.delete(*self._waiting)
+                    self._waiting = None
                 self._tell(SlotGranted, self._confirmed, held=True)
                 self._hold()
                 return
             if taking.full and taking.holders != holders:
                 holders = taking.holders
                 self._tell(SlotBusy, taking.holders, taking.full)
+                self._mark_waiting(taking.full[0], taking.holders)
             self._changed(revision + 1)  # a slot of its groups changed hands: try again
             self._lease = self._get_lease()  # the same, unless it expired meanwhile
+
+    def _announce(self) -> None:
+        """Its daemon is alive (fleet.py's `daemons/<vm>`), on the daemon's lease."""
+        groups = {limit.group: limit.max for limit in self.concurrency.limits}
+        said = {"vm": self.vm, "groups": groups, "ttl": self.concurrency.ttl, "at": stamp()}
+        self._announced = encode(said)
+        self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
+
+    def _mark_waiting(self, group: str, holders: tuple[str, ...]) -> None:
+        """Its events wait for a slot of `group`: why, for `fleet` (since: the first mark's)."""
+        since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
+        if self._waiting is not None:
+            self._client.delete(*self._waiting)
+        mark = {
+            "vm": self.vm,
+            "event": self.event_id,
+            "since": since,
+            "holders": list(holders),
+            "why": f"every slot of {group} is held, by {', '.join(holders)}",
+        }
+        self._waiting = (waiting_key(self.settings, group, self.vm), encode(mark))
+        self._client.put(*self._waiting, self._lease)
+
+    def _freed(self) -> bool:
+        """An operator freed the slot one of these events held (`fleet free`): told, never
+        taken again for it (after a restart it would be taken back silently)."""
+        for group in self.prefixes:
+            mark = freed_mark(self._client, self.settings, group, self.vm)
+            with self._lock:
+                ours = mark.get("event") in self._events
+            if ours:
+                self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
+                return True
+        return False
+
+    def _still_ours(self) -> bool:
+        """Every slot key still holds this VM's value; else an operator freed one (told)."""
+        values = {kv.key: kv.value for kv in self._client.range(self.root)[1]}
+        gone = [k for k in self._keys if values.get(k) != self.value]
+        if not gone:
+            return True
+        group = next((g for g, p in self.prefixes.items() if gone[0].startswith(p)), "")
+        mark = freed_mark(self._client, self.settings, group, self.vm)
+        self._keys = ()
+        self._tell(SlotFreed, str(mark.get("by", "")), str(mark.get("at", "")), held=False)
+        self._ended.set()
+        return False
 
     def _take(self, kvs: list[KeyValue]) -> Optional[slotset.Plan]:
         """Take a slot in every group at once: the one this VM holds (after a restart: put
@@ -333,8 +398,11 @@ class _Worker:
 
     def _hold(self) -> None:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
-        at each renewal), and its expiry loses it (`expired`)."""
-        self._ended.wait()
+        at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the keys
+        are read: an operator may have freed one (`fleet free`, fleet.py)."""
+        while not self._ended.wait(self.renew):
+            if not self._keys or not self._still_ours():
+                return
 
 
 class _Client(EtcdClient):

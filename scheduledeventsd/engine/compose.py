@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, hold, lease, pipeline, slot, window
+from .gates import drain, freed, hold, lease, pipeline, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -44,6 +44,7 @@ from .vocabulary.messages import (
     ReloadRequested,
     SlotBusy,
     SlotFailed,
+    SlotFreed,
     SlotGranted,
     SlotKept,
     StopRequested,
@@ -114,7 +115,10 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
         refused = True
     _persist_on_change(state, new, out)
     new = _status(new, out)
-    if not any(isinstance(e, Exit) for e in out):
+    if any(isinstance(e, Exit) for e in out):
+        # Last: what the couplings and the persisting did after the stop ended comes first.
+        out.sort(key=lambda e: isinstance(e, Exit))
+    else:
         wake = next_wakeup(new, now)
         if refused:  # a due timer that raises is not tried again at once, in a busy loop
             wake = max(wake, now + POLL_BACKOFF_CAP)
@@ -193,6 +197,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     SlotKept: slot._slot_kept,
     SlotBusy: slot._slot_busy,
     SlotFailed: slot._slot_failed,
+    SlotFreed: freed._slot_freed,
     ClusterChecked: drain._cluster_checked,
     ClusterMarked: drain._cluster_marked,
     ClusterDraining: drain._cluster_draining,

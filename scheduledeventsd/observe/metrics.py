@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Optional, get_args
+from typing import TYPE_CHECKING, Optional, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -43,6 +43,9 @@ from ..model import EVENT_TYPES
 from ..providers.imds import Failure
 from ..windows import Window, current_or_next
 from .observer import next_not_before, pending
+
+if TYPE_CHECKING:
+    from ..coordination.fleet import SlotCounter
 
 HOOK_RESULTS = ("ok", "failed", "timeout", "cancelled")
 DRAIN_STATES = tuple(d.value for d in Drain if d is not Drain.NONE)
@@ -151,6 +154,20 @@ class Metrics:
         )
         for drain in DRAIN_STATES:
             self.cluster_drain.labels(drain)
+        self.group_held = Gauge(
+            "scheduledeventsd_group_slots_held",
+            "Slots of the concurrency group held by any VM, as this VM sees them in etcd",
+            ["group"],
+            registry=r,
+        )
+        self.group_max = Gauge(
+            "scheduledeventsd_group_slots_max",
+            "The concurrency group's max (this VM's configuration)",
+            ["group"],
+            registry=r,
+        )
+        self._counter: Optional[SlotCounter] = None
+        self._counted: tuple[object, ...] = ()
         self._windows: tuple[Window, ...] = ()
         self._vm_name: Optional[str] = None
         self._detected: dict[str, float] = {}
@@ -170,11 +187,47 @@ class Metrics:
     def use(self, config: Config) -> None:
         """Zero-initialise the hooks a (re)loaded config can run, in the stages it runs them."""
         self._windows = config.windows
+        self._count_slots(config)
         for hook, stage in _hook_stages(config):
             for result in (*HOOK_RESULTS, "not_yet") if stage == "gate" else HOOK_RESULTS:
                 self.hook_runs.labels(hook, stage, result)
             self.hook_duration.labels(hook, stage)
         self.changes += 1
+
+    def _count_slots(self, config: Config) -> None:
+        """The groups' held slots, counted by a watch of etcd (a thread of its own) while
+        `concurrency` and etcd are configured; a reload that changes them starts it anew."""
+        etcd = config.coordination.etcd if config.coordination is not None else None
+        groups = (
+            {lim.group: lim.max for lim in config.concurrency.limits} if config.concurrency else {}
+        )
+        wanted = (etcd, tuple(groups.items())) if etcd is not None and groups else ()
+        if wanted == self._counted:
+            return
+        self.close()
+        self._counted = wanted
+        for gauge in (self.group_held, self.group_max):
+            gauge.clear()
+        if not wanted:
+            return
+        from ..coordination.fleet import SlotCounter  # noqa: PLC0415 - etcd's client when used
+
+        for group, most in groups.items():
+            self.group_max.labels(group).set(most)
+            self.group_held.labels(group)
+        assert etcd is not None  # noqa: S101 - wanted says so
+        self._counter = SlotCounter(etcd, groups, self._held)
+        self._counter.start()
+
+    def _held(self, group: str, held: int) -> None:
+        self.group_held.labels(group).set(held)
+        self.changes += 1
+
+    def close(self) -> None:
+        """Stop counting slots (the daemon stops)."""
+        if self._counter is not None:
+            self._counter.stop()
+            self._counter = None
 
     def _next_window(self) -> float:
         span = current_or_next(self._windows, time.time())

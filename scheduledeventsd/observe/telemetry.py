@@ -123,6 +123,8 @@ class Telemetry:
     def stop(self) -> None:
         if self._web is not None:
             self._web.stop()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._webhooks is not None:
             self._webhooks.stop()
 

@@ -87,7 +87,7 @@ def _resolve_name(plan: Loop, vm: Vm, e: ResolveName, t: float) -> None:
 
 
 def _spawn(plan: Loop, vm: Vm, e: SpawnHooks, t: float) -> None:
-    seconds, outcome, detail = hook_run(e.hooks, vm.spec.hooks, vm.config.hooks)
+    seconds, outcome, detail = hook_run(e.hooks, vm.spec.hooks, vm.config.hooks, vm.hook_runs)
     token = vm.token()
     vm.runs[e.run] = Run(e.event.event_id, e.stage, token)
     plan.send(vm, HooksFinished(e.run, outcome, detail), t + seconds, ("run", str(e.run), token))

@@ -39,10 +39,19 @@ LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.timezone.utc)
 @dataclass(frozen=True)
 class HookTime:
     """How long one named hook runs in the plan, and whether it fails then (`fail`: at once).
-    A hook of the config that FLEET.yaml does not name takes no time."""
+    A hook of the config that FLEET.yaml does not name takes no time. Given a list, each run
+    of the hook on the VM takes the next entry (`later`), the last one for every run after:
+    `[fail, 2m]` fails once, then succeeds on its retry."""
 
     seconds: float
     fails: bool = False
+    later: tuple[HookTime, ...] = ()
+
+    def nth(self, run: int) -> HookTime:
+        """The `run`-th run of the hook on its VM (0: the first)."""
+        if run == 0 or not self.later:
+            return self
+        return self.later[min(run, len(self.later)) - 1]
 
 
 @dataclass(frozen=True)
@@ -285,13 +294,26 @@ def _hooks(
             defined = ", ".join(sorted(config.hooks)) or "none"
             c.fail(at, f"unknown hook: {config_path} defines {defined}")
             continue
-        if given == FAIL:
-            hooks[str(name)] = HookTime(0.0, fails=True)
+        if not isinstance(given, list):
+            one = _hook_time(c, at, given)
+            if one is not None:
+                hooks[str(name)] = one
             continue
-        seconds = _seconds(c, at, given, None)
-        if seconds is not None:
-            hooks[str(name)] = HookTime(seconds)
+        if not given:
+            c.fail(at, "must be a duration, fail, or a list of them (one per run), got []")
+            continue
+        runs = [_hook_time(c, f"{at}[{i}]", item) for i, item in enumerate(given)]
+        if all(run is not None for run in runs):
+            first, *rest = (run for run in runs if run is not None)
+            hooks[str(name)] = replace(first, later=tuple(rest))
     return hooks
+
+
+def _hook_time(c: Checker, at: str, given: Any) -> Optional[HookTime]:  # noqa: ANN401 - YAML
+    if given == FAIL:
+        return HookTime(0.0, fails=True)
+    seconds = _seconds(c, at, given, None)
+    return None if seconds is None else HookTime(seconds)
 
 
 def _maintenance(

@@ -42,6 +42,8 @@ def message(seen_by: SeenBy, vm: Vm, msg: Message, t: float) -> None:
         if seen is not None and run is not None and run.stage is Stage.BEFORE:
             seen.hooks_end = t
             seen.hooks_failed = msg.outcome is not Outcome.SUCCEEDED
+        elif seen is not None and run is not None and msg.outcome is Outcome.FAILED:
+            seen.after_failed.append(t)
     elif isinstance(msg, SlotBusy):
         seen = seen_of((vm.name, msg.event_id))
         if seen is not None:
@@ -74,8 +76,9 @@ def effect(seen_by: SeenBy, vm: Vm, asked: Effect, t: float) -> None:
             return
         if asked.stage is Stage.BEFORE and seen.hooks_start is None:
             seen.hooks_start = t
-        elif asked.stage is not Stage.BEFORE and seen.after_start is None:
-            seen.after_start = t
+        elif asked.stage is not Stage.BEFORE:
+            seen.after_start = t if seen.after_start is None else seen.after_start
+            seen.after_runs.append(t)
     elif isinstance(asked, AcquireSlot):
         seen = seen_by.get((vm.name, asked.event.event_id))
         if seen is not None and seen.asked_slot is None:

@@ -19,7 +19,8 @@ happen:
                "flags": [sorted of "late", "no_slot", "cut_off", "no_window", "hooks_failed"],
                "spans": [{"phase", "from", "to"}]}],   # phase: queued (waiting for a slot),
                    # draining (the cluster), hooks (before-hooks), ready (prepared, waiting
-                   # for approval or NotBefore), down, after (back up, until after-hooks done)
+                   # for approval or NotBefore), down, after (back up, until after-hooks done),
+                   # retry (after-hooks failed: the slot held until they run again)
      "windows": [{"vm" or "group", "window" (as configured), "zone", "from", "to",
                   "local_from", "local_to" (in the window's zone, ISO 8601 with offset)}],
      "summary": {"vms", "events", "steps" (engine steps taken), "faults" (steps that raised,
@@ -193,7 +194,25 @@ def spans(seen: Seen) -> list[tuple[str, float, Optional[float]]]:
     if seen.down is not None:
         found.append(("down", seen.down, seen.back))
     if seen.back is not None and seen.after_done is not None and seen.after_done > seen.back:
-        found.append(("after", seen.back, seen.after_done))
+        found += _after(seen, seen.back, seen.after_done)
+    return found
+
+
+def _after(seen: Seen, back: float, done: float) -> list[tuple[str, float, Optional[float]]]:
+    """Back up until the after-hooks are done: `after`, cut by a `retry` from each failed run
+    until the next one starts (after_retry later, the slot held meanwhile)."""
+    found: list[tuple[str, float, Optional[float]]] = []
+    at = back
+    for failed in seen.after_failed:
+        again = next((s for s in seen.after_runs if s > failed), None)
+        if again is None or not back <= failed < again <= done:
+            continue
+        if failed > at:
+            found.append(("after", at, failed))
+        found.append(("retry", failed, again))
+        at = again
+    if done > at:
+        found.append(("after", at, done))
     return found
 
 

@@ -36,6 +36,7 @@ PHASES: Mapping[str, str] = {
     "ready": "#fdd0a2",  # prepared: waiting for approval or NotBefore
     "down": "#e6550d",
     "after": "#807dba",  # back up, until the after-hooks are done
+    "retry": "#e7298a",  # after-hooks failed: the slot held until they run again
 }
 SPARE = ("#e7969c", "#8dd3c7", "#bc80bd", "#ccebc5", "#ffed6f", "#b3de69", "#fccde5")
 WINDOW = "#fff3b0"

@@ -31,6 +31,8 @@ class Seen:
     down: Optional[float] = None
     back: Optional[float] = None
     after_start: Optional[float] = None
+    after_runs: list[float] = field(default_factory=list)  # each run of its after-hooks began
+    after_failed: list[float] = field(default_factory=list)  # ... failed (run again: a retry)
     after_done: Optional[float] = None  # the engine had nothing left to do for it, back up
     cut_off: bool = False  # its before-hooks were running when the VM went down
     slot_from: Optional[float] = None

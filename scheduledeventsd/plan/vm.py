@@ -60,6 +60,7 @@ class Vm:
     busy_probe: Optional[engine.State] = None
     busy_event: str = ""  # the event whose news the probe was about
     busy_until: float = -math.inf
+    hook_runs: dict[str, int] = field(default_factory=dict)  # runs of each hook so far
 
     def token(self) -> int:
         self.tokens += 1

@@ -151,16 +151,22 @@ class Cloud:
 
 
 def hook_run(
-    names: tuple[str, ...], times: Mapping[str, HookTime], hooks: Mapping[str, Hook]
+    names: tuple[str, ...],
+    times: Mapping[str, HookTime],
+    hooks: Mapping[str, Hook],
+    ran: Optional[dict[str, int]] = None,
 ) -> tuple[float, Outcome, str]:
     """A run's length and outcome: each hook in order for its stated time (none stated: at
-    once); the first that fails, or outlasts its commands' timeouts, ends the run FAILED."""
+    once); the first that fails, or outlasts its commands' timeouts, ends the run FAILED.
+    `ran` counts the VM's runs of each hook so far (a list in FLEET.yaml: one entry per run)."""
     elapsed = 0.0
+    ran = {} if ran is None else ran
     for name in names:
         hook = hooks.get(name)
         if hook is None:  # the daemon says the same (runtime/daemon.py _spawn)
             return elapsed, Outcome.FAILED, f"hook(s) {name} not defined under hooks"
-        stated = times.get(name, HookTime(0.0))
+        stated = times.get(name, HookTime(0.0)).nth(ran.get(name, 0))
+        ran[name] = ran.get(name, 0) + 1
         limit = sum(command.timeout for command in hook.commands)
         if stated.seconds > limit:
             return elapsed + limit, Outcome.FAILED, f"{name}: timed out after {limit:g}s"

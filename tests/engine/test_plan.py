@@ -482,7 +482,7 @@ def test_every_key_of_the_json_is_the_one_report_py_documents(tmp_path):
         "slot_from", "slot_to", "flags", "spans",
     }  # fmt: skip
     phases = {s["phase"] for r in data["rows"] for s in r["spans"]}
-    assert phases <= {"queued", "draining", "hooks", "ready", "down", "after"}
+    assert phases <= {"queued", "draining", "hooks", "ready", "down", "after", "retry"}
     assert all(f'"{flag}"' in doc for flag in report.FLAGS)
 
 
@@ -736,6 +736,34 @@ def test_a_window_opening_exactly_at_the_lead_is_used_and_not_flagged_no_window(
     (r,) = data["rows"]
     assert (r["hooks_start"], r["waited_for"]) == (at(28, "02:00:00"), "window")
     assert r["flags"] == ["cut_off", "late"]
+
+
+def test_a_hook_given_a_list_takes_one_entry_per_run_and_the_slot_waits_for_its_retry(tmp_path):
+    """`undrain: [fail, 2m]`: web-1's undrain fails when it is back (02:35), runs again
+    `after_retry` (60 s) later and succeeds at 02:38; its slot is held until then, so web-2's
+    drain starts at 02:38, not at 02:35; the wait for the retry is its own span. web-2's
+    undrain (its own first run) fails too and is retried: the runs are counted per VM."""
+    text = wave(2).replace("undrain: 0s", "undrain: [fail, 2m]")
+    first, second = planned(files(tmp_path, text))["rows"]
+    assert (first["back"], first["after_done"]) == (at(28, "02:35:00"), at(28, "02:38:00"))
+    assert first["slot_to"] == at(28, "02:38:00")
+    assert (second["hooks_start"], second["waited_for"]) == (at(28, "02:38:00"), "slot")
+    assert [s for s in first["spans"] if s["phase"] in ("after", "retry")] == [
+        {"phase": "retry", "from": at(28, "02:35:00"), "to": at(28, "02:36:00")},
+        {"phase": "after", "from": at(28, "02:36:00"), "to": at(28, "02:38:00")},
+    ]  # drawn: the failed undrain, then its retry
+    assert second["after_done"] == at(28, "03:16:00")  # back 03:13, retried 03:14, + 2m
+
+
+def test_a_hook_list_that_is_empty_or_holds_no_duration_is_refused_by_key_path(tmp_path):
+    for given, problem in [
+        ("[]", "vms[0].hooks.undrain: must be a duration, fail, or a list of them"),
+        ("[fail, soon]", "vms[0].hooks.undrain[1]: must be a duration like 30s"),
+    ]:
+        path = files(tmp_path, wave(1).replace("undrain: 0s", f"undrain: {given}"))
+        with pytest.raises(ConfigError) as refused:
+            fleet.load(path, tmp_path / "absent.yaml")
+        assert any(problem in p for p in refused.value.problems), refused.value.problems
 
 
 class _Told(run.Plan):

@@ -27,23 +27,37 @@ over for it, one that names it later is judged anew.
 
 `test_the_model_catches_each_leak` re-runs it against one mutant per leak the issue named (the
 engine as it was) and requires a failure.
+
+Issue 27 adds `GatedPromises` (below): the same model through the gates (windows across a
+daylight-saving change, etcd slots granted, busy, failing and cut off, Pacemaker drains held,
+failing and restored, reloads lowering `max`, the cloud quirks), with (j) no early approval
+without a confirmed slot and (k) the node never left marked; and the defects issue 26 fixed in
+the gates as mutants it must catch (`test_the_model_catches_each_defect_of_the_gates`, each
+on the steps it needs: a few seconds in every suite run; PROMISES_MUTANT_EXAMPLES=N for more).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import inspect
 import json
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    RULE_MARKER,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -55,16 +69,29 @@ from scheduledeventsd.config import (
     ApprovePolicy,
     Concurrency,
     Config,
+    Coordination,
+    DrainMethod,
+    Etcd,
     EventRule,
     Metadata,
+    Pacemaker,
     UserEvents,
 )
 from scheduledeventsd.engine import (
+    AcquireSlot,
     ApprovalFailed,
     ApprovalSent,
     Boot,
     CancelRuns,
+    CheckCluster,
+    ClusterChecked,
+    ClusterDrained,
+    ClusterDraining,
+    ClusterHeld,
+    ClusterMarked,
+    ClusterRestored,
     DocumentFetched,
+    DrainNode,
     Exit,
     HooksFinished,
     NameResolved,
@@ -72,10 +99,17 @@ from scheduledeventsd.engine import (
     Outcome,
     Persist,
     PostApproval,
+    ReleaseSlot,
     Reloaded,
     ReloadRequested,
+    RestoreNode,
+    SlotBusy,
+    SlotFailed,
+    SlotGranted,
+    SlotKept,
     SpawnHooks,
     Stage,
+    StopDraining,
     StopRequested,
     Tick,
     events,
@@ -86,6 +120,9 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine import state as engine_state
+from scheduledeventsd.engine.gates import drain, lease, slot, window
+from scheduledeventsd.model import Event
+from scheduledeventsd.windows import Window
 
 VM = "vm-a"
 WALL0 = 1_800_000_000.0
@@ -113,6 +150,15 @@ def base_config(vm_name: str | None, user_events: UserEvents) -> Config:
     )
 
 
+def stepped(step: Callable[..., Any], state: Any, message: object, now: float) -> Any:
+    """One step, as the daemon takes it: an exception there is a defect it logs as
+    `internal_error` (and a strict table's refusal, in tests), so the model fails on any."""
+    try:
+        return step(state, message, now)
+    except Exception as e:
+        raise AssertionError(f"(g) a step raised on {type(message).__name__}: {e!r}") from e
+
+
 def rfc1123(wall: float) -> str:
     return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
 
@@ -131,8 +177,9 @@ class Promises(RuleBasedStateMachine):
         self.listed_in: dict[str, set[int]] = {}
         self.types: dict[str, str] = {}
         self.next_id = 0
-        self.cfg = base_config(VM, UserEvents.APPROVE)
+        self.cfg = self.configured()
         self.saved: dict[str, Any] = {}
+        self.saved_mark: engine.ClusterMark | None = None  # what the state file says we marked
         # the model: what happened to each event, in the model's own terms
         self.live: dict[int, tuple[str, Stage]] = {}  # run -> (event, stage)
         self.cancelled: set[int] = set()  # runs the engine asked to stop
@@ -145,17 +192,22 @@ class Promises(RuleBasedStateMachine):
         self.ended: set[str] = set()  # a document showed it over for this VM
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
+        self.requeued: set[str] = set()  # KNOWN DEFECT, see `fetched`
+        self.cut_off: set[str] = set()  # their stage waited for a restore when the daemon died
         self.stopping = False
         self.exited = False
         self.start_life(name_known=True)
 
     # ---- driving the engine as the daemon does ------------------------------------------
 
+    def configured(self) -> Config:
+        return base_config(VM, UserEvents.APPROVE)
+
     def feed(self, message: object) -> None:
         before = self.state
-        self.state, effects = engine.step(self.state, message, self.now)
+        self.state, effects = stepped(engine.step, self.state, message, self.now)
         if isinstance(message, DocumentFetched):
-            full = engine.full_step(before, message, self.now)
+            full = stepped(engine.full_step, before, message, self.now)
             assert (self.state, effects) == full, "(q) a quiet answer's shortcut is not the step"
         for i, effect in enumerate(effects):
             assert not self.exited, f"(d) {effect!r} after Exit"
@@ -172,11 +224,30 @@ class Promises(RuleBasedStateMachine):
         self.cancelled.clear()
         self.posting.clear()
         self.stopping = self.exited = self.said_stopping = False
-        self.feed(Boot(self.saved, "", self.boot))
+        self.feed(Boot(self.saved, "", self.boot, mark=self.saved_mark))
         if not name_known:
             self.feed(NameResolved(VM, "imds"))
 
     def fetched(self) -> None:
+        # KNOWN DEFECT (test_a_requeued_event_that_leaves_gets_its_cancelled_hooks): before-hooks
+        # cut off by a restart, queued for a slot (taken back, or asked for), then gone: no
+        # cancelled-hooks (and no restore). Exempted, so the rest of each history is still held
+        # to the promises.
+        queued = {
+            e
+            for e, t in self.state.events.items()
+            if t.phase is lifecycle.Phase.QUEUED and e in self.prepared()
+        }
+        self.fetch_document()
+        kept = lifecycle.PREPARED | {lifecycle.Phase.QUEUED, lifecycle.Phase.AFTER}
+        self.requeued |= {
+            e
+            for e in queued
+            if e not in self.state.events or self.state.events[e].phase not in kept
+        }
+        self.owed -= self.requeued | self.cut_off
+
+    def fetch_document(self) -> None:
         body = json.dumps(
             {"DocumentIncarnation": self.incarnation, "Events": list(self.doc.values())}
         )
@@ -234,7 +305,14 @@ class Promises(RuleBasedStateMachine):
                 assert event_id in self.ended, f"(i) {effect.stage.value}-hooks, but not over"
                 self.staged[event_id] = self.staged.get(event_id, 0) + 1
                 self.owed.discard(event_id)
-                assert self.staged[event_id] == 1, "(b) after- or cancelled-hooks twice"
+                # Issue 28: again only while they have not succeeded and its slot is held.
+                now = self.state.events.get(event_id)
+                again = (
+                    now is not None
+                    and now.phase is lifecycle.Phase.AFTER
+                    and now.slot is lifecycle.Slot.HELD
+                )
+                assert self.staged[event_id] == 1 or again, "(b) after- or cancelled-hooks twice"
         elif isinstance(effect, CancelRuns):
             self.cancelled.update(effect.runs)
         elif isinstance(effect, PostApproval):
@@ -252,6 +330,7 @@ class Promises(RuleBasedStateMachine):
             )
         elif isinstance(effect, Persist):
             self.saved = dict(effect.events)
+            self.saved_mark = effect.mark
 
     def decided_without_hooks(self, raw: dict[str, Any]) -> bool:
         """An approval a rule or an empty before-list makes, with no run to wait for."""
@@ -268,8 +347,12 @@ class Promises(RuleBasedStateMachine):
         if self.stopping or self.exited:
             return
         running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
-        late = [e for e in self.owed if e not in running]
+        late = [e for e in self.owed if e not in running and not self.stage_waits(e)]
         assert not late, f"(b) {late}: over while the daemon ran, but no after/cancelled-hooks"
+
+    def stage_waits(self, event_id: str) -> bool:
+        """Its after- or cancelled-hooks wait for something under way (nothing here)."""
+        return False
 
     @invariant()
     def the_loop_never_stops_polling(self) -> None:
@@ -284,7 +367,7 @@ class Promises(RuleBasedStateMachine):
             f"(h) no poll ordered and the next wake-up is {wake - self.now:.1f} s away"
         )
         if wake <= self.now:  # the daemon wakes at once: that step must make progress
-            again, effects = engine.step(state, Tick(), self.now)
+            again, effects = stepped(engine.step, state, Tick(), self.now)
             assert engine.next_wakeup(again, self.now) > self.now or any(
                 not isinstance(e, (engine.WakeAt, engine.Notify)) for e in effects
             ), "(h) a busy loop: woken now, it asks to be woken now again, doing nothing"
@@ -327,6 +410,11 @@ class Promises(RuleBasedStateMachine):
         far=st.sampled_from([False] * 7 + [True]),
     )
     def add(self, event_type, resources, status, lead, duration, source, far) -> None:
+        self.add_event(event_type, resources, status, lead, duration, source, far)
+
+    def add_event(
+        self, event_type, resources, status, lead, duration=-1, source="Platform", far=False
+    ) -> None:
         event_id = f"E{self.next_id}"
         self.next_id += 1
         not_before = self.now + self.offset + lead
@@ -394,7 +482,9 @@ class Promises(RuleBasedStateMachine):
     @rule(index=st.integers(0, 9), outcome=st.sampled_from(list(Outcome)))
     def finish(self, index, outcome) -> None:
         runs = sorted(self.live)
-        run = runs[index % len(runs)]
+        self.finish_run(runs[index % len(runs)], outcome)
+
+    def finish_run(self, run: int, outcome: Outcome) -> None:
         if outcome is Outcome.CANCELLED and run not in self.cancelled:
             outcome = Outcome.FAILED  # only a run we stopped can say it was cut off
         event_id, stage = self.live.pop(run)
@@ -422,10 +512,21 @@ class Promises(RuleBasedStateMachine):
     @precondition(lambda self: not self.exited)
     @rule(seconds=st.sampled_from([0.5, 5.0, 60.0, 400.0, 1200.0]))
     def wait(self, seconds) -> None:
+        self.pass_time(seconds)
+
+    def pass_time(self, seconds: float) -> None:
+        self.keep_alive(self.now + seconds)
         self.now += seconds
+        self.meanwhile()
         self.feed(Tick())
         if not self.exited and not self.stopping:
             self.fetched()  # the poll: same incarnation, the wall clock read again
+
+    def keep_alive(self, until: float) -> None:
+        """What keeps what the daemon holds alive until then (nothing here)."""
+
+    def meanwhile(self) -> None:
+        """What the rest of the world answers while time passes (nothing here)."""
 
     @precondition(lambda self: not self.exited)
     @rule(step=st.sampled_from([-3600.0, 600.0, 3600.0]))
@@ -685,3 +786,604 @@ def test_the_model_catches_each_leak(leak):
     with mutated(module, name, wrap), pytest.raises(raised) as caught:
         run_state_machine_as_test(Promises, settings=MUTANT_SETTINGS)
     assert promise in str(caught.value), f"caught for another reason: {caught.value}"
+
+
+# ---- the gates: windows, slots and drains, played as the world answers them -----------------
+
+# A window daylight saving cuts (the hour skipped in spring, the hour shown twice in autumn),
+# and the wall clock of each history starts on the Monday before one of Berlin's 2027 changes.
+BERLIN_NIGHT = Window(frozenset({6}), dt.time(2), dt.time(3), ZoneInfo("Europe/Berlin"))
+SEASONS = {
+    "spring": dt.datetime(2027, 3, 22, 12, tzinfo=dt.timezone.utc).timestamp(),  # 28 March
+    "autumn": dt.datetime(2027, 10, 25, 12, tzinfo=dt.timezone.utc).timestamp(),  # 31 October
+}
+SLOT_TTL = 10  # short, so keep-alives that stop coming lose the slot within one wait
+ETCD = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+PACEMAKER = Pacemaker(method=DrainMethod.STANDBY, event_types=("Reboot", "Redeploy"))
+SLOTTED = ("Reboot", "Redeploy")  # the types that obey windows, so take a slot
+# No start_before: a window anywhere before NotBefore holds its before-hooks (Reboot's
+# start_before keeps them to its last 10 minutes).
+WINDOWED_REDEPLOY = EventRule(("drain",), ("undrain",), ("undrain",))
+DAY = 86400.0
+WAKE_UPS = 12  # at most, in one wait: then time jumps to its end
+HOOK_SECONDS = 300.0  # how long hooks take where the world runs them: within NotBefore's lead
+
+
+class GatedPromises(Promises):
+    """The model above, with the gates an event passes before its before-hooks: a maintenance
+    window (Sunday night in Berlin, in the week before a daylight-saving change), a
+    concurrency slot of etcd (`max` 1 or 2, lowered and raised by reloads) and a Pacemaker
+    drain. The world answers what the engine asks while time passes (`meanwhile`), in the mode
+    the history last chose: etcd grants slots, says they are busy, fails, or is cut off (no
+    answers, no keep-alives: the lease lapses); the cluster drains, holds, fails after setting
+    its mark, or drains slowly; restores work or fail (the drainer retries them). A restart
+    loses what the daemon's workers were doing (slot requests, a restore's retries) but not the
+    world (the mark on the node). Also the cloud quirks: an event listed Started once then gone
+    (AWS `completed`), the same EventId back for a second migration (Google Cloud) and a window
+    moved (its NotBefore changes under the same id). Promises added:
+
+    (j) an event under `concurrency` is never approved early without its slot held at that
+        instant: etcd acknowledged its grant or a keep-alive less than `ttl` ago, to this
+        daemon's current slot keeper (a restart or a reload of `concurrency` must take it back);
+    (k) the node is never left marked (drained, standby) once every event it was marked for is
+        over: a restore is asked for, or under way (retried), whenever the daemon runs;
+    (g) no step raises (above, for every step); (h) the loop never stops polling (above).
+    """
+
+    def __init__(self) -> None:
+        self.hooks = "succeed"  # succeed (in HOOK_SECONDS) | manual (the `finish` rule)
+        self.spawned_at: dict[int, float] = {}
+        self.deadlines: dict[str, float] = {}  # PostApproval.deadline: the lane gives up then
+        self.etcd = "grants"  # grants | busy | down | cut
+        self.cluster = "drains"  # drains | holds | fails_after_mark | slow
+        self.restores = "work"  # work | fail
+        self.slot_asked: set[str] = set()  # AcquireSlot not yet given back, in this daemon run
+        self.lease_sent: dict[str, float] = {}  # etcd's last acknowledged request, this keeper
+        self.drain_asked: set[str] = set()  # DrainNode the drainer is still working on
+        self.drained_for: set[str] = set()  # events the engine had the node marked for
+        self.node_marked = False  # the world: this daemon's mark is on the node
+        self.restoring: list[str] = []  # restores asked for and not done (their event ids)
+        self.check_asked = False
+        super().__init__()
+
+    def configured(self) -> Config:
+        return dataclasses.replace(
+            base_config(VM, UserEvents.APPROVE),
+            events={**RULES, "Redeploy": WINDOWED_REDEPLOY},
+            windows=(BERLIN_NIGHT,),
+            concurrency=Concurrency("web", 1, ttl=SLOT_TTL),
+            coordination=ETCD,
+            cluster=PACEMAKER,
+        )
+
+    @initialize(
+        season=st.sampled_from(sorted(SEASONS)), hooks=st.sampled_from(["succeed", "manual"])
+    )
+    def before_a_change(self, season, hooks) -> None:
+        self.offset = SEASONS[season] - self.now
+        self.hooks = hooks
+
+    def start_life(self, *, name_known: bool) -> None:
+        # The daemon's workers die with it: their requests and retries; etcd forgets nothing,
+        # but a new keeper has confirmed nothing yet.
+        self.slot_asked.clear()
+        self.lease_sent.clear()
+        self.drain_asked.clear()
+        self.restoring = []
+        self.check_asked = False
+        # A crash while the stage's hooks waited for the node's restore: the next daemon takes
+        # them as cut off (after-hooks run at most once), though they never started. Noted in
+        # the report of this branch; not held against the engine here.
+        state = getattr(self, "state", None)
+        if state is not None:
+            self.cut_off |= {k for k, t in state.events.items() if runs._awaiting_restore(t)}
+            self.owed -= self.cut_off
+        super().start_life(name_known=name_known)
+
+    def feed(self, message: object) -> None:
+        if self.exited:
+            return  # the daemon is gone: nothing reaches it
+        if isinstance(message, SlotGranted):
+            self.lease_sent[message.event_id] = message.confirmed or self.now
+        elif isinstance(message, SlotKept):
+            self.lease_sent[message.event_id] = message.confirmed
+        elif isinstance(message, SlotBusy):
+            self.lease_sent.pop(message.event_id, None)
+        super().feed(message)
+
+    # ---- the promises -----------------------------------------------------------------------
+
+    def check(self, effect: object, message: object) -> None:
+        super().check(effect, message)
+        if isinstance(effect, AcquireSlot):
+            self.slot_asked.add(effect.event.event_id)
+        elif isinstance(effect, ReleaseSlot):
+            self.slot_asked.discard(effect.event_id)
+            self.lease_sent.pop(effect.event_id, None)
+        elif isinstance(effect, DrainNode):
+            # Preparation starts with the drain: the event is owed its stage from now on.
+            event_id = effect.event.event_id
+            if event_id in self.staged:  # judged anew: it dropped this VM, then named it again
+                assert event_id in self.dropped, "(b) drained again after its stage ran"
+                del self.staged[event_id]
+            self.before_started.add(event_id)
+            self.before_ok.discard(event_id)
+            self.drain_asked.add(event_id)
+            self.drained_for.add(event_id)
+        elif isinstance(effect, StopDraining):
+            self.drain_asked.discard(effect.event_id)
+        elif isinstance(effect, RestoreNode):
+            self.restoring.append(effect.event_id)
+            self.drain_asked.discard(effect.event_id)  # the drainer stops watching it
+        if isinstance(effect, SpawnHooks):
+            self.spawned_at[effect.run] = self.now
+        elif isinstance(effect, CheckCluster):
+            self.check_asked = True
+        elif isinstance(effect, PostApproval):
+            self.approved_with_its_slot(effect.event)
+            if effect.deadline is not None:
+                self.deadlines[effect.event.event_id] = effect.deadline
+
+    def approved_with_its_slot(self, event: Event) -> None:
+        """(j): early, under concurrency, only with a lease etcd confirmed less than ttl ago."""
+        concurrency = self.state.config.concurrency
+        rule_ = self.state.config.events.get(event.event_type)
+        user = event.source == "User" and self.cfg.user_events is UserEvents.APPROVE
+        duration = event.duration_seconds
+        short = rule_ is not None and rule_.short_seconds is not None and duration is not None
+        short = short and 0 <= duration <= rule_.short_seconds  # type: ignore[union-attr]
+        if concurrency is None or event.event_type not in SLOTTED or user or short:
+            return
+        not_before = self.not_before.get(event.event_id)
+        if not_before is not None and self.now + self.offset >= not_before:
+            return  # not early
+        sent = self.lease_sent.get(event.event_id)
+        why = f"(j) {event.event_id} approved early without its slot: etcd last confirmed it"
+        assert sent is not None, f"{why} never to this keeper"
+        assert sent + concurrency.ttl > self.now, f"{why} {self.now - sent:.1f} s ago"
+
+    def stage_waits(self, event_id: str) -> bool:
+        """Its stage's hooks wait for the node's restore, asked for (and retried) now."""
+        tracked = self.state.events.get(event_id)
+        waiting = tracked is not None and tracked.phase is lifecycle.Phase.AFTER
+        return waiting and tracked.run is None and bool(self.restoring)  # type: ignore[union-attr]
+
+    @invariant()
+    def the_node_is_never_left_marked(self) -> None:
+        """(k)."""
+        if self.stopping or self.exited or not self.state.ready or not self.node_marked:
+            return
+        if self.restoring or self.drained_for & self.requeued:
+            return
+        running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
+        wanted = {e for e in self.drained_for if self.names_us(e) or e in running}
+        assert wanted, (
+            f"(k) the node is left marked: {sorted(self.drained_for)} over, and no restore asked"
+        )
+
+    # ---- the world, while time passes -------------------------------------------------------
+
+    def pass_time(self, seconds: float) -> None:
+        """The daemon wakes when the engine asked (a window opens, a slot's deadline, a lease's
+        end, a drain's timeout), the world answering at each instant; IMDS does not answer
+        meanwhile (the poll stays in flight), so the wake-ups are the gates' own."""
+        until = self.now + seconds
+        for _ in range(WAKE_UPS):
+            wake = engine.next_wakeup(self.state, self.now)
+            if wake >= until or self.exited:
+                break
+            super().pass_time(max(wake, self.now + 0.01) - self.now)
+        if not self.exited:
+            super().pass_time(max(until - self.now, 0.0))
+
+    def meanwhile(self) -> None:
+        """Hooks running since before end (as the history's mode says), then etcd, the
+        cluster and the drainer answer, as its modes say; what one answer makes the engine ask
+        is answered too (a slot, then the drain), but hooks it starts run until the next."""
+        for event_id in [e for e in self.posting if self.deadlines.get(e, math.inf) <= self.now]:
+            self.posting.remove(event_id)  # the approver lane gave the exchange up
+            self.feed(ApprovalFailed(event_id, "timeout", "no answer by the slot's lease end"))
+        if self.hooks == "succeed":
+            for run in sorted(self.live):
+                cut = run in self.cancelled
+                done = cut or self.now - self.spawned_at.get(run, self.now) >= HOOK_SECONDS
+                if run in self.live and done and not self.exited:
+                    self.finish_run(run, Outcome.CANCELLED if cut else Outcome.SUCCEEDED)
+        for _ in range(4):
+            asked = (set(self.slot_asked), set(self.drain_asked), list(self.restoring))
+            self.etcd_answers()
+            self.cluster_answers()
+            if asked == (self.slot_asked, self.drain_asked, self.restoring):
+                break
+
+    def keep_alive(self, until: float) -> None:
+        """Unless cut off, etcd acknowledges the keep-alives the slot keeper sends every third
+        of the ttl until then: told before time passes, as the daemon hears of each in time."""
+        if self.etcd != "cut":
+            for event_id in sorted(self.lease_sent):
+                self.feed(SlotKept(event_id, until - 0.05))
+
+    def etcd_answers(self) -> None:
+        if self.etcd == "cut":
+            return
+        for event_id in sorted(self.slot_asked - set(self.lease_sent)):
+            if self.etcd == "grants":
+                self.feed(SlotGranted(event_id, confirmed=self.now - 0.05))
+            elif self.etcd == "busy":
+                self.feed(SlotBusy(event_id, ("vm-b",)))
+            else:
+                self.feed(SlotFailed(event_id, "unreachable", "connection refused"))
+
+    def cluster_answers(self) -> None:
+        if self.check_asked:
+            self.check_asked = False
+            self.feed(ClusterChecked(()))
+        for event_id in sorted(self.drain_asked):
+            mark = engine.mark_of(PACEMAKER)
+            if self.cluster == "holds":  # too few healthy nodes: nothing is marked
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterHeld(event_id, "too_few_healthy", "1 of 3 healthy"))
+                continue
+            self.node_marked = True
+            self.feed(ClusterMarked(event_id, ours=True, mark=mark))
+            if self.cluster == "drains":
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterDrained(event_id))
+            elif self.cluster == "fails_after_mark":  # the mark command timed out, yet applied
+                self.drain_asked.discard(event_id)
+                self.feed(ClusterHeld(event_id, "tool_failed", "crm_attribute timed out"))
+            else:
+                self.feed(ClusterDraining(event_id, ("rsc-1",)))
+        for event_id in list(self.restoring):
+            if self.restores == "fail":
+                self.feed(ClusterRestored(event_id, "crm_attribute exited 102"))
+            else:
+                self.node_marked = False
+                self.restoring.remove(event_id)
+                self.feed(ClusterRestored(event_id))
+
+    # ---- what happens -----------------------------------------------------------------------
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["succeed", "manual"]))
+    def hooks_become(self, mode) -> None:
+        self.hooks = mode
+
+    @precondition(lambda self: not self.exited and self.live)
+    @rule(index=st.integers(0, 9))
+    def hooks_succeed(self, index) -> None:
+        """A run ends well now (`finish` draws any outcome)."""
+        runs = sorted(self.live)
+        run = runs[index % len(runs)]
+        self.finish_run(run, Outcome.CANCELLED if run in self.cancelled else Outcome.SUCCEEDED)
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["grants", "grants", "busy", "down", "cut"]))
+    def etcd_becomes(self, mode) -> None:
+        """Cut: a partition between this VM and etcd (its slot's lease lapses there)."""
+        self.etcd = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["drains", "drains", "holds", "fails_after_mark", "slow"]))
+    def cluster_becomes(self, mode) -> None:
+        self.cluster = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(mode=st.sampled_from(["work", "work", "fail"]))
+    def restores_become(self, mode) -> None:
+        self.restores = mode
+
+    @precondition(lambda self: not self.exited)
+    @rule(
+        event_type=st.sampled_from(SLOTTED),
+        lead=st.sampled_from([900.0, 1800.0, 3 * DAY, 8 * DAY]),
+        shared=st.booleans(),
+    )
+    def add_planned(self, event_type, lead, shared) -> None:
+        """Planned maintenance: far enough ahead to wait for a window (across the change) and
+        to ask for a slot at its lead."""
+        self.add_event(event_type, (VM, "vm-b") if shared else (VM,), "Scheduled", lead)
+
+    @precondition(lambda self: not self.exited)
+    @rule(hours=st.sampled_from([1.0, 6.0, 24.0]))
+    def wait_hours(self, hours) -> None:
+        """Hours pass; the world answers meanwhile."""
+        self.pass_time(hours * 3600.0)
+        if not self.exited and not self.stopping:
+            self.fetched()
+
+    @precondition(lambda self: not self.exited and not self.stopping)
+    @rule(slots=st.sampled_from([1, 2]))
+    def reload_with_slots(self, slots) -> None:  # type: ignore[override]
+        """`max` lowered or raised by a reload: a new slot keeper, which must take every held
+        slot back (a lowered max may make it no slot at all) before an early approval."""
+        concurrency = Concurrency("web", slots, ttl=SLOT_TTL)
+        if concurrency != self.cfg.concurrency:
+            self.lease_sent.clear()  # the new keeper has confirmed nothing
+        self.cfg = dataclasses.replace(self.cfg, concurrency=concurrency)
+        self.feed(ReloadRequested())
+        self.feed(Reloaded(dataclasses.replace(self.state.config, concurrency=concurrency)))
+
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(index=st.integers(0, 9))
+    def completed(self, index) -> None:
+        """AWS: a maintenance `completed` is listed Started once (NotBefore kept), then gone."""
+        event_id = self._pick(index)
+        self.doc[event_id] = dict(self.doc[event_id], EventStatus="Started")
+        self.changed()
+        if not self.exited and event_id in self.doc:
+            del self.doc[event_id]
+            self.changed()
+
+    @precondition(lambda self: not self.exited and any(e not in self.doc for e in self.types))
+    @rule(index=st.integers(0, 9), lead=st.sampled_from([60.0, 900.0]))
+    def migration_again(self, index, lead) -> None:
+        """Google Cloud: a second live migration (or maintenance) comes back under the same
+        EventId once the first is over and forgotten: a new event to the model."""
+        gone = sorted(e for e in self.types if e not in self.doc)
+        event_id = gone[index % len(gone)]
+        if event_id in self.state.events or any(e == event_id for e, _ in self.live.values()):
+            return  # not forgotten yet
+        for known in (self.staged, self.not_before):
+            known.pop(event_id, None)
+        for seen in (self.before_started, self.before_ok, self.decided, self.owed, self.dropped):
+            seen.discard(event_id)
+        self.ended.discard(event_id)
+        self.cut_off.discard(event_id)
+        self.requeued.discard(event_id)
+        self.drained_for.discard(event_id)
+        not_before = self.now + self.offset + lead
+        self.doc[event_id] = {
+            "EventId": event_id,
+            "EventType": self.types[event_id],
+            "EventStatus": "Scheduled",
+            "ResourceType": "VirtualMachine",
+            "Resources": [VM],
+            "NotBefore": rfc1123(not_before),
+            "Description": "",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+        }
+        self.not_before[event_id] = not_before
+        if self.decided_without_hooks(self.doc[event_id]):
+            self.decided.add(event_id)
+        self.changed()
+
+    @precondition(lambda self: not self.exited and self.doc)
+    @rule(index=st.integers(0, 9), by=st.sampled_from([-1200.0, 600.0, DAY, 7 * DAY]))
+    def window_moved(self, index, by) -> None:
+        """Google Cloud moves its upcoming maintenance window: the same event, a new NotBefore."""
+        event_id = self._pick(index)
+        if event_id not in self.not_before or self.doc[event_id]["EventStatus"] != "Scheduled":
+            return
+        self.not_before[event_id] += by
+        self.doc[event_id] = dict(self.doc[event_id], NotBefore=rfc1123(self.not_before[event_id]))
+        self.changed()
+
+
+GATED_SETTINGS = settings(SETTINGS, stateful_step_count=50)
+GATE_MUTANT_EXAMPLES = int(os.environ.get("PROMISES_MUTANT_EXAMPLES", "500"))
+
+
+def test_the_engine_keeps_its_promises_through_the_gates():
+    """(a)-(k) hold through windows across daylight saving, slots, drains and restores."""
+    run_state_machine_as_test(GatedPromises, settings=GATED_SETTINGS)
+
+
+# ---- the gates' mutants: the defects of issue 26 (Faults), each put back into the engine -----
+
+
+def _a_slot_counts_unconfirmed(module: Any, name: str) -> Callable[..., Any]:
+    """Before #3: a held slot counted whether etcd confirmed its lease or not."""
+
+    def never_lost(state, now, out):
+        ttl = state.config.concurrency.ttl if state.config.concurrency else 0
+        leases = {k: engine.SlotLease(now + ttl) for k in state.slot_leases}
+        return dataclasses.replace(state, slot_leases=leases)
+
+    return never_lost
+
+
+def _spans_before_the_change(window_: Window, since: float) -> Iterator[tuple[float, float]]:
+    """`Window.spans` before #2: a local time the spring change skips was read with the offset
+    before it, so a window wholly in the skipped hour had no length."""
+    day = dt.datetime.fromtimestamp(since, window_.zone).date() - dt.timedelta(days=1)
+    for _ in range(400):
+        if day.weekday() in window_.days:
+            start = dt.datetime.combine(day, window_.start, tzinfo=window_.zone).timestamp()
+            end_day = day if window_.end > window_.start else day + dt.timedelta(days=1)
+            end = dt.datetime.combine(end_day, window_.end, tzinfo=window_.zone).timestamp()
+            if end > since:
+                yield start, end
+        day += dt.timedelta(days=1)
+
+
+def _opening_before_the_change(
+    windows: tuple[Window, ...], wall: float, until: float
+) -> float | None:
+    best = None
+    for window_ in windows:
+        for start, _ in _spans_before_the_change(window_, wall):
+            first = max(start, wall)
+            if first < until and (best is None or first < best):
+                best = first
+            break
+    return best
+
+
+def _window_looked_up_by_its_opening(module: Any, name: str) -> Callable[..., Any]:
+    """Before #2: `hold` found the window that opens by a bare `next()` (StopIteration for a
+    window of no length: every document an internal_error for the week before the change)."""
+
+    def first_opening(windows, wall, until):
+        opens = _opening_before_the_change(windows, wall, until)
+        if opens is None:
+            return None
+        found = next(
+            w for w in windows if _opening_before_the_change((w,), opens, opens + 1) == opens
+        )
+        return opens, found
+
+    return first_opening
+
+
+def _a_new_boot_ends_it(module: Any, name: str) -> Callable[..., Any]:
+    """Before #1: a new boot was proof the maintenance happened, whatever IMDS still listed."""
+    return lambda tracked: False
+
+
+def _a_reload_keeps_the_slot(module: Any, name: str) -> Callable[..., Any]:
+    """Before 997278b: a reload that changes `concurrency` (a lowered max) kept a held slot
+    confirmed, though the new keeper had not taken it back (and may find it is no slot)."""
+    original = getattr(module, name)
+
+    def reloaded(state, old, now, out):
+        new = original(state, old, now, out)
+        kept = {k: v for k, v in state.slot_leases.items() if k in new.slot_leases}
+        return dataclasses.replace(new, slot_leases={**new.slot_leases, **kept})
+
+    return reloaded
+
+
+def _a_failed_drain_marked_nothing(module: Any, name: str) -> Callable[..., Any]:
+    """Before 35af21d: a drain that failed (held: the mark command timed out) was taken to
+    have marked nothing, though the mark may have been applied: the node was never restored."""
+    original = getattr(module, name)
+
+    def held(state, msg, now, out):
+        return original(dataclasses.replace(state, cluster_mark=None), msg, now, out)
+
+    return held
+
+
+def focused(*kinds: str) -> type[GatedPromises]:
+    """GatedPromises playing only these kinds of step (its promises all the same): the
+    histories that reach a defect within a few hundred, where every kind of step would need
+    thousands (the full model plays them all, in test_the_engine_keeps_its_promises...)."""
+    rules = [
+        name
+        for name, member in inspect.getmembers(GatedPromises)
+        if getattr(member, RULE_MARKER, None) is not None
+    ]
+    assert set(kinds) <= set(rules), f"no such steps: {set(kinds) - set(rules)}"
+    hidden = {name: None for name in rules if name not in kinds}
+    return type(f"Focused{len(kinds)}", (GatedPromises,), hidden)
+
+
+# The steps each defect needs, and a few more that could hide it (a restart, a poll that fails).
+SLOTS = ("add_planned", "wait", "etcd_becomes", "hooks_succeed", "approval", "restart")
+DRAINS = ("add", "add_planned", "wait", "cluster_becomes", "restores_become", "hooks_succeed")
+
+# defect -> the patches that put it back, the steps that play it, and the promise whose failure
+# must catch it
+GATE_MUTANTS: dict[
+    str, tuple[tuple[tuple[Any, str, Callable[..., Any]], ...], tuple[str, ...], str]
+] = {
+    "#3 a slot lost in a partition still approves": (
+        ((lease, "_slots_lost", _a_slot_counts_unconfirmed),),
+        (*SLOTS, "finish"),
+        "(j)",
+    ),
+    "#2 daylight saving makes window detection stop": (
+        ((window, "first_opening", _window_looked_up_by_its_opening),),
+        ("add_planned", "wait_hours", "window_moved", "clock_steps"),
+        "(g) a step raised",
+    ),
+    "#1 a crash reboot ends an event that never happened": (
+        ((events, "_judged_later", _a_new_boot_ends_it),),
+        ("add", "add_planned", "wait", "restart", "start", "leave", "hooks_succeed"),
+        "(i)",
+    ),
+    "a take-back after a reload ignores a lowered max": (
+        ((slot, "_slots_reloaded", _a_reload_keeps_the_slot),),
+        (*SLOTS, "reload_with_slots"),
+        "(j)",
+    ),
+    "the restore is skipped after a failed drain": (
+        ((drain, "_cluster_held", _a_failed_drain_marked_nothing),),
+        (*DRAINS, "leave", "completed", "restart"),
+        "(k)",
+    ),
+}
+
+
+@contextmanager
+def mutated_all(patches: tuple[tuple[Any, str, Callable[..., Any]], ...]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for module, name, make in patches:
+            stack.enter_context(mutated(module, name, lambda _, m=module, n=name, f=make: f(m, n)))
+        yield
+
+
+GATE_MUTANT_SETTINGS = settings(
+    GATED_SETTINGS,
+    max_examples=GATE_MUTANT_EXAMPLES,
+    derandomize=True,  # the same histories every run: a mutant caught once is always caught
+    phases=[Phase.generate],  # found is enough; shrinking would only cost time
+)
+
+
+@pytest.mark.parametrize("defect", sorted(GATE_MUTANTS))
+def test_the_model_catches_each_defect_of_the_gates(defect):
+    """Each defect of issue 26 in the gates, put back into the engine, fails GatedPromises."""
+    patches, kinds, promise = GATE_MUTANTS[defect]
+    with mutated_all(patches), pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(focused(*kinds), settings=GATE_MUTANT_SETTINGS)
+    assert promise in str(caught.value), f"caught for another reason: {caught.value}"
+
+
+# ---- what GatedPromises found, each as one history -------------------------------------------
+
+
+def _two_drained_reboots(hooks: str = "manual") -> GatedPromises:
+    """Two Reboots of this VM, each with its slot, the node drained for both, their
+    before-hooks running."""
+    m = GatedPromises()
+    m.before_a_change("autumn", hooks)
+    m.add_planned("Reboot", 900.0, shared=False)
+    m.add_planned("Reboot", 900.0, shared=False)
+    m.wait(400.0)
+    assert {t.drain for t in m.state.events.values()} == {lifecycle.Drain.DONE}
+    assert len(m.live) == 2
+    return m
+
+
+def test_two_drained_events_that_leave_in_one_document_have_the_node_restored():
+    """Each event's stage left the mark to the other, which had left in the same document: no
+    restore was ever asked, and the node stayed drained (standby) for good."""
+    m = _two_drained_reboots()
+    for run in sorted(m.live):
+        m.finish_run(run, Outcome.SUCCEEDED)  # approving, or approved: the hooks are done
+    m.doc.clear()
+    m.changed()
+    assert m.restoring, "the node is left marked"
+    m.the_node_is_never_left_marked()
+
+
+def test_exit_is_the_last_effect_even_when_the_stop_gives_a_slot_back():
+    """The slot given back by the coupling after the stop's last run ended came after Exit."""
+    m = GatedPromises()
+    m.before_a_change("autumn", "succeed")
+    m.add_planned("Reboot", 900.0, shared=True)
+    m.wait_hours(1.0)  # slot, drain, before-hooks (not approved: shared)
+    m.completed(0)  # listed Started, then gone: its after-hooks run once the node is restored
+    m.cluster_answers()
+    assert len(m.live) == 1
+    m.stop()
+    m.finish(0, Outcome.SUCCEEDED)  # the feed checks (d): nothing after Exit
+    assert m.exited
+
+
+@pytest.mark.xfail(strict=True, reason="KNOWN DEFECT: found by GatedPromises, not fixed here")
+def test_a_requeued_event_that_leaves_gets_its_cancelled_hooks():
+    """Before-hooks cut off by a restart, queued to take the slot back (issue 26's fix for a
+    crash mid-drain), then cancelled: the event is forgotten as never prepared: its drain hook
+    ran, but no cancelled-hooks (the undrain) run, and the node's mark is never taken off."""
+    m = _two_drained_reboots()
+    m.restart(rebooted=False, name_known=True)
+    assert {t.phase for t in m.state.events.values()} == {lifecycle.Phase.QUEUED}
+    m.requeued.clear()  # the model's exemption, off
+    m.doc.clear()
+    m.changed()
+    m.owed_stages_run_once_nothing_blocks_them()
+    m.the_node_is_never_left_marked()

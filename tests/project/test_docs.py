@@ -82,12 +82,22 @@ def test_the_log_name_collector_sees_a_new_name():
 
 def exported() -> dict[str, set[str]]:
     """Metric family name -> label names, as the daemon exports them (counters with _total)."""
-    metrics = Metrics(config.Config(hooks={}, events=loader.DEFAULT_EVENTS))
+    fleet = config.Coordination(etcd=config.Etcd(("http://127.0.0.1:9",), timeout=0.1))
+    cfg = config.Config(
+        hooks={}, events=loader.DEFAULT_EVENTS, coordination=fleet, concurrency=CONCURRENCY
+    )
+    metrics = Metrics(cfg)  # with concurrency: the group's gauges (its etcd never answers)
     families: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
-        for sample in family.samples:
-            families.setdefault(sample.name, set()).update(sample.labels)
+    try:
+        for family in text_string_to_metric_families(metrics.render().decode()):
+            for sample in family.samples:
+                families.setdefault(sample.name, set()).update(sample.labels)
+    finally:
+        metrics.close()
     return families
+
+
+CONCURRENCY = config.Concurrency("web")
 
 
 def test_every_metric_and_label_the_docs_name_is_exported():

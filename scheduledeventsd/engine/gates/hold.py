@@ -85,7 +85,7 @@ DUE_PHASES = frozenset({Phase.AFTER})
 def waiting(t: Tracked) -> bool:
     """An event whose after-hooks wait for their next try (run again while its slot is held;
     over once it is not: lost, or freed by an operator). Not one whose hooks wait for its
-    node's restore (stages._awaiting_restore: its node still marked)."""
+    node's restore (runs._awaiting_restore: its node still marked)."""
     return t.phase is Phase.AFTER and t.run is None and t.drain is Drain.NONE
 
 

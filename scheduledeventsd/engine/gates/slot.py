@@ -33,6 +33,7 @@ class SlotOn(str, enum.Enum):
     TAKEN = "it went to another VM before its hooks ran again"
     GIVEN_UP = "its lead passed while it waited to be taken back"
     LOST = "etcd did not confirm it within its ttl"
+    FREED = "an operator freed it (fleet free)"
     OVER = "its event is over or forgotten"
     DROPPED = "a reload removed concurrency"
     OVER_AT_BOOT = "the state file has its event over"
@@ -62,14 +63,10 @@ TABLE = Table(
         row([_.HELD], SlotOn.TAKEN, _.ASKED, "asked for anew: its hooks wait in the queue"),
         row([_.ASKED], SlotOn.GIVEN_UP, _.NONE, "ReleaseSlot: prepared without it"),
         row([_.HELD], SlotOn.LOST, _.MISSING, "slot_lost: ReleaseSlot, slot_unavailable"),
+        row([_.ASKED, _.HELD], SlotOn.FREED, _.MISSING, "slot_freed_by_operator: ReleaseSlot"),
         row([_.ASKED, _.HELD], SlotOn.OVER, _.NONE, "ReleaseSlot (slot_released if it was held)"),
         row([_.HELD], SlotOn.DROPPED, _.NONE, "ReleaseSlot, slot_released"),
-        row(
-            [_.ASKED, _.HELD],
-            SlotOn.OVER_AT_BOOT,
-            _.NONE,
-            "nothing to give back",
-        ),
+        row([_.ASKED, _.HELD], SlotOn.OVER_AT_BOOT, _.NONE, "nothing to give back"),
         row([_.HELD], SlotOn.STOPPED, _.HELD, "HoldSlot: held for hold_max (slot_held)"),
         row([_.HELD], SlotOn.GOES, _.NONE, "ReleaseSlot: free as its VM goes (slot_released)"),
         row([_.HELD], SlotOn.AFTER_FAILED, _.HELD, "kept: they run again every after_retry"),

@@ -202,6 +202,16 @@ class SlotBusy:
 
 
 @dataclass(frozen=True)
+class SlotFreed:
+    """An operator freed the slot this VM held for the event (`fleet free`), or it was freed
+    before it could be taken back: it is not this VM's, and not asked for again."""
+
+    event_id: str
+    by: str  # who freed it, as the operator's mark says ("" when there is none)
+    at: str  # when (ISO 8601, "" when unknown)
+
+
+@dataclass(frozen=True)
 class SlotFailed:
     """etcd could not be asked for a slot; the worker asks again on its own."""
 
@@ -225,6 +235,7 @@ Message = Union[
     SlotKept,
     SlotBusy,
     SlotFailed,
+    SlotFreed,
     Boot,
     DocumentFetched,
     PollFailed,
