@@ -143,8 +143,7 @@ def _acquire(plan: Loop, vm: Vm, e: AcquireSlot, t: float) -> None:
     if concurrency is None:  # as the daemon: no keeper without concurrency and etcd
         plan.send(vm, SlotFailed(e.event.event_id, "internal", "no etcd configured"), t)
         return
-    answers = plan.slots.acquire(concurrency.group, concurrency.max, vm.name, e.event.event_id, t)
-    plan.answer(answers, t)
+    plan.answer(plan.slots.acquire(concurrency.limits, vm.name, e.event.event_id, t), t)
 
 
 def _release(plan: Loop, vm: Vm, e: ReleaseSlot, t: float) -> None:

@@ -5,7 +5,8 @@ string (`2026-11-28T02:00:00Z`, milliseconds only when not whole), or null when 
 happen:
 
     {"from": instant, "until": instant (the last simulated),
-     "rows": [{"vm", "group" ("" without concurrency), "event_type", "event_id",
+     "rows": [{"vm", "group" ("" without concurrency), "groups" (every group its
+               `concurrency` lists, `group` first; [] without), "event_type", "event_id",
                "posted", "not_before",
                "hooks_start", "waited_for" (null | "window" | "slot" | "lead"),
                "approved", "approved_early" (true: approved when its hooks succeeded; false:
@@ -26,7 +27,8 @@ happen:
      "summary": {"vms", "events", "steps" (engine steps taken), "faults" (steps that raised,
                  as the daemon survives them: a defect), "exit" (0 or 1),
                  "problems": {flag: count},
-                 "groups": [{"group", "max" (null: no concurrency), "vms", "most_at_once",
+                 "groups": [{"group" (each group any VM's `concurrency` lists; "": the VMs
+                             without), "max" (null: no concurrency), "vms", "most_at_once",
                              "exceeds_max", "short_s" (seconds with one or more of its VMs
                              in maintenance), "approved_early", "last_back"}]}}
 
@@ -101,6 +103,7 @@ def _row(plan: Plan, seen: Seen) -> dict[str, Any]:
     return {
         "vm": seen.vm,
         "group": seen.group,
+        "groups": list(seen.groups),
         "event_type": seen.event_type,
         "event_id": seen.event_id,
         "posted": iso(start, seen.posted),
@@ -249,15 +252,21 @@ def _windows(fleet: Fleet, start: dt.datetime, until: float) -> list[dict[str, A
 
 
 def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
+    """Per group of any VM's `concurrency` (each of a list's), its members' rows: a VM in a
+    tier and a zone counts in both. `max`: the largest its members' configs give it."""
     found = []
-    names = sorted({r.group for r in rows})
-    for group in names:
-        members = [r for r in rows if r.group == group]
+    of: dict[str, list[Seen]] = {}
+    for r in rows:
+        for group in r.groups or (r.group,):
+            of.setdefault(group, []).append(r)
+    for group in sorted(of):
+        members = of[group]
         most = None
         for r in members:
             concurrency = plan.by_name[r.vm].config.concurrency
-            if concurrency is not None:
-                most = concurrency.max
+            for limit in concurrency.limits if concurrency is not None else ():
+                if limit.group == group:
+                    most = limit.max if most is None else max(most, limit.max)
         by_vm: dict[str, list[tuple[float, float]]] = {}
         for r in members:
             if r.prepared_from is not None and r.maintenance_to is not None:
@@ -335,7 +344,7 @@ def as_text(data: dict[str, Any]) -> str:
         "",
     ]
     head = ("vm", "event", "posted", "hooks start", "waited", "approved", "down", "back",
-            "after done", "slot from", "slot to", "flags")  # fmt: skip
+            "after done", "slot from", "slot to", "flags", "groups")  # fmt: skip
     table = [head]
     for r in data["rows"]:
         approved = _short(r["approved"])
@@ -345,7 +354,7 @@ def as_text(data: dict[str, Any]) -> str:
             r["vm"], r["event_type"], _short(r["posted"]), _short(r["hooks_start"]),
             r["waited_for"] or "-", approved, _short(r["down"]), _short(r["back"]),
             _short(r["after_done"]), _short(r["slot_from"]), _short(r["slot_to"]),
-            ",".join(r["flags"]) or "-",
+            ",".join(r["flags"]) or "-", ",".join(r["groups"]) or "-",
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
@@ -369,6 +378,7 @@ def as_text(data: dict[str, Any]) -> str:
             f"{g['approved_early']} approved early; last back {_short(g['last_back'])}"
         )
     found = [f"{n} {flag}" for flag, n in summary["problems"].items() if n]
+    found += [f"{g['group']} over its max" for g in summary["groups"] if g["exceeds_max"]]
     lines.append("")
     lines.append("problems: " + (", ".join(found) if found else "none"))
     return "\n".join(lines) + "\n"

@@ -94,9 +94,10 @@ class Plan:
         self.seen: dict[tuple[str, str], Seen] = {}
         for p in self.cloud.events:
             for name in p.vms:
-                group = self.by_name[name].group
+                vm = self.by_name[name]
+                groups = vm.config.concurrency.groups if vm.config.concurrency else ()
                 self.seen[(name, p.event_id)] = Seen(
-                    name, group, p.event_id, p.event_type, p.posted, p.not_before
+                    name, vm.group, p.event_id, p.event_type, p.posted, p.not_before, groups
                 )
         self._open = len(self.seen)
         self._heap: list[tuple[float, int, int, int, int, Any]] = []

@@ -342,6 +342,10 @@ def _title(plan: Mapping[str, Any], vms: int) -> str:
     if not isinstance(problems, Mapping):
         return f"Plan: {vms} VM(s)"
     found = [f"{count} {flag}" for flag, count in problems.items() if count]
+    groups = summary.get("groups") if isinstance(summary, Mapping) else None
+    for group in groups if isinstance(groups, list) else []:
+        if isinstance(group, Mapping) and group.get("exceeds_max"):
+            found.append(f"{group.get('group')} over its max")
     return f"Plan: {vms} VM(s); problems: {', '.join(found) or 'none'}"
 
 

@@ -18,6 +18,7 @@ class Seen:
     event_type: str
     posted: float
     not_before: float
+    groups: tuple[str, ...] = ()  # every group of its concurrency, `group` first
     asked_slot: Optional[float] = None  # AcquireSlot: it waits in the queue
     slot_busy: bool = False  # etcd said every slot was taken while it waited
     waits: list[str] = field(default_factory=list)  # event_waiting's reasons, in order

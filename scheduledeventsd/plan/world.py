@@ -11,10 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from ..config import Hook
+from ..config import Hook, Limit
 from ..engine import Message, Outcome, PeersChanged, SlotBusy, SlotGranted
 from ..model import SCHEDULED, STARTED, Document, Event
 from .fleet import GONE_FOR_GOOD, REBOOTS, Fleet, HookTime
@@ -183,16 +183,19 @@ Answer = tuple[str, Message]  # the VM told, and what
 
 class Slots(Protocol):
     """Concurrency slots as the engine's AcquireSlot and ReleaseSlot meet them. One VM holds
-    at most one slot of its group, shared by its events (coordination/slots.py)."""
+    at most one slot of each of its groups, shared by its events (coordination/slots.py)."""
 
-    def acquire(self, group: str, most: int, vm: str, event_id: str, now: float) -> list[Answer]:
-        """Ask for a slot (or take back the one this VM holds, after its restart)."""
+    def acquire(
+        self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float
+    ) -> list[Answer]:
+        """Ask for a slot in every group of `limits` (or take back the ones this VM holds,
+        after its restart)."""
 
     def release(self, vm: str, event_id: str, now: float) -> list[Answer]:
-        """Give it back or stop asking; the VMs granted the freed slot are told."""
+        """Give them back or stop asking; the VMs granted the freed slots are told."""
 
     def stopped(self, vm: str, now: float, hold: float) -> None:
-        """The VM's daemon stopped: a slot it held stays held `hold` s (0: freed), it asks no
+        """The VM's daemon stopped: slots it held stay held `hold` s (0: freed), it asks no
         more."""
 
     def next_expiry(self) -> Optional[float]:
@@ -202,18 +205,8 @@ class Slots(Protocol):
         """Free what has expired by `now`."""
 
     def held(self) -> list[tuple[str, str, float, Optional[float]]]:
-        """(group, vm, from, to) of every hold so far (to None: held still)."""
-
-
-@dataclass
-class _Group:
-    most: int
-    holders: dict[str, set[str]] = field(default_factory=dict)  # vm -> its events
-    handed: dict[str, float] = field(default_factory=dict)  # vm -> when its hand-over ends
-    waiting: dict[str, set[str]] = field(default_factory=dict)  # in the order they asked
-
-    def taken(self) -> tuple[str, ...]:
-        return tuple(sorted((*self.holders, *self.handed)))
+        """(group, vm, from, to) of every hold so far (to None: held still); group: the VM's
+        first."""
 
 
 @dataclass
@@ -225,97 +218,184 @@ class _Hold:
 
 
 class EtcdSlots:
-    """Today's keeper: a free slot is granted at once; when none is, the VM waits and is told
-    who holds them (SlotBusy, again on change); a slot freed goes to the VM that asked first
-    (etcd lets the watchers race: the plan picks this order, the instants are the same). Held
-    until the engine gives it back, through a restart (held for `concurrency.hold_max`, as
-    coordination/slots.py's HoldSlot; a VM that does not come back frees it as it goes)."""
+    """The keeper's semantics (coordination/slotset.py): per group the slot key this VM holds
+    (taken back after a restart), else the lowest free one; any group full and nothing is
+    taken (its own keys it would have taken back deleted: never a partial hold), and it is
+    told who holds the full groups' slots (SlotBusy, again when that changes). A waiting VM
+    tries again whenever a key of one of its groups changes; the freed slots go to the VMs
+    that asked first (etcd lets the watchers race: the plan picks this order, the instants
+    are the same). Held until the engine gives them back, through a restart (held for
+    `concurrency.hold_max`, as HoldSlot; a VM that does not come back frees them as it goes)."""
 
     def __init__(self) -> None:
-        self._groups: dict[str, _Group] = {}
-        self._group_of: dict[str, str] = {}  # vm -> its group
+        self._keys: dict[str, dict[int, str]] = {}  # group -> slot n -> the VM holding it
+        self._limits: dict[str, tuple[Limit, ...]] = {}  # vm -> its groups' limits
+        self._holding: dict[str, set[str]] = {}  # vm -> its events sharing its slots
+        self._handed: dict[str, float] = {}  # vm -> when its hand-over ends
+        self._asking: dict[str, set[str]] = {}  # vm -> its events, in the order they asked
+        self._told: dict[str, tuple[str, ...]] = {}  # vm asking -> the holders it was told
+        self._waiting: dict[str, dict[str, int]] = {}  # group -> its VMs asking -> when (order)
+        self._asked = 0
         self._holds: list[_Hold] = []
 
-    def acquire(self, group: str, most: int, vm: str, event_id: str, now: float) -> list[Answer]:
-        g = self._groups.setdefault(group, _Group(most))
-        self._group_of[vm] = group
-        if vm in g.handed:  # taken back under the restarted daemon's lease
-            del g.handed[vm]
-            g.holders[vm] = {event_id}
+    def acquire(
+        self, limits: tuple[Limit, ...], vm: str, event_id: str, now: float
+    ) -> list[Answer]:
+        self._limits[vm] = limits
+        if vm in self._holding:
+            self._holding[vm].add(event_id)
             return [(vm, SlotGranted(event_id, now))]
-        if vm in g.holders:
-            g.holders[vm].add(event_id)
-            return [(vm, SlotGranted(event_id, now))]
-        if vm in g.waiting:
-            g.waiting[vm].add(event_id)
+        if vm in self._asking:  # it shares the wait; told when the holders change
+            self._asking[vm].add(event_id)
             return []
-        if len(g.holders) + len(g.handed) < most:
-            g.holders[vm] = {event_id}
-            self._holds.append(_Hold(group, vm, now))
-            return [(vm, SlotGranted(event_id, now))]
-        g.waiting[vm] = {event_id}
-        return [(vm, SlotBusy(event_id, g.taken()))]
+        self._asking[vm] = {event_id}
+        self._asked += 1
+        for limit in limits:
+            self._waiting.setdefault(limit.group, {})[vm] = self._asked
+        answers: list[Answer] = []
+        dirty = self._try(vm, now, answers)
+        answers += self._changed(dirty, now)
+        return answers
 
     def release(self, vm: str, event_id: str, now: float) -> list[Answer]:
-        g = self._groups.get(self._group_of.get(vm, ""))
-        if g is None:
+        if vm in self._asking:
+            self._asking[vm].discard(event_id)
+            if not self._asking[vm]:
+                self._stop_asking(vm)
+        events = self._holding.get(vm)
+        if events is None:
             return []
-        if vm in g.waiting:
-            g.waiting[vm].discard(event_id)
-            if not g.waiting[vm]:
-                del g.waiting[vm]
-        if vm not in g.holders:
+        events.discard(event_id)
+        if events:
             return []
-        g.holders[vm].discard(event_id)
-        if g.holders[vm]:
-            return []
-        del g.holders[vm]
-        self._ended(vm, now)
-        return self._hand_on(g, self._group_of[vm], now)
+        del self._holding[vm]
+        return self._changed(self._free(vm, now), now)
 
     def stopped(self, vm: str, now: float, hold: float) -> None:
-        g = self._groups.get(self._group_of.get(vm, ""))
-        if g is None:
-            return
-        g.waiting.pop(vm, None)
-        if g.holders.pop(vm, None) is not None:
-            g.handed[vm] = now + hold
+        if vm in self._asking:
+            self._stop_asking(vm)
+        if self._holding.pop(vm, None) is not None:
+            self._handed[vm] = now + hold
 
     def next_expiry(self) -> Optional[float]:
-        ends = [t for g in self._groups.values() for t in g.handed.values()]
-        return min(ends) if ends else None
+        return min(self._handed.values()) if self._handed else None
 
     def expire(self, now: float) -> list[Answer]:
-        answers: list[Answer] = []
-        for name, g in self._groups.items():
-            for vm, until in list(g.handed.items()):
-                if until <= now:
-                    del g.handed[vm]
-                    self._ended(vm, until)
-                    answers.extend(self._hand_on(g, name, now))
-        return answers
+        dirty: set[str] = set()
+        for vm, until in list(self._handed.items()):
+            if until <= now:
+                del self._handed[vm]
+                dirty |= self._free(vm, until)
+        return self._changed(dirty, now)
 
     def held(self) -> list[tuple[str, str, float, Optional[float]]]:
         return [(h.group, h.vm, h.since, h.to) for h in self._holds]
+
+    def _try(self, vm: str, now: float, answers: list[Answer]) -> set[str]:
+        """One read and one transaction of the keeper for an asking VM: the groups whose keys
+        it changed."""
+        limits = self._limits[vm]
+        if vm not in self._handed and self._still_full(vm, limits, answers):
+            return set()
+        take: list[tuple[str, int]] = []
+        stale: list[tuple[str, int]] = []
+        full: list[str] = []
+        holders: set[str] = set()
+        for limit in limits:
+            keys = self._keys.get(limit.group, {})
+            mine = sorted(n for n, holder in keys.items() if holder == vm)
+            counting = [n for n in mine if n < limit.max]
+            stale += [(limit.group, n) for n in mine if n != (counting[0] if counting else None)]
+            if counting:
+                take.append((limit.group, counting[0]))
+                continue
+            free = next((n for n in range(limit.max) if n not in keys), None)
+            if free is not None:
+                take.append((limit.group, free))
+                continue
+            full.append(limit.group)
+            holders |= {holder for n, holder in keys.items() if n < limit.max}
+        if full:  # nothing taken; the keys it would have taken back are deleted too
+            stale += [(group, n) for group, n in take if n in self._keys.get(group, {})]
+        for group, n in stale:
+            del self._keys[group][n]
+        dirty = {group for group, _ in stale}
+        back = vm in self._handed
+        if full or not take:
+            if back and not any(vm in k.values() for k in self._keys.values()):
+                del self._handed[vm]  # its hold is gone with its keys
+                self._ended(vm, now)
+            told = tuple(sorted(holders))
+            if full and self._told.get(vm) != told:
+                self._told[vm] = told
+                asking = sorted(self._asking[vm])
+                answers.extend((vm, SlotBusy(e, told, tuple(full))) for e in asking)
+            return dirty
+        for group, n in take:
+            self._keys.setdefault(group, {})[n] = vm
+        dirty |= {group for group, _ in take}
+        events = self._asking[vm]
+        self._stop_asking(vm)
+        self._holding[vm] = events
+        if self._handed.pop(vm, None) is None:  # taken back: the same hold goes on
+            self._holds.append(_Hold(limits[0].group, vm, now))
+        answers.extend((vm, SlotGranted(e, now)) for e in sorted(events))
+        return dirty
+
+    def _still_full(self, vm: str, limits: tuple[Limit, ...], answers: list[Answer]) -> bool:
+        """`_try` for an asking VM that holds no key (not handed over), when a group is full:
+        nothing to take or delete, only who holds the full groups to tell. The quick path for
+        the many VMs that try again at each hand-over."""
+        full = []
+        for limit in limits:
+            keys = self._keys.get(limit.group)
+            if keys is not None and sum(n < limit.max for n in keys) >= limit.max:
+                full.append(limit)
+        if not full:
+            return False
+        holders = {h for limit in full for n, h in self._keys[limit.group].items() if n < limit.max}
+        told = tuple(sorted(holders))
+        if self._told.get(vm) != told:
+            self._told[vm] = told
+            groups = tuple(limit.group for limit in full)
+            answers.extend((vm, SlotBusy(e, told, groups)) for e in sorted(self._asking[vm]))
+        return True
+
+    def _changed(self, dirty: set[str], now: float) -> list[Answer]:
+        """The VMs waiting on a group whose keys changed try again, in the order they asked,
+        until no try changes a key."""
+        answers: list[Answer] = []
+        while dirty:
+            order = {vm: k for group in dirty for vm, k in self._waiting.get(group, {}).items()}
+            again: set[str] = set()
+            for vm in sorted(order, key=order.__getitem__):
+                if vm in self._asking:
+                    again |= self._try(vm, now, answers)
+            dirty = again
+        return answers
+
+    def _stop_asking(self, vm: str) -> None:
+        del self._asking[vm]
+        self._told.pop(vm, None)
+        for limit in self._limits[vm]:
+            self._waiting.get(limit.group, {}).pop(vm, None)
+
+    def _free(self, vm: str, now: float) -> set[str]:
+        """Delete the VM's keys: the groups whose keys changed."""
+        dirty: set[str] = set()
+        for limit in self._limits[vm]:
+            keys = self._keys.get(limit.group, {})
+            for n in [n for n, holder in keys.items() if holder == vm]:
+                del keys[n]
+                dirty.add(limit.group)
+        self._ended(vm, now)
+        return dirty
 
     def _ended(self, vm: str, now: float) -> None:
         for hold in reversed(self._holds):
             if hold.vm == vm and hold.to is None:
                 hold.to = now
                 return
-
-    def _hand_on(self, g: _Group, group: str, now: float) -> list[Answer]:
-        answers: list[Answer] = []
-        while g.waiting and len(g.holders) + len(g.handed) < g.most:
-            vm = next(iter(g.waiting))
-            events = g.waiting.pop(vm)
-            g.holders[vm] = events
-            self._holds.append(_Hold(group, vm, now))
-            answers.extend((vm, SlotGranted(e, now)) for e in sorted(events))
-        taken = g.taken()
-        for vm, events in g.waiting.items():
-            answers.extend((vm, SlotBusy(e, taken)) for e in sorted(events))
-        return answers
 
 
 # ---- peers: the keys of a shared event in etcd -----------------------------------------------

@@ -207,6 +207,14 @@ def test_the_title_counts_the_vms_and_the_problems():
     assert parsed(plan).find("s:title", NS).text == "Plan: 6 VM(s); problems: none"
 
 
+def test_the_title_names_a_group_over_its_max_even_with_no_flag():
+    """A plan exits 1 when a group exceeds its max: its picture must not say "problems: none"."""
+    plan = sample()
+    plan["summary"]["problems"] = {"late": 0}
+    plan["summary"]["groups"][0]["exceeds_max"] = True
+    assert parsed(plan).find("s:title", NS).text == "Plan: 6 VM(s); problems: web over its max"
+
+
 def test_an_empty_plan_still_draws_a_valid_document():
     tree = parse(svg.render({"rows": [], "windows": []}))
     assert lanes(tree) == []

@@ -15,7 +15,7 @@ from typing import Any, get_args
 import pytest
 
 from scheduledeventsd import cli, engine
-from scheduledeventsd.config import ConfigError
+from scheduledeventsd.config import ConfigError, Limit
 from scheduledeventsd.plan import fleet, report, run, scenarios, world
 
 START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
@@ -133,6 +133,7 @@ def test_eight_vms_the_last_ones_prepare_at_the_lead_without_a_slot(tmp_path):
     assert group["exceeds_max"]
     assert data["summary"]["problems"]["no_slot"] == 2
     assert data["summary"]["exit"] == 1
+    assert "web over its max" in report.render(data, "text").splitlines()[-1]
 
 
 def test_a_preempt_with_30_seconds_notice_cuts_off_a_60_second_drain(tmp_path):
@@ -337,14 +338,17 @@ def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(t
         plan._carry(plan.vms[0], (Unknown(),), 0.0)  # type: ignore[arg-type]
 
 
+WEB_1 = (Limit("web", 1),)
+
+
 def test_a_stopped_vms_slot_is_held_for_what_it_is_told_as_the_etcd_keeper_holds_it():
     """Issue 28: held for concurrency.hold_max (was a fixed 15 minutes), 0 for a VM that does
     not come back."""
     slots = world.EtcdSlots()
-    slots.acquire("web", 1, "vm-a", "E1", 0.0)
+    slots.acquire(WEB_1, "vm-a", "E1", 0.0)
     slots.stopped("vm-a", 10.0, 1800)
     assert slots.next_expiry() == 1810.0
-    slots.acquire("web", 1, "vm-b", "E2", 20.0)
+    slots.acquire(WEB_1, "vm-b", "E2", 20.0)
     granted = slots.expire(1810.0)
     assert [vm for vm, _ in granted] == ["vm-b"]
 
@@ -479,7 +483,7 @@ def test_every_key_of_the_json_is_the_one_report_py_documents(tmp_path):
     assert {*data["rows"][0]} == {
         "vm", "group", "event_type", "event_id", "posted", "not_before", "hooks_start",
         "waited_for", "approved", "approved_early", "down", "back", "after_done", "cancelled",
-        "slot_from", "slot_to", "flags", "spans",
+        "slot_from", "slot_to", "flags", "spans", "groups",
     }  # fmt: skip
     phases = {s["phase"] for r in data["rows"] for s in r["spans"]}
     assert phases <= {"queued", "draining", "hooks", "ready", "down", "after", "retry"}
@@ -855,3 +859,124 @@ def test_a_vm_with_two_events_waiting_for_the_slot_is_told_of_each_events_wait(t
     assert fast["rows"] == slow["rows"]
     waited = {(r["vm"], r["posted"]): r["waited_for"] for r in fast["rows"]}
     assert [waited[(vm, at(23, "00:40:00"))] for vm in ("web-3", "web-4")] == ["slot", "slot"]
+
+
+def _limited(concurrency: str) -> str:
+    return WEB.replace("concurrency: {group: web, max: 1}", f"concurrency: {concurrency}")
+
+
+TIERS_AND_ZONES = """\
+vms:
+  - {names: web-1, config: web-a.yaml, hooks: {drain: 30m, undrain: 0s}}
+  - {names: web-2, config: web-b.yaml, hooks: {drain: 30m, undrain: 0s}}
+  - {names: "db-[1-2]", config: db-a.yaml, hooks: {drain: 30m, undrain: 0s}}
+maintenance:
+  - {type: Reboot, vms: [web-1, web-2, "db-[1-2]"], not_before: "2026-11-28T05:30:00Z",
+     impact: 5m}
+"""
+
+
+def test_a_tier_and_a_zone_limit_at_once_are_planned_as_the_keeper_takes_them(tmp_path):
+    """web-1 and web-2 (tier web, max 1) in zones a and b, db-1 and db-2 (tier db, max 2) both in
+    zone a (max 2 per zone). At 02:00 web-1 and db-1 take a slot in both their groups; web-2
+    waits for the tier (its zone has room), db-2 for its zone (its tier has room), holding
+    nothing meanwhile. web-1 and db-1 are back at 02:35: web-2 and db-2 take their slots then,
+    are approved at 03:05 and back at 03:10. No group ever has more than its max (zone a: 2);
+    the rows carry both groups, the summary has all four."""
+    for name, limits in {
+        "web-a.yaml": "[{group: web, max: 1}, {group: zone-a, max: 2}]",
+        "web-b.yaml": "[{group: web, max: 1}, {group: zone-b, max: 2}]",
+        "db-a.yaml": "[{group: db, max: 2}, {group: zone-a, max: 2}]",
+    }.items():
+        (tmp_path / name).write_text(_limited(limits))
+    (tmp_path / "fleet.yaml").write_text(TIERS_AND_ZONES)
+    data = planned(tmp_path / "fleet.yaml")
+    rows = {r["vm"]: r for r in data["rows"]}
+    for vm, start, waited, groups in [
+        ("web-1", "02:00:00", "window", ["web", "zone-a"]),
+        ("db-1", "02:00:00", "window", ["db", "zone-a"]),
+        ("web-2", "02:35:00", "slot", ["web", "zone-b"]),
+        ("db-2", "02:35:00", "slot", ["db", "zone-a"]),
+    ]:
+        r = rows[vm]
+        done = "02:30:00" if start == "02:00:00" else "03:05:00"
+        back = "02:35:00" if start == "02:00:00" else "03:10:00"
+        assert (r["group"], r["groups"]) == (groups[0], groups), vm
+        assert (r["hooks_start"], r["waited_for"]) == (at(28, start), waited), vm
+        assert (r["approved"], r["approved_early"]) == (at(28, done), True), vm
+        assert r["back"] == r["after_done"] == at(28, back), vm
+        assert (r["slot_from"], r["slot_to"]) == (at(28, start), at(28, back)), vm
+        assert r["flags"] == [], vm
+    summary = {g["group"]: g for g in data["summary"]["groups"]}
+    assert list(summary) == ["db", "web", "zone-a", "zone-b"]
+    assert {g: (s["vms"], s["most_at_once"], s["max"]) for g, s in summary.items()} == {
+        "db": (2, 1, 2), "web": (2, 1, 1), "zone-a": (3, 2, 2), "zone-b": (1, 1, 2),
+    }  # fmt: skip
+    assert {g: s["short_s"] for g, s in summary.items()} == {
+        "db": 4200, "web": 4200, "zone-a": 4200, "zone-b": 2100,
+    }  # fmt: skip
+    assert not any(s["exceeds_max"] for s in summary.values())
+    assert data["summary"]["exit"] == 0
+    assert "web,zone-a" in report.as_text(data)
+
+
+def test_the_simulated_keeper_takes_a_slot_in_every_group_or_in_none():
+    """As coordination/slotset.py: a VM whose zone is full takes no slot of its tier, and one
+    whose tier is full none of its zone; SlotBusy names the full groups and who holds them, and
+    is said again only when those holders change; freed, the slots go to the first that asked
+    and can take all of its groups."""
+    slots = world.EtcdSlots()
+    a = (Limit("web", 1), Limit("zone-a", 2))
+    db = (Limit("db", 2), Limit("zone-a", 2))
+    assert slots.acquire(a, "web-1", "E1", 0.0) == [("web-1", engine.SlotGranted("E1", 0.0))]
+    assert slots.acquire(db, "db-1", "E2", 0.0) == [("db-1", engine.SlotGranted("E2", 0.0))]
+    busy = slots.acquire(db, "db-2", "E3", 1.0)
+    assert busy == [("db-2", engine.SlotBusy("E3", ("db-1", "web-1"), ("zone-a",)))]
+    # db-2 took no db slot while it waits: a third db VM without a zone limit gets db's last,
+    # and db-2, trying again, is told both its groups are full now.
+    assert slots.acquire((Limit("db", 2),), "db-3", "E4", 2.0) == [
+        ("db-3", engine.SlotGranted("E4", 2.0)),
+        ("db-2", engine.SlotBusy("E3", ("db-1", "db-3", "web-1"), ("db", "zone-a"))),
+    ]
+    tier_full = slots.acquire((Limit("web", 1), Limit("zone-b", 1)), "web-2", "E5", 3.0)
+    assert tier_full == [("web-2", engine.SlotBusy("E5", ("web-1",), ("web",)))]
+    # web-2 holds no zone-b slot: one zone-b VM more takes zone-b's only one (web-2 is told).
+    zone_b = (Limit("zone-b", 1),)
+    assert slots.acquire(zone_b, "x", "E6", 4.0) == [
+        ("x", engine.SlotGranted("E6", 4.0)),
+        ("web-2", engine.SlotBusy("E5", ("web-1", "x"), ("web", "zone-b"))),
+    ]
+    # y asks and stops asking in zone-b only: db-2 and web-2 are not told anything new.
+    assert slots.acquire(zone_b, "y", "E7", 4.5) == [
+        ("y", engine.SlotBusy("E7", ("x",), ("zone-b",)))
+    ]
+    assert slots.release("y", "E7", 4.6) == []
+    # db-3 gives db's slot back: db-2 still waits for its zone, and is told so.
+    assert slots.release("db-3", "E4", 5.0) == [
+        ("db-2", engine.SlotBusy("E3", ("db-1", "web-1"), ("zone-a",)))
+    ]
+    # web-1 goes: db-2 takes zone-a and db together; web-2 now waits for zone-b (x holds it).
+    assert slots.release("web-1", "E1", 6.0) == [
+        ("db-2", engine.SlotGranted("E3", 6.0)),
+        ("web-2", engine.SlotBusy("E5", ("x",), ("zone-b",))),
+    ]
+    assert [(g, vm, since, to) for g, vm, since, to in slots.held()] == [
+        ("web", "web-1", 0.0, 6.0), ("db", "db-1", 0.0, None), ("db", "db-3", 2.0, 5.0),
+        ("zone-b", "x", 4.0, None), ("db", "db-2", 6.0, None),
+    ]  # fmt: skip
+
+
+def test_a_restarted_vm_takes_back_its_slots_in_every_group_as_one_hold():
+    """As slotset.plan's "the slot this VM holds already": slots handed over while the VM is
+    down still count against both groups (another VM waits), and its new daemon takes both
+    back at once, the same hold going on; given back, the waiting VM gets them."""
+    slots = world.EtcdSlots()
+    a = (Limit("web", 1), Limit("zone-a", 1))
+    assert slots.acquire(a, "web-1", "E1", 0.0) == [("web-1", engine.SlotGranted("E1", 0.0))]
+    slots.stopped("web-1", 10.0, 3600)
+    busy = slots.acquire(a, "web-2", "E2", 20.0)
+    assert busy == [("web-2", engine.SlotBusy("E2", ("web-1",), ("web", "zone-a")))]
+    assert slots.acquire(a, "web-1", "E1", 300.0) == [("web-1", engine.SlotGranted("E1", 300.0))]
+    assert slots.next_expiry() is None
+    assert slots.release("web-1", "E1", 400.0) == [("web-2", engine.SlotGranted("E2", 400.0))]
+    assert slots.held() == [("web", "web-1", 0.0, 400.0), ("web", "web-2", 400.0, None)]
