@@ -52,6 +52,7 @@ from scheduledeventsd.engine import (
     Tracked,
     compose,
     initial,
+    stages,
 )
 from scheduledeventsd.engine.gates import drain as drain_gate
 from scheduledeventsd.observe.webhooks import kind_of
@@ -588,6 +589,21 @@ def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_res
     assert (after.hooks, after.stage.value) == (("undrain",), "after")
     assert not of(out, RestoreNode)
     assert (state.events["E1"].drain, state.events["E1"].run) == (Drain.NONE, after.run)
+
+
+def test_a_restoring_after_stage_run_again_while_another_event_keeps_the_mark_gives_it_up():
+    """Found by GatedPromises (Python 3.9 run): after-hooks held by a slot run again after a
+    restart (issue 28) while their restore was being answered (restoring) and another event
+    drains the node. The drain table had no move from restoring for "another event keeps the
+    mark": the step raised. Now the stage drops its claim; the other event restores at its end."""
+    m = machine()
+    first = Tracked(due_in(600), Phase.AFTER, stage=engine.Stage.AFTER, drain=Drain.RESTORING)
+    other = Tracked(due_in(900), Phase.DRAINING, drain=Drain.ASKED)
+    state = dataclasses.replace(m.state, events={"E1": first, "E2": other})
+    out: list = []
+    state, tracked = stages._start_stage(state, first, engine.On.RESTARTED, engine.Stage.AFTER, out)
+    assert tracked.drain is Drain.NONE
+    assert not of(out, RestoreNode), "the other event keeps the node marked"
 
 
 def test_a_drained_event_left_alone_after_its_rule_went_gives_the_mark_up_at_once():

@@ -55,7 +55,9 @@ TABLE = Table(
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
         row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
         row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
-        row(_MARKED, DrainOn.UNMARKED, _.NONE, "nothing restored for this event (StopDraining)"),
+        # restoring: a restart runs its after-hooks again (a held slot) while another event
+        # drains the node: that one restores it at its end
+        row([*_MARKED, _.RESTORING], DrainOn.UNMARKED, _.NONE, "nothing restored (StopDraining)"),
         row(_MARKED, DrainOn.LEFT_ALONE, _.NONE, "RestoreNode, unless another event keeps it"),
     ),
 )
