@@ -12,14 +12,11 @@ the engine does with the slot, and a change of behaviour shows as a stale pictur
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
-from generate import refresh, report
-from plan import inputs
+from plan import inputs, svg_of, write
 
 HERE = Path(__file__).parent
 PAGE = HERE / "explanation" / "fleets.md"
@@ -38,35 +35,11 @@ def drawn(page: str) -> Optional[str]:
     found = COMMAND.search(page)
     if found is None:
         raise SystemExit(f"{PAGE}: no `scheduledeventsd plan --fleet hold-fleet.yaml` line")
-    with tempfile.TemporaryDirectory(prefix="hold-timeline-") as tmp:
-        for name, text in files(page).items():
-            (Path(tmp) / name).write_text(text, encoding="utf-8")
-        command = ["plan", "--fleet", "hold-fleet.yaml", "--from", found.group(1)]
-        done = subprocess.run(  # noqa: S603 - this Python, this package, fixed arguments
-            [sys.executable, "-m", "scheduledeventsd", *command, "--format", "svg"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if done.returncode == 2 and "invalid choice: 'plan'" in done.stderr:
-        return None
-    if done.returncode not in (0, 1):  # 1: vm-2 down past hold_max lets vm-3 go: over max
-        raise SystemExit(f"scheduledeventsd {' '.join(command)}: {done.stderr.strip()}")
-    return done.stdout
+    return svg_of(files(page), "hold-fleet.yaml", found.group(1))  # exit 1: vm-3 over max
 
 
 def main() -> int:
-    check = "--check" in sys.argv
-    new = drawn(PAGE.read_text(encoding="utf-8"))
-    if new is None:
-        print(f"the planner is not in this tree: {OUT} left as it is")
-        return 0
-    if not OUT.exists():  # the first time: nothing to compare with
-        if not check:
-            OUT.write_text(new, encoding="utf-8")
-        return report("hold.py", [str(OUT)], check=check)
-    return report("hold.py", refresh({OUT: lambda _old: new}, check=check), check=check)
+    return write("hold.py", OUT, drawn(PAGE.read_text(encoding="utf-8")), "--check" in sys.argv)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,16 @@ def drawn(page: str) -> Optional[str]:
     found = FROM.search(page)
     if found is None:
         raise SystemExit(f"{PAGE}: no `scheduledeventsd plan --fleet FLEET.yaml --from` line")
+    return svg_of(inputs(page), "FLEET.yaml", found.group(1))
+
+
+def svg_of(files: dict[str, str], fleet: str, start: str) -> Optional[str]:
+    """What `scheduledeventsd plan --format svg` prints for these files, in a folder of their
+    own; None without the planner in this tree."""
     with tempfile.TemporaryDirectory(prefix="plan-example-") as tmp:
-        for name, text in inputs(page).items():
+        for name, text in files.items():
             (Path(tmp) / name).write_text(text, encoding="utf-8")
-        command = ["plan", "--fleet", "FLEET.yaml", "--from", found.group(1), "--format", "svg"]
+        command = ["plan", "--fleet", fleet, "--from", start, "--format", "svg"]
         done = subprocess.run(  # noqa: S603 - this Python, this package, fixed arguments
             [sys.executable, "-m", "scheduledeventsd", *command],
             cwd=tmp,
@@ -51,22 +57,25 @@ def drawn(page: str) -> Optional[str]:
         )
     if done.returncode == 2 and "invalid choice: 'plan'" in done.stderr:
         return None
-    if done.returncode not in (0, 1):  # 1: the plan flags a problem, as the page's does
+    if done.returncode not in (0, 1):  # 1: the plan flags a problem, as the examples' do
         raise SystemExit(f"scheduledeventsd {' '.join(command)}: {done.stderr.strip()}")
     return done.stdout
 
 
-def main() -> int:
-    check = "--check" in sys.argv
-    new = drawn(PAGE.read_text(encoding="utf-8"))
+def write(generator: str, out: Path, new: Optional[str], check: bool) -> int:
+    """Write (or with `check`, compare) a picture the planner drew."""
     if new is None:
-        print(f"the planner is not in this tree: {OUT} left as it is")
+        print(f"the planner is not in this tree: {out} left as it is")
         return 0
-    if not OUT.exists():  # the first time: nothing to compare with
+    if not out.exists():  # the first time: nothing to compare with
         if not check:
-            OUT.write_text(new, encoding="utf-8")
-        return report("plan.py", [str(OUT)], check=check)
-    return report("plan.py", refresh({OUT: lambda _old: new}, check=check), check=check)
+            out.write_text(new, encoding="utf-8")
+        return report(generator, [str(out)], check=check)
+    return report(generator, refresh({out: lambda _old: new}, check=check), check=check)
+
+
+def main() -> int:
+    return write("plan.py", OUT, drawn(PAGE.read_text(encoding="utf-8")), "--check" in sys.argv)
 
 
 if __name__ == "__main__":
