@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, freed, hold, lease, pipeline, slot, window
+from .gates import drain, freed, hold, lease, pipeline, restore, slot, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -129,8 +129,8 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
 # Couplings between the machines: rules on the state alone, declared here once and run after
 # every message until none changes anything (h11's state-triggered transitions).
 COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
-    drain._restore_first,  # the node is restored before the after-hooks (RestoreNode)
-    drain._release_left_alone,  # and restored for an event that will never have them
+    restore._restore_first,  # the node is restored before the after-hooks (RestoreNode)
+    restore._release_left_alone,  # and restored for an event that will never have them
     slot._release_when_over,  # the slot is given back once its event is over or forgotten
 )
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
@@ -204,7 +204,7 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     ClusterDraining: drain._cluster_draining,
     ClusterDrained: drain._cluster_drained,
     ClusterHeld: drain._cluster_held,
-    ClusterRestored: drain._cluster_restored,
+    ClusterRestored: restore._cluster_restored,
 }
 
 

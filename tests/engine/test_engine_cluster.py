@@ -55,6 +55,7 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine.gates import drain as drain_gate
+from scheduledeventsd.engine.gates import restore as restore_gate
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
@@ -110,7 +111,7 @@ def drained(m, event_id):
 
 def restored_first(m, event_id="E1", mark=MARK):
     """The step that ends an event asks for its node's restore (the coupling
-    drain._restore_first) and starts no hook; its answer starts them: that run."""
+    restore._restore_first) and starts no hook; its answer starts them: that run."""
     assert of(m.effects, RestoreNode) == [RestoreNode(event_id, mark)]
     assert not of(m.effects, SpawnHooks), "no hook before the node is restored"
     assert m.state.events[event_id].drain is Drain.RESTORING
@@ -524,7 +525,7 @@ def test_a_mark_reported_after_a_reload_removed_pacemaker_is_kept_and_taken_off_
 def test_the_restore_is_the_engines_effect_from_a_declared_coupling_not_a_part_of_a_hook_run():
     """The daemon restored the node because SpawnHooks carried the mark; now the engine asks
     for it (RestoreNode, from compose.COUPLINGS) and the run carries nothing of the cluster."""
-    assert drain_gate._restore_first in compose.COUPLINGS
+    assert restore_gate._restore_first in compose.COUPLINGS
     assert "restore" not in {f.name for f in dataclasses.fields(SpawnHooks)}
 
 
@@ -584,7 +585,7 @@ def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_res
     t = Tracked(due_in(600), Phase.AFTER, stage=engine.Stage.AFTER, drain=Drain.DONE)
     state = dataclasses.replace(m.state, events={"E1": t}, cluster_mark=None)
     out: list = []
-    state = drain_gate._restore_first(state, out)
+    state = restore_gate._restore_first(state, out)
     (after,) = of(out, SpawnHooks)
     assert (after.hooks, after.stage.value) == (("undrain",), "after")
     assert not of(out, RestoreNode)
@@ -612,7 +613,7 @@ def test_a_drained_event_left_alone_after_its_rule_went_gives_the_mark_up_at_onc
     (unhandled), a phase with no after-stage, so its mark was never restored, not even once it
     left the document; the node stayed out of its cluster until some later restart or reload.
     Now the mark is given up as soon as it is left alone (the coupling
-    drain._release_left_alone), unless another event keeps it."""
+    restore._release_left_alone), unless another event keeps it."""
     no_reboot = {k: v for k, v in EVENTS.items() if k != "Reboot"}
     kept = {"E1": Tracked(due_in(600), Phase.RUNNING, boot_id="boot-1", drain=Drain.DONE)}
     m = machine(loaded=kept, mark=MARK, events=no_reboot)

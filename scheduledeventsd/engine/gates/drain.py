@@ -14,7 +14,7 @@ from ...records import Level, Record, What
 from .. import runs
 from ..lifecycle import Drain, On, Phase
 from ..machine import Table, row
-from ..notes import _note, event_fields
+from ..notes import _note
 from ..state import State, Tracked, _move, _with, mark_of
 from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
@@ -24,7 +24,6 @@ from ..vocabulary.messages import (
     ClusterDraining,
     ClusterHeld,
     ClusterMarked,
-    ClusterRestored,
 )
 
 
@@ -230,91 +229,6 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
     )
     held = move(tracked, DrainOn.HELD, Drain.HELD)
     return runs._before_hooks(state, held, On.DRAIN_HELD, now, out)
-
-
-def _restore_first(state: State, out: list[Effect]) -> State:
-    """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
-    whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
-    node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
-    says (a failed restore is asked again until it works, as it always was)."""
-    for event_id, t in state.events.items():
-        if t.drain in _MARKED and runs._awaiting_restore(t):
-            if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
-                unmarked = move(t, DrainOn.UNMARKED, Drain.NONE)
-                state, tracked = runs._run_stage(state, unmarked, out)
-            else:
-                out.append(RestoreNode(event_id, state.cluster_mark))
-                tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
-            state = _with(state, event_id, tracked)
-    return state
-
-
-# Phases that never reach the after-stage (so never `_restore_first`): a mark kept for such an
-# event stayed on the node until the next restart or reload.
-_NEVER_OVER = frozenset({Phase.UNHANDLED, Phase.MISSED})
-
-
-def _release_left_alone(state: State, out: list[Effect]) -> State:
-    """A coupling (compose.COUPLINGS): an event drained and then left alone (a reload or a
-    restart took its type's rule away while it was interrupted or rebooted; it started while
-    queued again) gives the mark up: the node is restored unless another event keeps it. And
-    a failed restore's error is forgotten once another drain wants the mark."""
-    for event_id, t in state.events.items():
-        if t.drain in _MARKED and t.phase in _NEVER_OVER:
-            if t.drain is Drain.ASKED:
-                out.append(StopDraining(event_id))
-            state = _with(state, event_id, move(t, DrainOn.LEFT_ALONE, Drain.NONE))
-            _restore_unwanted(state, out)
-    if state.restore_error and _drained_for_another(state, ""):
-        # A drain wants the mark again: the drainer stopped trying the failed restore (its
-        # event's end restores the node), so `status` no longer says it is tried again.
-        state = replace(state, restore_error="")
-    return state
-
-
-def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
-    state = _restored(state, msg, out)
-    waiting = state.events.get(msg.event_id)
-    if waiting is not None and runs._awaiting_restore(waiting):  # its hooks, now
-        state, tracked = runs._run_stage(state, waiting, out)
-        state = _with(state, msg.event_id, tracked)
-    return state
-
-
-def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
-    tracked = state.events.get(msg.event_id)
-    event_fields_ = {} if tracked is None else event_fields(tracked.event)
-    if msg.error:
-        out.append(
-            Record(
-                Level.ERROR,
-                What.CLUSTER_RESTORE_FAILED,
-                {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
-            )
-        )
-        return replace(state, restore_error=msg.error) if state.cluster_mark else state
-    # The node is back: no event that is over holds a mark any more.
-    state = replace(
-        state,
-        cluster_mark=None,
-        restore_error="",
-        events={
-            k: move(t, DrainOn.RESTORED, Drain.NONE)
-            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
-            else t
-            for k, t in state.events.items()
-        },
-    )
-    out.append(
-        Record(
-            Level.INFO,
-            What.CLUSTER_RESTORED,
-            event_fields_ or {"reason": "this daemon's mark, which no event wants any more"},
-        )
-    )
-    if tracked is not None and tracked.drain is not Drain.NONE:
-        state = _with(state, msg.event_id, move(tracked, DrainOn.RESTORED, Drain.NONE))
-    return state
 
 
 def _drained_for_another(state: State, event_id: str) -> bool:
