@@ -167,6 +167,6 @@ def _start_stage(
         if restore is not None:
             out.append(RestoreNode(tracked.event.event_id, restore))
         return runs._over(state, replace(tracked, stage=stage), on)
-    if restore is not None:  # the node first (restore._restore_first): its hooks wait for the answer
+    if restore is not None:  # the node first (restore._restore_first); its hooks wait
         return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
     return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

@@ -54,7 +54,6 @@ from scheduledeventsd.engine import (
     initial,
     stages,
 )
-from scheduledeventsd.engine.gates import drain as drain_gate
 from scheduledeventsd.engine.gates import restore as restore_gate
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
@@ -304,6 +303,21 @@ def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again
     assert m.state.events["E1"].start_at == MONO0 + 60
     m.send(ClusterDrained("E1"))
     assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
+
+
+def test_after_hooks_waiting_for_the_restore_start_when_another_restore_takes_the_mark_off():
+    """Found by GatedPromises (random histories): on a new boot an event that had Started is
+    over, so two restores of the one mark are asked, the event's and that of the mark no event
+    wants (""). The "" one answered first cleared the event's drain, its hooks were taken for
+    after-hooks waiting for their next try, and with no slot held it was over without them."""
+    started = due_in(600, status="Started")
+    loaded = {"E1": Tracked(started, Phase.DONE, boot_id="boot-0", drain=Drain.DONE)}
+    m = machine(loaded=loaded, boot="boot-2", mark=MARK)
+    assert set(of(m.effects, RestoreNode)) == {RestoreNode("", MARK), RestoreNode("E1", MARK)}
+    assert not of(m.effects, SpawnHooks), "no hook before the node is restored"
+    (after,) = of(m.send(ClusterRestored("")), SpawnHooks)
+    assert (after.stage.value, after.rebooted) == ("after", True)
+    assert not of(m.send(ClusterRestored("E1")), SpawnHooks), "the after-hooks run once"
 
 
 def test_at_start_with_no_drain_wanted_our_recorded_mark_is_taken_off_and_the_cluster_checked():

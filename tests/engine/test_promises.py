@@ -1394,3 +1394,21 @@ def test_a_requeued_event_that_leaves_gets_its_cancelled_hooks():
     m.changed()
     m.owed_stages_run_once_nothing_blocks_them()
     m.the_node_is_never_left_marked()
+
+
+def test_a_started_event_over_at_a_new_boot_gets_its_after_hooks_whichever_restore_answers():
+    """Found by random GatedPromises histories: a Reboot drained without a slot (too close to
+    NotBefore), Started while its before-hooks ran, and the VM booted: its after-hooks waited
+    for the node's restore, asked twice (for the event and for the mark no event wanted); the
+    second answer came first and the event was over without them."""
+    m = GatedPromises()
+    m.before_a_change("autumn", "manual")
+    m.add_event("Reboot", (VM,), "Scheduled", 30.0)
+    m.wait(0.5)
+    assert [stage for _, stage in m.live.values()] == [Stage.BEFORE]
+    m.start(0)
+    m.restart(rebooted=True, name_known=True)
+    assert m.restoring == ["", "E0"]
+    m.wait(0.5)
+    m.owed_stages_run_once_nothing_blocks_them()
+    assert [stage for _, stage in m.live.values()] == [Stage.AFTER]

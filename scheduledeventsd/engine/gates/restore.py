@@ -57,11 +57,16 @@ def _release_left_alone(state: State, out: list[Effect]) -> State:
 
 
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    """The answer starts the hooks of the event it answers for, whatever it says; the node
+    back, also those of every other event that waited for it (the restore of the mark no event
+    wanted, asked at a boot beside the event's own, took the same mark off: the event's drain
+    was cleared, and its hooks, taken for ones waiting for their next try, never ran)."""
+    answered = (msg.event_id,) if msg.error else tuple(state.events)
+    waiting = [k for k in answered if k in state.events and runs._awaiting_restore(state.events[k])]
     state = _restored(state, msg, out)
-    waiting = state.events.get(msg.event_id)
-    if waiting is not None and runs._awaiting_restore(waiting):  # its hooks, now
-        state, tracked = runs._run_stage(state, waiting, out)
-        state = _with(state, msg.event_id, tracked)
+    for event_id in waiting:  # their hooks, now
+        state, tracked = runs._run_stage(state, state.events[event_id], out)
+        state = _with(state, event_id, tracked)
     return state
 
 
