@@ -176,6 +176,8 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
     phase = tracked.phase
+    if phase is Phase.QUEUED and on is On.STARTED and _prepared(tracked):
+        return state, _move(tracked, on, Phase.DONE)  # requeued: after-hooks once it is over
     if phase in (Phase.WAITING, Phase.QUEUED):
         if on is On.STARTED:
             waited = "their lead time" if phase is Phase.WAITING else "a concurrency slot"
@@ -343,8 +345,10 @@ def _rule(
 
 
 def _prepared(tracked: Tracked) -> bool:
-    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks."""
-    return tracked.phase in PREPARED and tracked.rule is Rule.HOOKS
+    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks. Also
+    once queued again after a restart, taking its slot back before they run again."""
+    requeued = tracked.phase is Phase.QUEUED and tracked.prepared
+    return (tracked.phase in PREPARED or requeued) and tracked.rule is Rule.HOOKS
 
 
 def _judged_later(tracked: Tracked) -> bool:

@@ -135,6 +135,9 @@ _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
 # A new boot proves the maintenance happened only once the event is Started or gone: until the
 # first document says which, a prepared event waits in REBOOTED.
 _REBOOTS = (P.REBOOTED, *_ENDS)
+# A restart queues an event cut off in its before-hooks to take its slot back before they run
+# again: it was prepared (its drain hook may have run), so it is owed its stage.
+_REQUEUED = "queued again after a restart (prepared before it)"
 _HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
 
 
@@ -204,6 +207,9 @@ _ROWS: list[Transition] = [
     _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
     _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.QUEUED, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
+    _t(P.QUEUED, On.STARTED, [P.DONE], f"{_REQUEUED}: after-hooks once it is over"),
+    _t(P.QUEUED, On.LEFT, _ENDS, f"{_REQUEUED}: the node restored, then cancelled-hooks"),
+    _t(P.QUEUED, On.REBOOTED, [P.REBOOTED], f"{_REQUEUED}: judged by the next document"),
     _t(P.QUEUED, On.TYPE_REMOVED, [P.UNHANDLED], "no rule left for it: event_unhandled"),
     _t(P.QUEUED, On.RESTARTED, [P.QUEUED], "the slot is asked for again"),
     _t(P.QUEUED, On.REBOOTED, [P.QUEUED], "the slot is asked for again"),

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..config import DrainMethod
 from ..engine import ClusterMark, Known, Tracked
-from ..engine.lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
+from ..engine.lifecycle import DURABLE, PREPARED, Drain, Phase, Rule, Slot, Stage
 from ..model import parse_event
 
 STATE_FILE = "state.json"
@@ -233,6 +233,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "notice": t.event.notice,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
+                "prepared": t.prepared,
             }
             for t in known.values()
         ],
@@ -277,6 +278,9 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
         phase = Phase(newer if newer in known_phases else entry["phase"])
         if phase not in DURABLE:
             raise ValueError(f"phase {phase.value} is never stored")
+        prepared = entry.get("prepared", phase in PREPARED)  # older files: as its phase says
+        if not isinstance(prepared, bool):
+            raise TypeError("prepared must be true or false")
         known[event.event_id] = Tracked(
             event,
             phase,
@@ -287,5 +291,6 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             drain=Drain(entry.get("drain", "")),
             vm_name=name,
             incarnation=incarnation,
+            prepared=prepared,
         )
     return known

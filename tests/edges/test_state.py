@@ -36,6 +36,22 @@ def test_saved_state_loads_back_equal(tmp_path):
     assert StateStore(tmp_path / "state").load() == (known, "")
 
 
+def test_an_event_queued_again_after_a_restart_stays_prepared_across_the_next(tmp_path):
+    """Its before-hooks had started: it is owed its stage, also after another restart; a file
+    without the key (an older release's) reads it from the phase."""
+    store = StateStore(tmp_path)
+    requeued = Tracked(EVENT, Phase.QUEUED, prepared=True)
+    queued = Tracked(dataclasses.replace(EVENT, event_id="E2"), Phase.QUEUED)
+    store.save({"E1": requeued, "E2": queued})
+    assert StateStore(tmp_path).load()[0] == {"E1": requeued, "E2": queued}
+    raw = json.loads(store.path.read_text())
+    raw["events"] = [{k: v for k, v in e.items() if k != "prepared"} for e in raw["events"]]
+    raw["events"][1]["phase"] = "interrupted"
+    store.path.write_text(json.dumps(raw))
+    loaded = StateStore(tmp_path).load()[0]
+    assert (loaded["E1"].prepared, loaded["E2"].prepared) == (False, True)
+
+
 def test_no_file_is_an_empty_first_start(tmp_path):
     assert StateStore(tmp_path).load() == ({}, "")
 

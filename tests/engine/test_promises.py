@@ -192,7 +192,6 @@ class Promises(RuleBasedStateMachine):
         self.ended: set[str] = set()  # a document showed it over for this VM
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
-        self.requeued: set[str] = set()  # KNOWN DEFECT, see `fetched`
         self.cut_off: set[str] = set()  # their stage waited for a restore when the daemon died
         self.stopping = False
         self.exited = False
@@ -229,23 +228,8 @@ class Promises(RuleBasedStateMachine):
             self.feed(NameResolved(VM, "imds"))
 
     def fetched(self) -> None:
-        # KNOWN DEFECT (test_a_requeued_event_that_leaves_gets_its_cancelled_hooks): before-hooks
-        # cut off by a restart, queued for a slot (taken back, or asked for), then gone: no
-        # cancelled-hooks (and no restore). Exempted, so the rest of each history is still held
-        # to the promises.
-        queued = {
-            e
-            for e, t in self.state.events.items()
-            if t.phase is lifecycle.Phase.QUEUED and e in self.prepared()
-        }
         self.fetch_document()
-        kept = lifecycle.PREPARED | {lifecycle.Phase.QUEUED, lifecycle.Phase.AFTER}
-        self.requeued |= {
-            e
-            for e in queued
-            if e not in self.state.events or self.state.events[e].phase not in kept
-        }
-        self.owed -= self.requeued | self.cut_off
+        self.owed -= self.cut_off
 
     def fetch_document(self) -> None:
         body = json.dumps(
@@ -953,7 +937,7 @@ class GatedPromises(Promises):
         """(k)."""
         if self.stopping or self.exited or not self.state.ready or not self.node_marked:
             return
-        if self.restoring or self.drained_for & self.requeued:
+        if self.restoring:
             return
         running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
         wanted = {e for e in self.drained_for if self.names_us(e) or e in running}
@@ -1130,7 +1114,6 @@ class GatedPromises(Promises):
             seen.discard(event_id)
         self.ended.discard(event_id)
         self.cut_off.discard(event_id)
-        self.requeued.discard(event_id)
         self.drained_for.discard(event_id)
         not_before = self.now + self.offset + lead
         self.doc[event_id] = {
@@ -1381,19 +1364,28 @@ def test_exit_is_the_last_effect_even_when_the_stop_gives_a_slot_back():
     assert m.exited
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN DEFECT: found by GatedPromises, not fixed here")
 def test_a_requeued_event_that_leaves_gets_its_cancelled_hooks():
     """Before-hooks cut off by a restart, queued to take the slot back (issue 26's fix for a
-    crash mid-drain), then cancelled: the event is forgotten as never prepared: its drain hook
-    ran, but no cancelled-hooks (the undrain) run, and the node's mark is never taken off."""
-    m = _two_drained_reboots()
+    crash mid-drain), then cancelled: the event was forgotten as never prepared: its drain hook
+    had run, but no cancelled-hooks (the undrain) ran, and the node's mark was never taken off.
+    Two Redeploys prepared in their window, days before NotBefore, so the slot is taken back
+    before its deadline. The model no longer exempts such an event (it did, as a known defect)."""
+    m = GatedPromises()
+    m.before_a_change("autumn", "manual")
+    m.add_planned("Redeploy", 8 * DAY, shared=False)
+    m.add_planned("Redeploy", 8 * DAY, shared=False)
+    for _ in range(6):  # to Sunday night's window
+        m.wait_hours(24.0)
+    assert {t.drain for t in m.state.events.values()} == {lifecycle.Drain.DONE}
+    assert len(m.live) == 2
     m.restart(rebooted=False, name_known=True)
     assert {t.phase for t in m.state.events.values()} == {lifecycle.Phase.QUEUED}
-    m.requeued.clear()  # the model's exemption, off
     m.doc.clear()
     m.changed()
     m.owed_stages_run_once_nothing_blocks_them()
     m.the_node_is_never_left_marked()
+    m.wait(0.5)  # the node restored, then the last one's cancelled-hooks
+    assert sorted(stage.value for _, stage in m.live.values()) == ["cancelled", "cancelled"]
 
 
 def test_a_started_event_over_at_a_new_boot_gets_its_after_hooks_whichever_restore_answers():
