@@ -138,6 +138,7 @@ _REBOOTS = (P.REBOOTED, *_ENDS)
 # A restart queues an event cut off in its before-hooks to take its slot back before they run
 # again: it was prepared (its drain hook may have run), so it is owed its stage.
 _REQUEUED = "queued again after a restart (prepared before it)"
+_UNRUN = "never started, they waited for the node's restore: it is asked again, then they run"
 _HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
 
 
@@ -306,7 +307,7 @@ _ROWS: list[Transition] = [
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
-    *[_t(P.AFTER, on, [P.AFTER], _HELD) for on in (On.RESTARTED, On.REBOOTED)],
+    *[_t(P.AFTER, on, [P.AFTER], d) for on in (On.RESTARTED, On.REBOOTED) for d in (_HELD, _UNRUN)],
     _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
     _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),

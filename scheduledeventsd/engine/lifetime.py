@@ -101,6 +101,12 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
 def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
     """What a restart means for an event the state file kept: its runs died with us."""
     phase = tracked.phase
+    if phase is Phase.AFTER and tracked.drain is not Drain.NONE:
+        # They never started: they waited for the node's restore, asked again now (a mark
+        # kept as drained, by the coupling restore._restore_first); not cut off.
+        if tracked.drain is Drain.RESTORING and state.cluster_mark is not None:
+            out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
+        return state, _move(tracked, on, Phase.AFTER)
     if phase is Phase.AFTER and tracked.slot is Slot.HELD and state.config.concurrency:
         # Held until they succeed (gates/hold.py): the stage runs again, its slot taken back.
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, tracked.event, again=True))
@@ -115,8 +121,6 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
                 reason="cut off by a stop; after- and cancelled-hooks run at most once",
             )
         )
-        if tracked.drain is not Drain.NONE and state.cluster_mark is not None:
-            out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and events._prepared(tracked) and events._judged_later(tracked):
         # A crash or an operator's reboot is not the maintenance: only the next document tells

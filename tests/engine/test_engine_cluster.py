@@ -340,10 +340,13 @@ def test_at_start_without_a_recorded_mark_nothing_is_taken_off():
 
 
 def test_after_hooks_cut_off_by_a_restart_still_restore_the_node():
-    loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1", drain=Drain.DONE)}
+    """They had started (their restore answered, here failed): cut off, never run again; the
+    mark left on the node is wanted by no event, so it is taken off."""
+    loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1")}
     m = machine(loaded=loaded, mark=MARK)
     assert m.phase() is Phase.OVER
-    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    assert logs(m.effects, "after_hooks_interrupted")
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
 
 
 def test_a_restore_that_fails_is_reported_and_the_drain_kept_on_record():
@@ -556,7 +559,8 @@ def test_a_failed_restore_still_starts_the_after_hooks_once_and_the_retry_ends_t
     assert m.phase() is Phase.AFTER
     (after,) = of(m.send(ClusterRestored("E1", "crm_attribute: timed out")), SpawnHooks)
     assert logs(m.effects, "cluster_restore_failed")
-    assert (after.stage.value, m.state.events["E1"].drain) == ("after", Drain.RESTORING)
+    # No longer waited for: the state file says its hooks started (a restart cuts them off).
+    assert (after.stage.value, m.state.events["E1"].drain) == ("after", Drain.NONE)
     m.send(ClusterRestored("E1"))
     assert not of(m.effects, SpawnHooks), "the after-hooks run once"
     assert (m.state.cluster_mark, m.state.events["E1"].drain) == (None, Drain.NONE)
@@ -580,17 +584,43 @@ def test_a_stop_while_the_restore_is_answered_waits_for_the_after_hooks_as_for_a
     assert of(m.effects, Exit)
 
 
-def test_a_restart_while_the_restore_is_answered_asks_again_and_the_hooks_count_as_cut_off():
-    """The after-stage runs at most once, as when a restart cut its run off."""
+def _over_waiting_for_the_restore():
     m = machine()
     seen(m, due_in(30, event_type="Reboot"))
     (spawn,) = of(drained(m, "E1"), SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
-    seen(m, incarnation=3)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    return m
+
+
+def test_after_hooks_that_waited_for_the_restore_when_the_daemon_was_killed_run_after_it():
+    """They never started: the restarted daemon asks for the restore again, then runs them
+    (before, they were logged as cut off, after_hooks_interrupted, and never ran)."""
+    m = _over_waiting_for_the_restore()
     again = machine(loaded=engine.durable_events(m.state.events), mark=MARK)
-    assert of(again.effects, RestoreNode) == [RestoreNode("E1", MARK)]
-    assert logs(again.effects, "after_hooks_interrupted")
-    assert again.phase() is Phase.OVER
+    assert RestoreNode("E1", MARK) in of(again.effects, RestoreNode)
+    assert not logs(again.effects, "after_hooks_interrupted")
+    assert not of(again.effects, SpawnHooks), "the node first"
+    (after,) = of(again.send(ClusterRestored("E1")), SpawnHooks)
+    assert after.stage.value == "after"
+
+
+def test_after_hooks_that_waited_for_the_restore_through_a_whole_stop_run_after_the_restart():
+    """The stop waits its grace for the restore's answer, which does not come: nothing is
+    logged as cut off (no hook ran), and the restarted daemon restores the node, then runs them."""
+    m = _over_waiting_for_the_restore()
+    m.send(StopRequested("SIGTERM"))
+    m.tick(m.now + m.state.config.shutdown_grace)
+    assert not logs(m.effects, "hooks_cancelled")
+    assert of(m.tick(m.now + engine.KILL_WAIT), Exit)
+    assert not logs(m.effects, "after_hooks_interrupted")
+    (saved,) = of(m.effects, Persist)
+    again = machine(loaded=saved.events, mark=saved.mark)
+    assert not logs(again.effects, "after_hooks_interrupted")
+    (after,) = of(again.send(ClusterRestored("E1")), SpawnHooks)
+    assert after.stage.value == "after"
 
 
 def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_restore():

@@ -192,7 +192,6 @@ class Promises(RuleBasedStateMachine):
         self.ended: set[str] = set()  # a document showed it over for this VM
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
-        self.cut_off: set[str] = set()  # their stage waited for a restore when the daemon died
         self.stopping = False
         self.exited = False
         self.start_life(name_known=True)
@@ -229,7 +228,6 @@ class Promises(RuleBasedStateMachine):
 
     def fetched(self) -> None:
         self.fetch_document()
-        self.owed -= self.cut_off
 
     def fetch_document(self) -> None:
         body = json.dumps(
@@ -855,13 +853,8 @@ class GatedPromises(Promises):
         self.drain_asked.clear()
         self.restoring = []
         self.check_asked = False
-        # A crash while the stage's hooks waited for the node's restore: the next daemon takes
-        # them as cut off (after-hooks run at most once), though they never started. Noted in
-        # the report of this branch; not held against the engine here.
-        state = getattr(self, "state", None)
-        if state is not None:
-            self.cut_off |= {k for k, t in state.events.items() if runs._awaiting_restore(t)}
-            self.owed -= self.cut_off
+        # A crash while the stage's hooks waited for the node's restore no longer exempts
+        # them: they never started, and run after the restart (the node restored first).
         super().start_life(name_known=name_known)
 
     def feed(self, message: object) -> None:
@@ -1113,7 +1106,6 @@ class GatedPromises(Promises):
         for seen in (self.before_started, self.before_ok, self.decided, self.owed, self.dropped):
             seen.discard(event_id)
         self.ended.discard(event_id)
-        self.cut_off.discard(event_id)
         self.drained_for.discard(event_id)
         not_before = self.now + self.offset + lead
         self.doc[event_id] = {

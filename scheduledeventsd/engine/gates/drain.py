@@ -36,6 +36,7 @@ class DrainOn(str, enum.Enum):
     REMARK = "a new boot, the event still Scheduled"
     RESTORE = "over: its after- or cancelled-hooks are due"
     RESTORED = "the node is back"
+    RESTORE_FAILED = "its restore failed, or was not answered in time"
     UNMARKED = "over: another event keeps the mark, or it is not ours"
     LEFT_ALONE = "it will never be over for this VM: its type lost its rule, or it was missed"
 
@@ -54,6 +55,12 @@ TABLE = Table(
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
         row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
         row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
+        row(
+            [*_MARKED, _.RESTORING],
+            DrainOn.RESTORE_FAILED,
+            _.NONE,
+            "cluster_restore_failed: its hooks start; the mark is restored again until it works",
+        ),
         # restoring: a restart runs its after-hooks again (a held slot) while another event
         # drains the node: that one restores it at its end
         row([*_MARKED, _.RESTORING], DrainOn.UNMARKED, _.NONE, "nothing restored (StopDraining)"),

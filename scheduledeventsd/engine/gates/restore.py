@@ -65,7 +65,10 @@ def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[
     waiting = [k for k in answered if k in state.events and runs._awaiting_restore(state.events[k])]
     state = _restored(state, msg, out)
     for event_id in waiting:  # their hooks, now
-        state, tracked = runs._run_stage(state, state.events[event_id], out)
+        t = state.events[event_id]
+        if t.drain is not Drain.NONE:  # failed: no longer waited for (the state file says so)
+            t = move(t, DrainOn.RESTORE_FAILED, Drain.NONE)
+        state, tracked = runs._run_stage(state, t, out)
         state = _with(state, event_id, tracked)
     return state
 
