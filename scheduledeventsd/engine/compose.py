@@ -233,6 +233,7 @@ TIMERS: tuple[Timers, ...] = (
     Timers("hold", stages.retry_after, None, hold.due_for, hold.DUE_PHASES),
     Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
     Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
+    Timers("restore", restore.fire, None, restore.due_for, restore.DUE_PHASES),
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
     Timers("approval", approval.fire, None, turns.approval_due, approval.DUE_PHASES),
     Timers("names", names.fire, names.due),

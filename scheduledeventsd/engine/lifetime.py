@@ -106,7 +106,7 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         # kept as drained, by the coupling restore._restore_first); not cut off.
         if tracked.drain is Drain.RESTORING and state.cluster_mark is not None:
             out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
-        return state, _move(tracked, on, Phase.AFTER)
+        return state, _move(tracked, on, Phase.AFTER, start_at=math.inf)
     if phase is Phase.AFTER and tracked.slot is Slot.HELD and state.config.concurrency:
         # Held until they succeed (gates/hold.py): the stage runs again, its slot taken back.
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, tracked.event, again=True))

@@ -55,6 +55,7 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine.gates import restore as restore_gate
+from scheduledeventsd.engine.vocabulary.constants import RESTORE_TIMEOUT
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
@@ -544,6 +545,36 @@ def test_the_restore_is_the_engines_effect_from_a_declared_coupling_not_a_part_o
     for it (RestoreNode, from compose.COUPLINGS) and the run carries nothing of the cluster."""
     assert restore_gate._restore_first in compose.COUPLINGS
     assert "restore" not in {f.name for f in dataclasses.fields(SpawnHooks)}
+
+
+def test_a_restore_never_answered_counts_as_failed_at_its_deadline():
+    """The drainer's thread hangs: no ClusterRestored ever comes. Before, the after-hooks waited
+    for ever; now at RESTORE_TIMEOUT the restore counts as failed, as on a failed answer: it is
+    logged, asked again (the drainer tries it until it works), and the hooks start, once."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over: the restore is asked for
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    asked_at = m.now
+    assert engine.next_wakeup(m.state, m.now) == m.now, "its deadline is placed at once"
+    m.tick(m.now)
+    deadline = m.state.events["E1"].start_at
+    assert deadline == asked_at + RESTORE_TIMEOUT
+    assert restore_gate.due_for(m.state, "E1", m.state.events["E1"], m.now, m.now) == deadline
+    assert not of(m.tick(deadline - 1), SpawnHooks)
+    m.tick(deadline)
+    (failed,) = logs(m.effects, "cluster_restore_failed")
+    assert failed.fields["error"] == f"no answer in {RESTORE_TIMEOUT:g} s"
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)], "asked again"
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.stage.value == "after"
+    assert (m.state.restore_error, m.state.cluster_mark) == (failed.fields["error"], MARK)
+    m.send(ClusterRestored("E1"), at=deadline + 5)  # the retry works, at last
+    assert not of(m.effects, SpawnHooks), "the after-hooks run once"
+    assert (m.state.cluster_mark, m.state.restore_error) == (None, "")
 
 
 def test_a_failed_restore_still_starts_the_after_hooks_once_and_the_retry_ends_the_mark():

@@ -120,7 +120,8 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine import state as engine_state
-from scheduledeventsd.engine.gates import drain, lease, slot, window
+from scheduledeventsd.engine.gates import drain, lease, restore, slot, window
+from scheduledeventsd.engine.vocabulary.constants import RESTORE_TIMEOUT
 from scheduledeventsd.model import Event
 from scheduledeventsd.windows import Window
 
@@ -798,11 +799,12 @@ class GatedPromises(Promises):
     drain. The world answers what the engine asks while time passes (`meanwhile`), in the mode
     the history last chose: etcd grants slots, says they are busy, fails, or is cut off (no
     answers, no keep-alives: the lease lapses); the cluster drains, holds, fails after setting
-    its mark, or drains slowly; restores work or fail (the drainer retries them). A restart
-    loses what the daemon's workers were doing (slot requests, a restore's retries) but not the
-    world (the mark on the node). Also the cloud quirks: an event listed Started once then gone
-    (AWS `completed`), the same EventId back for a second migration (Google Cloud) and a window
-    moved (its NotBefore changes under the same id). Promises added:
+    its mark, or drains slowly; restores work, fail (the drainer retries them) or hang (never
+    answered: the engine's deadline). A restart loses what the daemon's workers were doing
+    (slot requests, a restore's retries) but not the world (the mark on the node). Also the
+    cloud quirks: an event listed Started once then gone (AWS `completed`), the same EventId
+    back for a second migration (Google Cloud) and a window moved (its NotBefore changes under
+    the same id). Promises added:
 
     (j) an event under `concurrency` is never approved early without its slot held at that
         instant: etcd acknowledged its grant or a keep-alive less than `ttl` ago, to this
@@ -818,13 +820,14 @@ class GatedPromises(Promises):
         self.deadlines: dict[str, float] = {}  # PostApproval.deadline: the lane gives up then
         self.etcd = "grants"  # grants | busy | down | cut
         self.cluster = "drains"  # drains | holds | fails_after_mark | slow
-        self.restores = "work"  # work | fail
+        self.restores = "work"  # work | fail | hang (no answer: the engine's deadline)
         self.slot_asked: set[str] = set()  # AcquireSlot not yet given back, in this daemon run
         self.lease_sent: dict[str, float] = {}  # etcd's last acknowledged request, this keeper
         self.drain_asked: set[str] = set()  # DrainNode the drainer is still working on
         self.drained_for: set[str] = set()  # events the engine had the node marked for
         self.node_marked = False  # the world: this daemon's mark is on the node
         self.restoring: list[str] = []  # restores asked for and not done (their event ids)
+        self.restore_asked_at: dict[str, float] = {}  # when its hooks began to wait for one
         self.check_asked = False
         super().__init__()
 
@@ -852,6 +855,7 @@ class GatedPromises(Promises):
         self.lease_sent.clear()
         self.drain_asked.clear()
         self.restoring = []
+        self.restore_asked_at.clear()
         self.check_asked = False
         # A crash while the stage's hooks waited for the node's restore no longer exempts
         # them: they never started, and run after the restart (the node restored first).
@@ -891,9 +895,11 @@ class GatedPromises(Promises):
             self.drain_asked.discard(effect.event_id)
         elif isinstance(effect, RestoreNode):
             self.restoring.append(effect.event_id)
+            self.restore_asked_at.setdefault(effect.event_id, self.now)
             self.drain_asked.discard(effect.event_id)  # the drainer stops watching it
         if isinstance(effect, SpawnHooks):
             self.spawned_at[effect.run] = self.now
+            self.restore_asked_at.pop(effect.event.event_id, None)
         elif isinstance(effect, CheckCluster):
             self.check_asked = True
         elif isinstance(effect, PostApproval):
@@ -920,10 +926,13 @@ class GatedPromises(Promises):
         assert sent + concurrency.ttl > self.now, f"{why} {self.now - sent:.1f} s ago"
 
     def stage_waits(self, event_id: str) -> bool:
-        """Its stage's hooks wait for the node's restore, asked for (and retried) now."""
+        """Its stage's hooks wait for the node's restore, asked for (and retried) now, and for
+        no longer than the restore's deadline (a restore never answered counts as failed)."""
         tracked = self.state.events.get(event_id)
         waiting = tracked is not None and tracked.phase is lifecycle.Phase.AFTER
-        return waiting and tracked.run is None and bool(self.restoring)  # type: ignore[union-attr]
+        asked = self.restore_asked_at.get(event_id, self.now)
+        in_time = self.now <= asked + RESTORE_TIMEOUT + 1.0  # its deadline, placed a step later
+        return waiting and tracked.run is None and bool(self.restoring) and in_time  # type: ignore[union-attr]
 
     @invariant()
     def the_node_is_never_left_marked(self) -> None:
@@ -1012,6 +1021,8 @@ class GatedPromises(Promises):
             else:
                 self.feed(ClusterDraining(event_id, ("rsc-1",)))
         for event_id in list(self.restoring):
+            if self.restores == "hang":  # the drainer's thread never answers
+                break
             if self.restores == "fail":
                 self.feed(ClusterRestored(event_id, "crm_attribute exited 102"))
             else:
@@ -1046,7 +1057,7 @@ class GatedPromises(Promises):
         self.cluster = mode
 
     @precondition(lambda self: not self.exited)
-    @rule(mode=st.sampled_from(["work", "work", "fail"]))
+    @rule(mode=st.sampled_from(["work", "work", "fail", "hang"]))
     def restores_become(self, mode) -> None:
         self.restores = mode
 
@@ -1237,6 +1248,12 @@ def _a_failed_drain_marked_nothing(module: Any, name: str) -> Callable[..., Any]
     return held
 
 
+def _a_restore_waited_for_for_ever(module: Any, name: str) -> Callable[..., Any]:
+    """Before the restore's deadline: after-hooks waited for an answer that might never come
+    (no restore counts as asked: none has a deadline)."""
+    return lambda tracked: False
+
+
 def focused(*kinds: str) -> type[GatedPromises]:
     """GatedPromises playing only these kinds of step (its promises all the same): the
     histories that reach a defect within a few hundred, where every kind of step would need
@@ -1279,6 +1296,11 @@ GATE_MUTANTS: dict[
         ((slot, "_slots_reloaded", _a_reload_keeps_the_slot),),
         (*SLOTS, "reload_with_slots"),
         "(j)",
+    ),
+    "the after-hooks wait for ever for a restore never answered": (
+        ((restore, "_asked", _a_restore_waited_for_for_ever),),
+        ("add", "wait", "restores_become", "hooks_succeed", "leave", "completed"),
+        "(b)",
     ),
     "the restore is skipped after a failed drain": (
         ((drain, "_cluster_held", _a_failed_drain_marked_nothing),),

@@ -1,16 +1,20 @@
 """The drain gate's other end: the node is restored once the event is over, before its after- or
 cancelled-hooks (a coupling), and for an event that will never have them; the restore's answer
-starts the hooks that waited for it. The drain's table and its marking: gates/drain."""
+starts the hooks that waited for it, or its deadline does. The drain's table and its marking:
+gates/drain."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from typing import Optional
 
 from ...records import Level, Record, What
 from .. import runs
 from ..lifecycle import Drain, Phase
 from ..notes import event_fields
-from ..state import State, _with
+from ..state import State, Tracked, _with
+from ..vocabulary.constants import RESTORE_TIMEOUT
 from ..vocabulary.effects import Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import ClusterRestored
 from .drain import _MARKED, DrainOn, _drained_for_another, _restore_unwanted, move
@@ -20,7 +24,8 @@ def _restore_first(state: State, out: list[Effect]) -> State:
     """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
     whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
     node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
-    says (a failed restore is asked again until it works, as it always was)."""
+    says (a failed restore is asked again until it works, as it always was), or at its
+    deadline (`fire`, placed by the timer: a coupling has no clock)."""
     for event_id, t in state.events.items():
         if t.drain in _MARKED and runs._awaiting_restore(t):
             if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
@@ -28,7 +33,7 @@ def _restore_first(state: State, out: list[Effect]) -> State:
                 state, tracked = runs._run_stage(state, unmarked, out)
             else:
                 out.append(RestoreNode(event_id, state.cluster_mark))
-                tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
+                tracked = replace(move(t, DrainOn.RESTORE, Drain.RESTORING), start_at=math.inf)
             state = _with(state, event_id, tracked)
     return state
 
@@ -106,4 +111,40 @@ def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
     )
     if tracked is not None and tracked.drain is not Drain.NONE:
         state = _with(state, msg.event_id, move(tracked, DrainOn.RESTORED, Drain.NONE))
+    return state
+
+
+# ---- the restore's timer: its answer's deadline (RESTORE_TIMEOUT)
+
+DUE_PHASES = frozenset({Phase.AFTER})
+
+
+def _asked(t: Tracked) -> bool:
+    """Its hooks wait for the answer to a restore asked for (`start_at`: by when; inf: the
+    deadline not placed yet)."""
+    return t.drain is Drain.RESTORING and runs._awaiting_restore(t)
+
+
+def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
+    if state.stopping is not None or not _asked(t):
+        return None
+    return now if math.isinf(t.start_at) else t.start_at  # unplaced: placed now, by `fire`
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    """Places the deadline of a restore asked for; one not answered by then (the drainer's
+    thread hangs) counts as failed: asked again (tried until it works), and the hooks start,
+    as on a failed answer. Before, they waited for ever."""
+    if state.stopping is not None:
+        return state
+    for event_id, t in state.events.items():
+        if not _asked(t):
+            continue
+        if math.isinf(t.start_at):
+            state = _with(state, event_id, replace(t, start_at=now + RESTORE_TIMEOUT))
+        elif t.start_at <= now:
+            if state.cluster_mark is not None:
+                out.append(RestoreNode(event_id, state.cluster_mark))
+            unanswered = ClusterRestored(event_id, f"no answer in {RESTORE_TIMEOUT:g} s")
+            state = _cluster_restored(state, unanswered, now, out)
     return state
