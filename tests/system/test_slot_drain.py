@@ -24,7 +24,7 @@ from base64 import b64decode
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -43,6 +43,9 @@ from tests.system.test_pacemaker import (  # noqa: F401 - the module's cluster f
 pytestmark = [pytest.mark.pacemaker, pytest.mark.xdist_group("pacemaker")]
 GROUP = "nodes"
 NAMES = ("node1", "node2", "node3")
+# A restore takes this long (s) here, as on a busy cluster: a slot given back before the restore
+# is done lets the next node be marked while this one still is.
+RESTORE_TAKES = 1
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +59,16 @@ def etcd(pacemaker: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 class SlotNodes(Nodes):
     """Nodes (test_pacemaker) whose daemons each poll a simulator of their own."""
 
-    def __init__(self, tmp_path: Path, cluster: Cluster, hooks: Hooks) -> None:
+    def __init__(self, tmp_path: Path, pcmk: Cluster, hooks: Hooks) -> None:
         self.sims: dict[str, Simulator] = {}
         for name in NAMES:
             sim = Simulator(
                 Scenario(vm_name=name, start_after_approval=0.5, started_for=1.0),
                 rate_limit=False,
             )
-            in_netns(cluster.hub, lambda s=sim: s.start(HUB_ADDRESS, 0))
+            in_netns(pcmk.hub, lambda s=sim: s.start(HUB_ADDRESS, 0))
             self.sims[name] = sim
-        super().__init__(tmp_path, self.sims[NAMES[0]], cluster, hooks)
+        super().__init__(tmp_path, self.sims[NAMES[0]], pcmk, hooks)
 
     def factory(self, node: Node) -> DaemonFactory:
         if node.name not in self.factories:
@@ -84,7 +87,11 @@ class SlotNodes(Nodes):
 
 
 @pytest.fixture
-def nodes(tmp_path: Path, healthy: Cluster, hooks: Hooks) -> Iterator[SlotNodes]:
+def nodes(
+    tmp_path: Path,
+    healthy: Cluster,  # noqa: F811 - the fixture
+    hooks: Hooks,
+) -> Iterator[SlotNodes]:
     n = SlotNodes(tmp_path, healthy, hooks)
     yield n
     n.stop()
@@ -115,10 +122,14 @@ class Mark:
 
 
 @contextlib.contextmanager
-def recorded_marks(cluster: Cluster, etcd: Etcd, prefix: str, tmp_path: Path) -> Iterator[Path]:
+def recorded_marks(
+    pcmk: Cluster, etcd: Etcd, prefix: str, tmp_path: Path, refuse: Optional[Path] = None
+) -> Iterator[Path]:
     """Inside every node, `crm_attribute --update` of the health attribute records the slot's
-    holders just before and just after the real tool (one line each call); everything else
-    goes to the real tool untouched."""
+    holders just before and just after the real tool (one line each call), a restore taking
+    RESTORE_TAKES longer, and refused (exit 102, the tool not run) while `refuse` exists;
+    everything else goes to the real tool untouched."""
+    refuse = refuse or tmp_path / "never"
     real = tmp_path / "crm_attribute.real"
     shutil.copy("/usr/sbin/crm_attribute", real)
     log = tmp_path / "marks.log"
@@ -130,8 +141,10 @@ def recorded_marks(cluster: Cluster, etcd: Etcd, prefix: str, tmp_path: Path) ->
         f'*) exec {real} "$@" ;; esac\n'
         "start=$(date +%s.%N)\n"
         f"before=$({read})\n"
-        f'{real} "$@"\n'
-        "status=$?\n"
+        f'case " $* " in *" --update 0 "*) sleep {RESTORE_TAKES}; [ -e {refuse} ] && refused=1 ;; '
+        "esac\n"
+        'if [ -n "$refused" ]; then echo "injected: update refused" >&2; status=102; '
+        f'else {real} "$@"; status=$?; fi\n'
         f"after=$({read})\n"
         "end=$(date +%s.%N)\n"
         f"printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$*\" $start $end $status "
@@ -141,13 +154,15 @@ def recorded_marks(cluster: Cluster, etcd: Etcd, prefix: str, tmp_path: Path) ->
     wrapper.chmod(0o755)
     mounted = []
     try:
-        for node in cluster.nodes:
+        for node in pcmk.nodes:
             node.run("mount", "--bind", str(wrapper), "/usr/sbin/crm_attribute")
             mounted.append(node)
         yield log
     finally:
         for node in mounted:
-            node.run("umount", "/usr/sbin/crm_attribute", check=False)
+            # lazily: a wrapper still exiting keeps the file busy, and a mount left behind
+            # would serve the next test's calls
+            node.run("umount", "--lazy", "/usr/sbin/crm_attribute", check=False)
 
 
 def read_marks(log: Path) -> list[Mark]:
@@ -215,50 +230,59 @@ def hook_lines(hooks: Hooks, name: str) -> list[tuple[float, str, list[str]]]:
     ]
 
 
+def start_daemons(
+    nodes: SlotNodes, etcd: Etcd, prefix: str, hooks: Hooks, names: tuple[str, ...]
+) -> dict[str, Any]:
+    """A daemon in each node: `max: 1` over etcd, cluster.pacemaker; its before- and
+    after-hooks record as they start when, its node's mark and the slot's holders."""
+    read = etcdctl_get(etcd, f"{prefix}/slots/")
+    daemons = {}
+    for name in names:
+        node = nodes.cluster.node(name)
+        record = (
+            "at=$(date +%s.%N)\n"
+            f"mark=$(/usr/sbin/crm_attribute --node {name} --name '{ATTRIBUTE}' --query "
+            "--quiet --lifetime forever 2>/dev/null)\n"
+            f"slots=$({read})\n"
+        )
+        line = 'printf \'%s\\t%s\\t%s\\n\' $at "$mark" "$slots"'
+        before = hooks.make(f"{name}-before", f'{record}{line} >> "$OUT/{name}.before"')
+        after = hooks.make(
+            f"{name}-after",
+            f'{record}{line} >> "$OUT/{name}.after"\ndate +%s.%N >> "$OUT/{name}.after-end"',
+        )
+        cfg = nodes.factory(node).config(
+            vm_name=name,
+            approve="always",
+            coordination={"etcd": {"endpoints": etcd.endpoints, "prefix": prefix, "timeout": 2}},
+            concurrency={"group": GROUP, "max": 1, "ttl": 10},
+            cluster={"pacemaker": {"drain_timeout": 30}},
+            hooks={"before": [{"command": [before]}], "after": [{"command": [after]}]},
+            events={"Reboot": {"before": ["before"], "after": ["after"]}},
+        )
+        daemons[name] = nodes.start(node, cfg)
+    return daemons
+
+
 def test_each_node_takes_the_slot_before_its_drain_and_is_restored_before_it_gives_it_back(
-    nodes, healthy, etcd, hooks, tmp_path
+    nodes,
+    healthy,  # noqa: F811 - the fixture
+    etcd,
+    hooks,
+    tmp_path,
 ):
     """max 1 over three nodes, a Reboot each at once: every mark of a node is made while its
     own VM alone holds the slot; its before-hooks start after the drain, marked; its
     after-hooks start restored and still holding the slot; every restore is done with the slot
     still held; the next node is marked only after that, so no two nodes are ever marked at
     once by the daemons."""
-    cluster = healthy
+    pcmk = healthy
     prefix = f"/sed-{uuid.uuid4().hex[:8]}"
-    read = etcdctl_get(etcd, f"{prefix}/slots/")
     watch = SlotWatch(etcd, prefix)
-    daemons = {}
-    with recorded_marks(cluster, etcd, prefix, tmp_path) as log:
-        for name in NAMES:
-            node = cluster.node(name)
-            record = (
-                "at=$(date +%s.%N)\n"
-                f"mark=$(/usr/sbin/crm_attribute --node {name} --name '{ATTRIBUTE}' --query "
-                "--quiet --lifetime forever 2>/dev/null)\n"
-                f"slots=$({read})\n"
-            )
-            line = "printf '%s\\t%s\\t%s\\n' $at \"$mark\" \"$slots\""
-            before = hooks.make(f"{name}-before", f'{record}{line} >> "$OUT/{name}.before"')
-            after = hooks.make(
-                f"{name}-after",
-                f'{record}{line} >> "$OUT/{name}.after"\n'
-                f'date +%s.%N >> "$OUT/{name}.after-end"',
-            )
-            cfg = nodes.factory(node).config(
-                vm_name=name,
-                approve="always",
-                coordination={
-                    "etcd": {"endpoints": etcd.endpoints, "prefix": prefix, "timeout": 2}
-                },
-                concurrency={"group": GROUP, "max": 1, "ttl": 10},
-                cluster={"pacemaker": {"drain_timeout": 30}},
-                hooks={"before": [{"command": [before]}], "after": [{"command": [after]}]},
-                events={"Reboot": {"before": ["before"], "after": ["after"]}},
-            )
-            daemons[name] = nodes.start(node, cfg)
+    with recorded_marks(pcmk, etcd, prefix, tmp_path) as log:
+        daemons = start_daemons(nodes, etcd, prefix, hooks, NAMES)
         events = {
-            name: nodes.sims[name].add_event("Reboot", [name], not_before_in=3600)
-            for name in NAMES
+            name: nodes.sims[name].add_event("Reboot", [name], not_before_in=3600) for name in NAMES
         }
         for name in NAMES:
             daemons[name].wait_log("slot_released", timeout=90, event_id=events[name])
@@ -280,10 +304,12 @@ def test_each_node_takes_the_slot_before_its_drain_and_is_restored_before_it_giv
         released = stamp(daemon.logs("slot_released", event_id=events[name])[0])
         assert acquired <= draining <= mark.start < drained, name
         ((before_at, before_mark, before_held),) = hook_lines(hooks, f"{name}.before")
-        assert drained <= before_at and before_mark == str(RED), "the hooks after the drain"
+        assert drained <= before_at, "the before-hooks after the drain"
+        assert before_mark == str(RED)
         assert before_held == [name]
         ((after_at, after_mark, after_held),) = hook_lines(hooks, f"{name}.after")
-        assert restore.end <= after_at and after_mark == "0", "restored before the after-hooks"
+        assert restore.end <= after_at, "restored before the after-hooks"
+        assert after_mark == "0"
         assert after_held == [name], "the slot held through the after-hooks"
         after_end = float((hooks.out / f"{name}.after-end").read_text())
         assert restore.end <= restored <= after_at <= after_end <= released, name
@@ -299,3 +325,45 @@ def test_each_node_takes_the_slot_before_its_drain_and_is_restored_before_it_giv
     expected = [c for n in order for c in (("PUT", n), ("DELETE", ""))]
     deduplicated = [c for i, c in enumerate(changes) if i == 0 or c != changes[i - 1]]
     assert deduplicated == expected, changes
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KNOWN DEFECT: a failed restore still starts the after-hooks, their success ends the "
+    "event and gives its slot back while the node is still marked (found by this test)",
+)
+def test_a_restore_that_fails_keeps_the_slot_so_the_next_node_is_marked_only_once_it_works(
+    nodes,
+    healthy,  # noqa: F811 - the fixture
+    etcd,
+    hooks,
+    tmp_path,
+):
+    """Restore, then release (issue 28), when the restore fails: node1's `crm_attribute
+    --update 0` exits 102 (refused, not applied) for a while, the drainer tries it again with
+    backoff until it works. node1's slot must stay held until then, so node2, waiting for the
+    slot, is marked only after node1 is back: never two nodes marked at once under `max: 1`."""
+    pcmk = healthy
+    prefix = f"/sed-{uuid.uuid4().hex[:8]}"
+    refuse = tmp_path / "refuse-restore"
+    refuse.touch()
+    with recorded_marks(pcmk, etcd, prefix, tmp_path, refuse) as log:
+        daemons = start_daemons(nodes, etcd, prefix, hooks, ("node1", "node2"))
+        first = nodes.sims["node1"].add_event("Reboot", ["node1"], not_before_in=3600)
+        daemons["node1"].wait_log("slot_acquired", timeout=30, event_id=first)
+        second = nodes.sims["node2"].add_event("Reboot", ["node2"], not_before_in=3600)
+        daemons["node2"].wait_log("event_waiting", timeout=30, event_id=second, reason="slot")
+        daemons["node1"].wait_log("cluster_restore_failed", timeout=60, event_id=first)
+        time.sleep(6)  # tried again meanwhile; a slot given back reaches node2 in ~1 s
+        assert pcmk.health("node1") == str(RED), "still marked: the restore was refused"
+        refuse.unlink()  # the cluster takes updates again: the next try works
+        daemons["node2"].wait_log("slot_released", timeout=60, event_id=second)
+        worked = lambda: [  # noqa: E731
+            m for m in read_marks(log) if m.node == "node1" and m.value == "0" and m.status == 0
+        ]
+        (restored,) = wait_for(worked, 60, "node1 restored by a retry")
+        marks = read_marks(log)
+    (marked, _) = [m for m in marks if m.node == "node2"]
+    assert marked.value == str(RED)
+    assert restored.end < marked.start, f"node2 marked while node1 still was: {marks}"
+    assert marked.held_before == ["node2"]
