@@ -231,10 +231,16 @@ def hook_lines(hooks: Hooks, name: str) -> list[tuple[float, str, list[str]]]:
 
 
 def start_daemons(
-    nodes: SlotNodes, etcd: Etcd, prefix: str, hooks: Hooks, names: tuple[str, ...]
+    nodes: SlotNodes,
+    etcd: Etcd,
+    prefix: str,
+    hooks: Hooks,
+    names: tuple[str, ...],
+    after_hooks: bool = True,
 ) -> dict[str, Any]:
     """A daemon in each node: `max: 1` over etcd, cluster.pacemaker; its before- and
-    after-hooks record as they start when, its node's mark and the slot's holders."""
+    after-hooks (unless not `after_hooks`) record as they start when, its node's mark and the
+    slot's holders."""
     read = etcdctl_get(etcd, f"{prefix}/slots/")
     daemons = {}
     for name in names:
@@ -258,7 +264,7 @@ def start_daemons(
             concurrency={"group": GROUP, "max": 1, "ttl": 10},
             cluster={"pacemaker": {"drain_timeout": 30}},
             hooks={"before": [{"command": [before]}], "after": [{"command": [after]}]},
-            events={"Reboot": {"before": ["before"], "after": ["after"]}},
+            events={"Reboot": {"before": ["before"], "after": ["after"] if after_hooks else []}},
         )
         daemons[name] = nodes.start(node, cfg)
     return daemons
@@ -364,3 +370,30 @@ def test_a_restore_that_fails_keeps_the_slot_so_the_next_node_is_marked_only_onc
     assert marked.value == str(RED)
     assert restored.end < marked.start, f"node2 marked while node1 still was: {marks}"
     assert marked.held_before == ["node2"]
+
+
+def test_without_after_hooks_the_slot_is_still_given_back_only_once_the_node_is_restored(
+    nodes,
+    healthy,  # noqa: F811 - the fixture
+    etcd,
+    hooks,
+    tmp_path,
+):
+    """The cluster is all the preparation (no after-hooks): the event's end restores the node
+    and gives the slot back, in that order; node2 is marked only once node1 is back."""
+    pcmk = healthy
+    prefix = f"/sed-{uuid.uuid4().hex[:8]}"
+    with recorded_marks(pcmk, etcd, prefix, tmp_path) as log:
+        daemons = start_daemons(nodes, etcd, prefix, hooks, ("node1", "node2"), after_hooks=False)
+        first = nodes.sims["node1"].add_event("Reboot", ["node1"], not_before_in=3600)
+        daemons["node1"].wait_log("slot_acquired", timeout=30, event_id=first)
+        second = nodes.sims["node2"].add_event("Reboot", ["node2"], not_before_in=3600)
+        daemons["node2"].wait_log("event_waiting", timeout=30, event_id=second, reason="slot")
+        daemons["node2"].wait_log("slot_released", timeout=60, event_id=second)
+        restores = lambda: [m for m in read_marks(log) if m.value == "0"]  # noqa: E731
+        wait_for(lambda: len(restores()) == 2, 30, "both restores recorded")
+        marks = read_marks(log)
+    (_, restored), (marked, _) = ([m for m in marks if m.node == n] for n in ("node1", "node2"))
+    assert restored.status == 0
+    assert restored.held_after == ["node1"], f"node1's slot gone before its restore: {marks}"
+    assert restored.end < marked.start, f"node2 marked while node1 still was: {marks}"
