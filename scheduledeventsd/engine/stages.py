@@ -12,7 +12,7 @@ from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
-from .vocabulary.effects import Effect, RestoreNode, StopDraining
+from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import HooksFinished
 
 _BEFORE_ENDED = {
@@ -163,10 +163,9 @@ def _start_stage(
         if tracked.drain is Drain.ASKED:  # a mark set after this comes back: _cluster_marked
             out.append(StopDraining(tracked.event.event_id))
         tracked = drain.move(tracked, drain.DrainOn.UNMARKED, Drain.NONE)
-    if not hooks:
-        if restore is not None:
-            out.append(RestoreNode(tracked.event.event_id, restore))
-        return runs._over(state, replace(tracked, stage=stage), on)
     if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
+        # With none, it waits too: over (its slot given back) only once the node is back.
         return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
+    if not hooks:
+        return runs._over(state, replace(tracked, stage=stage), on)
     return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

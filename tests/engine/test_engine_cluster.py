@@ -525,6 +525,29 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
 
 
+def test_with_a_slot_and_no_after_hooks_the_slot_is_given_back_once_the_node_is_restored():
+    """Restore, then release (issue 28), where the cluster is all the preparation: without
+    after-hooks the event's end asked for the restore and was over in the same step, so its
+    slot went with it and the next VM drained its node while this one's restore ran (found by
+    tests/system/test_slot_drain.py). It now waits for the restore's answer, as hooks do."""
+    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+    m = machine(
+        config={"coordination": etcd, "concurrency": Concurrency("web", 1)},
+        events={"Reboot": EventRule(("drain",))},
+    )
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    assert not of(m.effects, ReleaseSlot), "the slot is held until the node is back"
+    m.send(ClusterRestored("E1"), at=MONO0 + 4)
+    assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+    assert not of(m.effects, SpawnHooks)
+
+
 def test_a_mark_reported_after_a_reload_removed_pacemaker_is_kept_and_taken_off_at_the_end():
     """The drainer reports its mark just before its command runs; a SIGHUP removing
     coordination.pacemaker can be handled in between (the daemon stops the old drainer, too
