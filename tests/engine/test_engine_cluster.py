@@ -37,6 +37,7 @@ from scheduledeventsd.engine import (
     DrainNode,
     Exit,
     GateAnswered,
+    HoldSlot,
     HooksFinished,
     Outcome,
     Persist,
@@ -523,6 +524,35 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     assert not of(m.effects, ReleaseSlot), "held through the after-hooks"
     m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 602)
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
+
+
+def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_it_held():
+    """The after-hooks wait for a retry of the restore that works; the daemon's stop ends the
+    retries, so it does not wait for them (shutdown_grace for nothing): it exits, its slot
+    held for hold_max, and the restart asks for the restore again."""
+    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    m.send(ClusterRestored("E1", "crm_attribute: exit 102"), at=MONO0 + 4)
+    m.send(StopRequested("SIGTERM"), at=MONO0 + 5)
+    assert of(m.effects, Exit)
+    assert [h.event_id for h in of(m.effects, HoldSlot)] == ["E1"]
+    loaded = engine.durable_events(m.state.events)
+    again = machine(
+        loaded=loaded,
+        mark=MARK,
+        config={"coordination": etcd, "concurrency": m.state.config.concurrency},
+    )
+    assert [r.mark for r in of(again.effects, RestoreNode)] == [MARK], "asked again"
+    assert not of(again.effects, SpawnHooks), "the after-hooks wait for it"
+    (after,) = of(again.send(ClusterRestored(""), at=again.now + 1), SpawnHooks)
+    assert after.stage.value == "after", "then the after-hooks, the slot still held"
+    assert not of(again.effects, ReleaseSlot)
 
 
 def test_with_a_slot_and_no_after_hooks_the_slot_is_given_back_once_the_node_is_restored():
