@@ -6,6 +6,8 @@ through its due(); no engine module is over 400 lines."""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import enum
 import inspect
 from pathlib import Path
 from typing import get_args
@@ -20,11 +22,13 @@ from scheduledeventsd.engine import (
     Slot,
     Tracked,
     compose,
+    machine,
 )
-from scheduledeventsd.engine.gates import drain, pipeline, slot, window
-from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect
+from scheduledeventsd.engine.component import Gate, Timers
+from scheduledeventsd.engine.gates import drain, onward, pipeline, slot, window
+from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect, SpawnHooks
 from scheduledeventsd.engine.vocabulary.messages import Message
-from tests.engine.test_engine import event
+from tests.engine.test_engine import Machine, doc, event
 
 ROOT = Path(__file__).parents[2]
 ENGINE = ROOT / "scheduledeventsd" / "engine"
@@ -111,13 +115,16 @@ GATES = ((window.TABLE, Hold.NONE), (slot.TABLE, Slot.NONE), (drain.TABLE, Drain
 
 
 def test_every_gate_with_a_table_is_in_the_pipeline_that_the_docs_draw():
-    """A gate module declaring a TABLE is listed in gates/pipeline.GATES, in the order an event
-    passes them; docs/lifecycle.py draws the tables from that list, so none is left out."""
-    declaring = {
-        path.stem for path in (ENGINE / "gates").glob("*.py") if "\nTABLE = " in path.read_text()
-    }
-    assert {gate.__name__.rpartition(".")[2] for gate in pipeline.GATES} == declaring
-    assert [gate.TABLE for gate in pipeline.GATES] == [table for table, _ in GATES]
+    """A gate module declaring a TABLE or a GATE is in gates/pipeline.GATES, in the order an event
+    passes them; compose and docs/lifecycle.py read the gates from that list, so none is left
+    out."""
+    modules = [_module_of(path) for path in sorted((ENGINE / "gates").glob("*.py"))]
+    tables = {id(m.TABLE) for m in modules if "\nTABLE = " in inspect.getsource(m)}
+    gates = [m.GATE for m in modules if "\nGATE = " in inspect.getsource(m)]
+    assert {id(gate.table) for gate in pipeline.GATES} == tables
+    assert set(map(id, pipeline.GATES)) == set(map(id, gates))
+    assert [gate.table for gate in pipeline.GATES] == [table for table, _ in GATES]
+    assert [gate.name for gate in pipeline.GATES] == [gate.table.name for gate in pipeline.GATES]
 
 
 def test_every_state_of_a_gate_is_reached_from_none():
@@ -243,3 +250,128 @@ def test_next_wakeup_and_the_timers_read_no_timer_but_through_the_components():
     timers = ast.parse(inspect.getsource(compose._timers))
     called = {ast.unparse(c.func) for c in ast.walk(timers) if isinstance(c, ast.Call)}
     assert called == {"lifetime._watchdog", "lifetime._shutdown", "timers.fire"}
+
+
+# ---- a gate is one declaration: the composition reads it through pipeline.GATES -------------
+
+
+def test_every_gate_declares_handlers_timers_reaching_next_wakeup_and_couplings_in_compose():
+    """What compose runs of the gates is exactly what they declare: each gate's handlers are
+    the dispatch's, its timers fire in the order of GATES and reach next_wakeup, its couplings
+    run after every message."""
+    for gate in pipeline.GATES:
+        for message, handler in gate.handlers.items():
+            assert compose._HANDLERS[message] is handler, (gate.name, message)
+        for timers in gate.timers:
+            assert timers in compose.TIMERS, (gate.name, timers.name)
+            assert timers.due is not None or timers.due_for is not None, timers.name
+            for phase in timers.phases:
+                assert timers.due_for in compose._DUE_BY_PHASE[phase], timers.name
+        assert set(gate.couplings) <= set(compose.COUPLINGS), gate.name
+    gates = [t for gate in pipeline.GATES for t in gate.timers]
+    assert [t for t in compose.TIMERS if t in gates] == gates, "fired in the order of GATES"
+    assert tuple(c for gate in pipeline.GATES for c in gate.couplings) == compose.COUPLINGS
+
+
+class ToyOn(str, enum.Enum):
+    PASSED = "its toy check passed"
+
+
+class Toy(str, enum.Enum):
+    NONE = ""
+    PASSED = "passed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyAnswered:
+    """A toy gate's own message: its owner is the gate that declares it, nothing else."""
+
+    event_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AskToy:
+    """A toy gate's own effect."""
+
+    event_id: str
+
+
+TOY_TABLE = machine.Table(
+    "toy", "a gate declared in a test", (machine.row([Toy.NONE], ToyOn.PASSED, Toy.PASSED, "on"),)
+)
+
+
+def _toy_gate(seen: list[str]) -> Gate:
+    """A gate built here, in the test, as a new gate module would declare it: nothing else of
+    the engine is edited for the composition to run it."""
+
+    def enter(state, tracked, on, now, out):
+        seen.append(f"enter {tracked.event.event_id}")
+        out.append(AskToy(tracked.event.event_id))
+        return onward.after("toy", state, tracked, on, now, out)  # then the drain's gate
+
+    def answered(state, msg, now, out):
+        seen.append(f"answered {msg.event_id}")
+        return state
+
+    def due(state, now, allowed):
+        return (now + 0.25,)  # sooner than any other timer of the engine
+
+    def fire(state, now, out):
+        seen.append("fired")
+        return state
+
+    def coupling(state, out):
+        seen.append("coupled")
+        return state
+
+    return Gate(
+        "toy",
+        TOY_TABLE,
+        enter,
+        handlers={ToyAnswered: answered},
+        timers=(Timers("toy", fire, due),),
+        couplings=(coupling,),
+    )
+
+
+@pytest.fixture
+def with_toy_gate(monkeypatch):
+    """pipeline.GATES with a toy gate between the slot's and the drain's, composed as compose
+    composes the gates it imports."""
+    seen: list[str] = []
+    gates = (*pipeline.GATES[:2], _toy_gate(seen), *pipeline.GATES[2:])
+    names = ("_HANDLERS", "TIMERS", "COUPLINGS", "_DUE", "_DUE_BY_PHASE")
+    for name, value in zip(names, compose.composed(gates)):
+        monkeypatch.setattr(compose, name, value)
+    onward.link(gates)
+    try:
+        yield seen
+    finally:
+        onward.link(pipeline.GATES)
+
+
+def test_a_gate_declared_elsewhere_is_composed_from_its_declaration_alone(with_toy_gate):
+    """The proof that adding a gate edits no other place of the engine: a gate declared in this
+    test is entered in its turn (after the window and the slot, before the drain and the
+    before-hooks), its effect comes out, its message reaches its handler, its timer fires and
+    sets the wake-up, and its coupling runs. On the old code compose listed each gate's handlers,
+    timers and couplings by hand, and each gate named the next: there was nothing to build."""
+    seen = with_toy_gate
+    m = Machine()
+    assert "fired" in seen
+    assert "coupled" in seen
+    assert m.wake() == pytest.approx(m.now + 0.25), "its timer reaches next_wakeup"
+    m.fetched(doc(event()), at=100.1)
+    kinds = [type(e) for e in m.effects]
+    assert kinds.index(AskToy) < kinds.index(SpawnHooks), "entered before the before-hooks"
+    assert "enter E1" in seen
+    assert m.phase() is Phase.RUNNING, "handed on: the drain's gate, then the before-hooks"
+    m.send(ToyAnswered("E1"), at=100.2)
+    assert "answered E1" in seen
+
+
+def test_two_gates_claiming_one_message_are_refused_when_composed():
+    toy = _toy_gate([])
+    with pytest.raises(ValueError, match="ToyAnswered: handled twice"):
+        compose.composed((*pipeline.GATES, toy, dataclasses.replace(toy, name="toy2")))
