@@ -26,9 +26,11 @@ from scheduledeventsd.engine import (
 )
 from scheduledeventsd.engine.component import Gate, Timers
 from scheduledeventsd.engine.gates import drain, onward, pipeline, slot, window
-from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect, SpawnHooks
-from scheduledeventsd.engine.vocabulary.messages import Message
-from tests.engine.test_engine import Machine, doc, event
+from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect, GateEffect, SpawnHooks
+from scheduledeventsd.engine.vocabulary.messages import GateMessage, Message
+from scheduledeventsd.host.hooks import ProcessRunner
+from scheduledeventsd.runtime import executors
+from tests.engine.test_engine import Machine, config, doc, event
 
 ROOT = Path(__file__).parents[2]
 ENGINE = ROOT / "scheduledeventsd" / "engine"
@@ -152,8 +154,25 @@ def test_every_gate_row_is_on_the_lifecycle_page():
 # ---- (3) one owner per message, one executor and one failure message per effect ------------
 
 
+def _ours(base: type) -> set[type]:
+    """Every subclass of `base` the package declares (not this test's toy gate's)."""
+    found, frontier = set(), [base]
+    while frontier:
+        for sub in frontier.pop().__subclasses__():
+            frontier.append(sub)
+            if sub.__module__.startswith("scheduledeventsd."):
+                found.add(sub)
+    return found
+
+
 def test_every_message_has_one_owner_in_the_engine():
-    assert set(compose._HANDLERS) == set(get_args(Message))
+    """The components' own messages are `Message`'s members; each gate's (GateMessage) are
+    handled by the one gate that declares a handler for it."""
+    own = {m for m in get_args(Message) if m is not GateMessage}
+    by_gates = [m for gate in pipeline.GATES for m in gate.handlers]
+    assert sorted(m.__name__ for m in by_gates) == sorted(m.__name__ for m in _ours(GateMessage))
+    assert set(compose._HANDLERS) == own | set(by_gates)
+    assert not own & set(by_gates)
     for message, handler in compose._HANDLERS.items():
         assert handler.__module__.startswith("scheduledeventsd.engine."), message
 
@@ -181,17 +200,25 @@ def _branches(function: ast.FunctionDef):
 
 
 def test_every_effect_has_one_executor_in_the_daemon():
+    """Each effect in exactly one branch of Daemon._do, or carried out by the one executor wired
+    in runtime/executors.WIRED that declares it; every gate's effects are an executor's."""
     named: list[str] = []
     for kinds, _ in _branches(_method(_daemon(), "_do")):
         named += kinds
-    effects = sorted(e.__name__ for e in get_args(Effect))
-    assert sorted(named) == effects, "each effect in exactly one branch of Daemon._do"
+    wired = [e.__name__ for kind in executors.WIRED for e in kind.EFFECTS]
+    effects = {e.__name__ for e in get_args(Effect) if e is not GateEffect}
+    gates = {e.__name__ for e in _ours(GateEffect)}
+    assert sorted(named + wired) == sorted(effects | gates), "each effect carried out once"
+    assert gates <= set(wired)
+    declared = [e for gate in pipeline.GATES for e in gate.effects]
+    assert sorted(e.__name__ for e in declared) == sorted(gates), "each gate effect, one gate"
 
 
 def test_every_effect_has_one_failure_message_sent_when_carrying_it_out_raised():
     """Declared in FAILURE (None: nothing waits for its answer); Daemon._effect_failed sends
-    exactly that message, from one branch."""
-    assert set(FAILURE) == set(get_args(Effect))
+    exactly that message, from one branch. A gate's effects declare theirs (GateEffect.failed,
+    sent by the daemon's one branch for them): a message their gate handles."""
+    assert set(FAILURE) == {e for e in get_args(Effect) if e is not GateEffect}
     tree = _daemon()
     lanes = ast.parse((ROOT / "scheduledeventsd" / "runtime" / "lanes.py").read_text())
     helpers = {  # the daemon's own, and the lanes' (`lanes.poll_error(detail)`)
@@ -200,6 +227,9 @@ def test_every_effect_has_one_failure_message_sent_when_carrying_it_out_raised()
     }
     sent: dict[str, str] = {}
     for kinds, body in _branches(_method(tree, "_effect_failed")):
+        if kinds == ["GateEffect"]:
+            assert "effect.failed(detail)" in ast.unparse(body[0])
+            continue
         (put,) = [c for c in ast.walk(body[0]) if isinstance(c, ast.Call)][:1]
         made = put.args[0]
         assert isinstance(made, ast.Call)
@@ -212,6 +242,17 @@ def test_every_effect_has_one_failure_message_sent_when_carrying_it_out_raised()
             sent[kind] = name
     declared = {e.__name__: m.__name__ for e, m in FAILURE.items() if m is not None}
     assert sent == declared
+    for gate in pipeline.GATES:
+        for effect in gate.effects:
+            if effect.failed is GateEffect.failed:
+                continue  # nothing waits for its answer
+            (ret,) = [
+                r
+                for r in ast.walk(ast.parse(inspect.getsource(effect)))
+                if isinstance(r, ast.Return)
+            ]
+            message = ast.unparse(ret.value.func)  # type: ignore[union-attr]
+            assert message in {m.__name__ for m in gate.handlers}, (gate.name, effect, message)
 
 
 # ---- (3) every component's timers reach next_wakeup through its due() -----------------------
@@ -283,17 +324,21 @@ class Toy(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyAnswered:
+class ToyAnswered(GateMessage):
     """A toy gate's own message: its owner is the gate that declares it, nothing else."""
 
     event_id: str
+    error: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
-class AskToy:
-    """A toy gate's own effect."""
+class AskToy(GateEffect):
+    """A toy gate's own effect, and the message that reports its failure."""
 
     event_id: str
+
+    def failed(self, detail: str) -> GateMessage:
+        return ToyAnswered(self.event_id, detail)
 
 
 TOY_TABLE = machine.Table(
@@ -330,6 +375,7 @@ def _toy_gate(seen: list[str]) -> Gate:
         TOY_TABLE,
         enter,
         handlers={ToyAnswered: answered},
+        effects=(AskToy,),
         timers=(Timers("toy", fire, due),),
         couplings=(coupling,),
     )
@@ -375,3 +421,40 @@ def test_two_gates_claiming_one_message_are_refused_when_composed():
     toy = _toy_gate([])
     with pytest.raises(ValueError, match="ToyAnswered: handled twice"):
         compose.composed((*pipeline.GATES, toy, dataclasses.replace(toy, name="toy2")))
+
+
+class ToyExecutor:
+    """A toy gate's executor, as a new one under coordination/ would be."""
+
+    EFFECTS = (AskToy,)
+
+    def __init__(self, context: executors.Context) -> None:
+        self.context = context
+
+    @staticmethod
+    def settings(config) -> object:
+        return config.vm_name
+
+    def do(self, effect: AskToy) -> None:
+        self.context.send(ToyAnswered(effect.event_id))
+
+    def stop_all(self) -> None:
+        pass
+
+
+def test_a_gates_executor_is_wired_by_one_entry_and_remade_when_its_settings_change():
+    """The daemon's executors are found by the effects they declare (runtime/executors.WIRED):
+    one more entry carries out a new gate's effects, a reload that changes its settings makes
+    it anew (and no other), and its effect says what reports its failure."""
+    sent: list[object] = []
+    context = executors.Context(config(), sent.append, ProcessRunner())
+    wired = executors.Executors(context, (*executors.WIRED, ToyExecutor))
+    assert wired.carries(AskToy("E1"))
+    wired.do(AskToy("E1"))
+    assert sent == [ToyAnswered("E1")]
+    before = list(wired.running)
+    wired.reload(context.config, dataclasses.replace(context, config=config(vm_name="vm-b")))
+    assert [a is b for a, b in zip(before, wired.running)] == [True] * len(executors.WIRED) + [
+        False
+    ]
+    assert AskToy("E1").failed("boom") == ToyAnswered("E1", "boom")
