@@ -5,9 +5,10 @@ couplings. compose builds `step`'s dispatch, timers and couplings from these dec
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, TypeVar
 
 from .lifecycle import On, Phase
 from .machine import Table
@@ -49,3 +50,20 @@ class Gate:
     effects: tuple[type, ...] = ()
     timers: tuple[Timers, ...] = ()
     couplings: tuple[Coupling, ...] = ()
+
+
+S = TypeVar("S", bound=enum.Enum)
+
+
+def gate_state(tracked: Tracked, table: Table[S, Any]) -> S:
+    """A gate's slice of the event, kept in `Tracked.gates` under its table's name (a gate with
+    no field of its own in Tracked): its states are an enum whose none is the value ""."""
+    kind = type(table.rows[0].target)
+    return kind(dict(tracked.gates).get(table.name, ""))
+
+
+def gate_move(tracked: Tracked, table: Table[S, Any], on: enum.Enum, target: S) -> Tracked:
+    """The one place a slice kept in `Tracked.gates` changes: only as its table declares."""
+    table.check(gate_state(tracked, table), on, target)
+    kept = {**dict(tracked.gates), table.name: target.value}
+    return replace(tracked, gates=tuple(sorted((k, v) for k, v in kept.items() if v != "")))

@@ -24,9 +24,15 @@ from scheduledeventsd.engine import (
     compose,
     machine,
 )
-from scheduledeventsd.engine.component import Gate, Timers
+from scheduledeventsd.engine.component import Gate, Timers, gate_move, gate_state
 from scheduledeventsd.engine.gates import drain, onward, pipeline, slot, window
-from scheduledeventsd.engine.vocabulary.effects import FAILURE, Effect, GateEffect, SpawnHooks
+from scheduledeventsd.engine.vocabulary.effects import (
+    FAILURE,
+    Effect,
+    GateEffect,
+    Persist,
+    SpawnHooks,
+)
 from scheduledeventsd.engine.vocabulary.messages import GateMessage, Message
 from scheduledeventsd.host.hooks import ProcessRunner
 from scheduledeventsd.runtime import executors
@@ -56,8 +62,14 @@ def _lines(path: Path) -> int:
 # ---- (2) every per-event machine changes only through its table ----------------------------
 
 # The field each machine keeps in a Tracked -> the one function that may change it.
-MOVES = {"phase": "_move", "slot": "move", "drain": "move", "window": "move"}
-OWNERS = {"phase": "state.py", "slot": "slot.py", "drain": "drain.py", "window": "window.py"}
+MOVES = {"phase": "_move", "slot": "move", "drain": "move", "window": "move", "gates": "gate_move"}
+OWNERS = {
+    "phase": "state.py",
+    "slot": "slot.py",
+    "drain": "drain.py",
+    "window": "window.py",
+    "gates": "component.py",  # every other gate's slice (Tracked.gates)
+}
 # What the state file keeps, and what decides whether it is written: a projection without the
 # slices it does not keep (the window gate's), not a move of them.
 VIEWS = {("notes.py", "_durable_view"), ("notes.py", "durable_events")}
@@ -353,6 +365,7 @@ def _toy_gate(seen: list[str]) -> Gate:
     def enter(state, tracked, on, now, out):
         seen.append(f"enter {tracked.event.event_id}")
         out.append(AskToy(tracked.event.event_id))
+        tracked = gate_move(tracked, TOY_TABLE, ToyOn.PASSED, Toy.PASSED)  # its own slice
         return onward.after("toy", state, tracked, on, now, out)  # then the drain's gate
 
     def answered(state, msg, now, out):
@@ -413,6 +426,12 @@ def test_a_gate_declared_elsewhere_is_composed_from_its_declaration_alone(with_t
     assert kinds.index(AskToy) < kinds.index(SpawnHooks), "entered before the before-hooks"
     assert "enter E1" in seen
     assert m.phase() is Phase.RUNNING, "handed on: the drain's gate, then the before-hooks"
+    tracked = m.state.events["E1"]
+    assert gate_state(tracked, TOY_TABLE) is Toy.PASSED
+    (persist,) = [e for e in m.effects if isinstance(e, Persist)]
+    assert persist.events["E1"].gates == (("toy", "passed"),), "kept in the state file"
+    with pytest.raises(IllegalTransitionError, match="toy passed: nothing is declared"):
+        gate_move(tracked, TOY_TABLE, ToyOn.PASSED, Toy.PASSED)
     m.send(ToyAnswered("E1"), at=100.2)
     assert "answered E1" in seen
 
