@@ -131,7 +131,7 @@ def _stage_retried_later(
 def _start_stage(
     state: State, tracked: Tracked, on: On, stage: Stage, out: list[Effect]
 ) -> tuple[State, Tracked]:
-    """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
+    """Run the event's after- or cancelled-hooks, once; with none it is over (its node restored)."""
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
     # Only this daemon's own mark is taken off (none: the node was marked by someone else).
