@@ -79,7 +79,7 @@ def _rule_removed(state: State, tracked: Tracked, by: str, out: list[Effect]) ->
     """A waiting, queued or draining event whose type has no rule any more (`by` a reload, or a
     restart with a new configuration) is left alone: never an empty run or an early approval
     by accident, never a timer its gate skips but keeps due (a daemon woken at once, for ever);
-    a drain's mark is given up (restore._release_left_alone)."""
+    a drain's mark is given up (drain._release_left_alone)."""
     event = tracked.event
     if tracked.phase not in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) or event.event_type in (
         state.config.events

@@ -8,11 +8,11 @@ from dataclasses import replace
 from ..records import Cause, Level, Record, What
 from . import approval, peers, runs
 from .gates import drain, hold
-from .lifecycle import Drain, On, Phase, Slot, Stage
+from .lifecycle import Drain, On, Phase, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
-from .vocabulary.effects import Effect, RestoreNode, StopDraining
+from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import HooksFinished
 
 _BEFORE_ENDED = {
@@ -128,30 +128,10 @@ def _stage_retried_later(
     return _with(state, tracked.event.event_id, _move(retried, On.STAGE_ENDED, Phase.AFTER))
 
 
-def retry_after(state: State, now: float, out: list[Effect]) -> State:
-    """The hold's timer: after-hooks waiting for their next try run again while the slot is
-    held; one no longer held (lost, freed by an operator) is over without them."""
-    if state.stopping is not None:
-        return state
-    for event_id, t in state.events.items():
-        if not hold.waiting(t) or t.start_at > now:
-            continue
-        rule = state.config.events.get(t.event.event_type)
-        hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
-        if t.slot not in (Slot.HELD, Slot.ASKED) or not hooks:
-            state, over = runs._over(state, t, On.LEAD_TIME)
-            state = _with(state, event_id, over)
-            continue
-        rebooted = bool(t.boot_id and state.boot_id and t.boot_id != state.boot_id)
-        state, run = runs._spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
-        state = _with(state, event_id, _move(t, On.LEAD_TIME, Phase.AFTER, run=run))
-    return state
-
-
 def _start_stage(
     state: State, tracked: Tracked, on: On, stage: Stage, out: list[Effect]
 ) -> tuple[State, Tracked]:
-    """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
+    """Run the event's after- or cancelled-hooks, once; with none it is over (its node restored)."""
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
     # Only this daemon's own mark is taken off (none: the node was marked by someone else).
@@ -163,10 +143,9 @@ def _start_stage(
         if tracked.drain is Drain.ASKED:  # a mark set after this comes back: _cluster_marked
             out.append(StopDraining(tracked.event.event_id))
         tracked = drain.move(tracked, drain.DrainOn.UNMARKED, Drain.NONE)
-    if not hooks:
-        if restore is not None:
-            out.append(RestoreNode(tracked.event.event_id, restore))
-        return runs._over(state, replace(tracked, stage=stage), on)
-    if restore is not None:  # the node first (restore._restore_first); its hooks wait
+    if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
+        # With none, it waits too: over (its slot given back) only once the node is back.
         return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
+    if not hooks:
+        return runs._over(state, replace(tracked, stage=stage), on)
     return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

@@ -45,6 +45,9 @@ class Tracked:
     # Its preparation started once (drained, its before-hooks): its after- or cancelled-hooks
     # are owed also while it waits in a gate again (queued after a restart, its slot taken back).
     prepared: bool = False
+    # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
+    # component.gate_move, as its table declares, and kept in the state file as it is.
+    gates: tuple[tuple[str, str], ...] = ()
 
 
 Known = Mapping[str, Tracked]

@@ -234,6 +234,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
                 "prepared": t.prepared,
+                **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
             }
             for t in known.values()
         ],
@@ -273,6 +274,11 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             raise TypeError("boot_id and vm_name must be strings")
         if isinstance(incarnation, bool) or not isinstance(incarnation, int):
             raise TypeError("incarnation must be an integer")
+        gates = entry.get("gates", {})  # absent before there were gates of this kind
+        if not isinstance(gates, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in gates.items()
+        ):
+            raise TypeError("gates must map each gate's name to its state")
         newer = entry.get("newer_phase")
         known_phases = {p.value for p in Phase}
         phase = Phase(newer if newer in known_phases else entry["phase"])
@@ -292,5 +298,6 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             vm_name=name,
             incarnation=incarnation,
             prepared=prepared,
+            gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
         )
     return known

@@ -12,11 +12,11 @@ from ...config import Config, Pacemaker
 from ...model import Event
 from ...records import Level, Record, What
 from .. import runs
-from ..lifecycle import Drain, On, Phase
+from ..component import Gate, Timers
+from ..lifecycle import Drain, On, Phase, Slot
 from ..machine import Table, row
-from ..notes import _note
+from ..notes import _note, event_fields
 from ..state import State, Tracked, _move, _with, mark_of
-from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
     ClusterChecked,
@@ -24,7 +24,9 @@ from ..vocabulary.messages import (
     ClusterDraining,
     ClusterHeld,
     ClusterMarked,
+    ClusterRestored,
 )
+from . import cluster_check, onward
 
 
 class DrainOn(str, enum.Enum):
@@ -36,7 +38,7 @@ class DrainOn(str, enum.Enum):
     REMARK = "a new boot, the event still Scheduled"
     RESTORE = "over: its after- or cancelled-hooks are due"
     RESTORED = "the node is back"
-    RESTORE_FAILED = "its restore failed, or was not answered in time"
+    RESTORE_FAILED = "its restore failed (or was not answered in time): its hooks start anyway"
     UNMARKED = "over: another event keeps the mark, or it is not ours"
     LEFT_ALONE = "it will never be over for this VM: its type lost its rule, or it was missed"
 
@@ -55,12 +57,7 @@ TABLE = Table(
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
         row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
         row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
-        row(
-            [*_MARKED, _.RESTORING],
-            DrainOn.RESTORE_FAILED,
-            _.NONE,
-            "cluster_restore_failed: its hooks start; the mark is restored again until it works",
-        ),
+        row([*_MARKED, _.RESTORING], DrainOn.RESTORE_FAILED, _.NONE, "retried until it works"),
         # restoring: a restart runs its after-hooks again (a held slot) while another event
         # drains the node: that one restores it at its end
         row([*_MARKED, _.RESTORING], DrainOn.UNMARKED, _.NONE, "nothing restored (StopDraining)"),
@@ -68,6 +65,9 @@ TABLE = Table(
     ),
 )
 del _
+
+
+NAME = TABLE.name
 
 
 def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
@@ -98,45 +98,12 @@ def _enter(
         deadline = _drain_deadline(state, event, now)
         marked = move(tracked, DrainOn.MARK, Drain.ASKED)
         return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
-    return runs._before_hooks(state, tracked, on, now, out)
+    return onward.after(NAME, state, tracked, on, now, out)
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
     """`cluster.pacemaker` (an older file's `coordination.pacemaker` loads the same)."""
     return state.config.cluster
-
-
-def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
-    """Kept for `status` (which exits 1 while there are problems) and read again every
-    CLUSTER_CHECK; logged when it changes."""
-    if _pacemaker(state) is None:  # answered after a reload took the section away
-        return state
-    changed = msg.problems != state.cluster_problems
-    state = replace(state, cluster_problems=msg.problems, cluster_check_at=now + CLUSTER_CHECK)
-    if not changed:
-        return state
-    if msg.problems:
-        out.append(
-            Record(
-                Level.ERROR,
-                What.CLUSTER_UNREADY,
-                {
-                    "problems": list(msg.problems),
-                    "reason": "until this is fixed, events that drain this node are held (no "
-                    "early approval)",
-                },
-            )
-        )
-    else:
-        out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
-    return state
-
-
-def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
-    if state.cluster_check_at <= now and _pacemaker(state) is not None:
-        out.append(CheckCluster())
-        state = replace(state, cluster_check_at=math.inf)  # until ClusterChecked comes back
-    return state
 
 
 def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
@@ -206,9 +173,8 @@ def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Ef
     if tracked is None:
         return state
     out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
-    state, tracked = runs._before_hooks(
-        state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
-    )
+    drained = move(tracked, DrainOn.DRAINED, Drain.DONE)
+    state, tracked = onward.after(NAME, state, drained, On.DRAINED, now, out)
     return _with(state, msg.event_id, tracked)
 
 
@@ -235,7 +201,104 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
         )
     )
     held = move(tracked, DrainOn.HELD, Drain.HELD)
-    return runs._before_hooks(state, held, On.DRAIN_HELD, now, out)
+    return onward.after(NAME, state, held, On.DRAIN_HELD, now, out)
+
+
+def _restore_first(state: State, out: list[Effect]) -> State:
+    """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
+    whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
+    node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
+    says (asked again until it works), or holding a slot on the one that says it worked; or
+    at its deadline (gates/restore: placed by its timer, a coupling has no clock)."""
+    for event_id, t in state.events.items():
+        if t.drain in _MARKED and runs._awaiting_restore(t):
+            if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
+                unmarked = move(t, DrainOn.UNMARKED, Drain.NONE)
+                state, tracked = runs._run_stage(state, unmarked, out)
+            else:
+                out.append(RestoreNode(event_id, state.cluster_mark))
+                tracked = replace(move(t, DrainOn.RESTORE, Drain.RESTORING), start_at=math.inf)
+            state = _with(state, event_id, tracked)
+    return state
+
+
+# Phases that never reach the after-stage (so never `_restore_first`): a mark kept for such an
+# event stayed on the node until the next restart or reload.
+_NEVER_OVER = frozenset({Phase.UNHANDLED, Phase.MISSED})
+
+
+def _release_left_alone(state: State, out: list[Effect]) -> State:
+    """A coupling (compose.COUPLINGS): an event drained and then left alone (a reload or a
+    restart took its type's rule away while it was interrupted or rebooted; it started while
+    queued again) gives the mark up: the node is restored unless another event keeps it. And
+    a failed restore's error is forgotten once another drain wants the mark."""
+    for event_id, t in state.events.items():
+        if t.drain in _MARKED and t.phase in _NEVER_OVER:
+            if t.drain is Drain.ASKED:
+                out.append(StopDraining(event_id))
+            state = _with(state, event_id, move(t, DrainOn.LEFT_ALONE, Drain.NONE))
+            _restore_unwanted(state, out)
+    if state.restore_error and _drained_for_another(state, ""):
+        # A drain wants the mark again: the drainer stopped trying the failed restore (its
+        # event's end restores the node), so `status` no longer says it is tried again.
+        state = replace(state, restore_error="")
+    return state
+
+
+def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    """The answer starts the hooks of the event it answers for, whatever it says (holding a
+    slot, only a restore that worked: restore, then release; issue 28); the node back, also
+    those of every other event that waited for it (the restore of the mark no event wanted,
+    asked at a boot beside the event's own, took the same mark off: before, the event's drain
+    was cleared and its hooks, taken for ones waiting for their next try, never ran)."""
+    answered = (msg.event_id,) if msg.error else tuple(state.events)
+    waiting = [k for k in answered if k in state.events and runs._awaiting_restore(state.events[k])]
+    state = _restored(state, msg, out)
+    for event_id in waiting:  # their hooks, now
+        t = state.events[event_id]
+        if t.drain is not Drain.NONE:  # failed
+            if t.slot in (Slot.HELD, Slot.ASKED):
+                continue
+            t = move(t, DrainOn.RESTORE_FAILED, Drain.NONE)  # the state file: no longer waited for
+        state, tracked = runs._run_stage(state, t, out)
+        state = _with(state, event_id, tracked)
+    return state
+
+
+def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
+    tracked = state.events.get(msg.event_id)
+    event_fields_ = {} if tracked is None else event_fields(tracked.event)
+    if msg.error:
+        out.append(
+            Record(
+                Level.ERROR,
+                What.CLUSTER_RESTORE_FAILED,
+                {**event_fields_, "error": msg.error, "reason": "asked again until it works"},
+            )
+        )
+        return replace(state, restore_error=msg.error) if state.cluster_mark else state
+    # The node is back: no event that is over holds a mark any more.
+    state = replace(
+        state,
+        cluster_mark=None,
+        restore_error="",
+        events={
+            k: move(t, DrainOn.RESTORED, Drain.NONE)
+            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
+            else t
+            for k, t in state.events.items()
+        },
+    )
+    out.append(
+        Record(
+            Level.INFO,
+            What.CLUSTER_RESTORED,
+            event_fields_ or {"reason": "this daemon's mark, which no event wants any more"},
+        )
+    )
+    if tracked is not None and tracked.drain is not Drain.NONE:
+        state = _with(state, msg.event_id, move(tracked, DrainOn.RESTORED, Drain.NONE))
+    return state
 
 
 def _drained_for_another(state: State, event_id: str) -> bool:
@@ -311,4 +374,25 @@ def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float)
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
     state = _drain_timeouts(state, now, out)
-    return _recheck_cluster(state, now, out)
+    return cluster_check._recheck_cluster(state, now, out)
+
+
+GATE = Gate(
+    NAME,
+    TABLE,
+    _enter,
+    handlers={
+        ClusterChecked: cluster_check._cluster_checked,
+        ClusterMarked: _cluster_marked,
+        ClusterDraining: _cluster_draining,
+        ClusterDrained: _cluster_drained,
+        ClusterHeld: _cluster_held,
+        ClusterRestored: _cluster_restored,
+    },
+    effects=(CheckCluster, DrainNode, StopDraining, RestoreNode),
+    timers=(Timers("drain", fire, due, due_for, DUE_PHASES),),
+    couplings=(
+        _restore_first,  # the node is restored before the after-hooks (RestoreNode)
+        _release_left_alone,  # and restored for an event that will never have them
+    ),
+)
