@@ -546,6 +546,28 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
 
 
+def test_with_a_slot_a_restore_never_answered_is_asked_again_at_each_deadline_hooks_held():
+    """Restore, then release, when no answer comes either: at each RESTORE_TIMEOUT the restore
+    counts as failed and is asked again; the after-hooks wait for one that works."""
+    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
+    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    m.tick(MONO0 + 3)  # its deadline placed
+    for deadline in (MONO0 + 3 + RESTORE_TIMEOUT, MONO0 + 3 + 2 * RESTORE_TIMEOUT):
+        assert m.state.events["E1"].start_at == deadline
+        m.tick(deadline)
+        assert logs(m.effects, "cluster_restore_failed")
+        assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)], "asked again"
+        assert not of(m.effects, (SpawnHooks, ReleaseSlot)), "held while the node is marked"
+    (after,) = of(m.send(ClusterRestored("E1"), at=m.now + 1), SpawnHooks)
+    assert after.stage.value == "after"
+
+
 def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_it_held():
     """The after-hooks wait for a retry of the restore that works; the daemon's stop ends the
     retries, so it does not wait for them (shutdown_grace for nothing): it exits, its slot
