@@ -96,6 +96,7 @@ def test_the_hold_campaign_catches_a_slot_keeper_that_drops_the_hold_max_move_at
     drains while the first is still away, and the run stops at the first overlap."""
     seed = int.from_bytes(os.urandom(2), "big")
     root = planted(tmp_path, "coordination/slots.py", "worker.stop(hold=seconds)", "worker.stop()")
+    (tmp_path / "run").mkdir()
     with Cluster(tmp_path / "etcd") as cluster:
         campaign = HoldCampaign(
             tmp_path / "run", seed, cluster, 3, root,
