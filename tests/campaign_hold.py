@@ -369,7 +369,7 @@ class HoldCampaign(GroupCampaign):
                 if at < end:
                     end, why = at, reason
             if end == math.inf:
-                if final:
+                if final and not self.cut_short:
                     self.report.violations.append(
                         f"{e.vm}'s {e.event_id[:8]} approved early and never released"
                     )
