@@ -672,7 +672,8 @@ GROUP_HOOK = """#!/bin/sh
 # $1: drain | undrain. Logs its start and end (as FLEET_HOOK); a drain takes the seconds its
 # event's Description names (drain=S), so the seed decides every drain's length. A drain also
 # logs, read from etcd itself (not through its daemon's proxy) as it starts, the groups whose
-# slot its VM holds then: `held ... TIME GROUP,GROUP` ("-": none; "?": etcd did not answer).
+# slot its VM holds then: `held ... TIME GROUP,GROUP` ("-": none; "?": etcd did not answer);
+# the keys it read go to hooks.log.etcd, for whoever reads a failure.
 what="$SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $SCHEDULED_EVENT_VM_NAME"
 echo "start $what $(date +%s.%N)" >> "$CAMPAIGN_LOG"
 if [ "$1" = drain ]; then

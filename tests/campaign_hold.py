@@ -228,8 +228,8 @@ class HoldCampaign(GroupCampaign):
     def tick(self) -> bool:
         self.stop_approved()
         if self.free_every and time.monotonic() >= self.next_free:
-            self.free_one()
-            self.next_free = time.monotonic() + self._free_delay()
+            ran = self.free_one()  # not run: tried again in a second
+            self.next_free = time.monotonic() + (self._free_delay() if ran else 1.0)
         if self.until_violation and time.monotonic() >= self.next_check:
             self.next_check = time.monotonic() + 2
             self._check_holds(self._spans(), final=False)
@@ -241,7 +241,8 @@ class HoldCampaign(GroupCampaign):
 
     def stop_approved(self) -> None:
         """An event of a VM just approved early: its daemon stopped (SIGTERM, as for the
-        reboot) for part of the runs, 1.5-3x `ttl`, or past `hold_max`; back on a new boot."""
+        reboot) for part of the runs (always the first), 1.5-3x `ttl`, or past `hold_max`;
+        back on a new boot."""
         approvals = _first_approvals(self.sim)
         for vm, event_id in self.current.items():
             e = self.events[event_id]
@@ -249,7 +250,8 @@ class HoldCampaign(GroupCampaign):
             if at is None or at >= e.not_before or event_id in self.decided:
                 continue
             self.decided.add(event_id)
-            if self.daemons.get(vm) is None or self.rng.random() >= self.away_share:
+            chosen = not self.stops or self.rng.random() < self.away_share
+            if self.daemons.get(vm) is None or not chosen or not self.away_share:
                 continue
             never = self.rng.random() < self.never_share
             away = self.hold_max + self.rng.uniform(3, 8) if never else self.rng.uniform(*BACK_IN)
@@ -273,19 +275,24 @@ class HoldCampaign(GroupCampaign):
         stop.back = time.time()
         self.note(f"{who} back on a new boot, {stop.back - stop.at:.1f} s after its stop")
 
-    def free_one(self) -> None:
+    def free_one(self) -> bool:
         """`fleet free VM` for a VM holding a slot, most often one away for its maintenance
         (the operator's lever: the next VM goes), now and then one holding none (it must say
-        so and exit 2); its instant, status and what it says are recorded."""
+        so and exit 2); its instant, status and what it says are recorded. False when it did
+        not run (etcd without a quorum, or nothing held: tried again in a moment)."""
         try:
             held = {json.loads(kv.value or b"{}").get("vm") for kv in self._slots()}
         except (EtcdError, ValueError):
-            return  # no quorum: an operator would see it and wait
+            return False  # no quorum: an operator would see it and wait
         down = sorted(held & set(self.away))
         if down and self.rng.random() < 0.7:
             vm = self.rng.choice(down)
+        elif held and self.rng.random() < 0.85:
+            vm = self.rng.choice(sorted(held))
+        elif self.rng.random() < 0.15:
+            vm = self.rng.choice(sorted(set(self.vms) - held) or self.vms)
         else:
-            vm = self.rng.choice(sorted(held) if held and self.rng.random() < 0.85 else self.vms)
+            return False
         at = time.time()
         done = subprocess.run(
             [sys.executable, "-m", "scheduledeventsd", "fleet", "free", vm,
@@ -304,6 +311,7 @@ class HoldCampaign(GroupCampaign):
         nothing = "holds no slot" in said or "etcd" in said
         if done.returncode == 2 and vm not in held and not nothing:
             self.report.violations.append(f"fleet free {vm} (holding none) said: {said}")
+        return True
 
     def _slots(self) -> list[Any]:
         client = EtcdClient(self.etcd)
