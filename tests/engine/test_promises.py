@@ -932,6 +932,9 @@ class GatedPromises(Promises):
         waiting = tracked is not None and tracked.phase is lifecycle.Phase.AFTER
         asked = self.restore_asked_at.get(event_id, self.now)
         in_time = self.now <= asked + RESTORE_TIMEOUT + 1.0  # its deadline, placed a step later
+        # Holding a slot, they wait for a restore that works (restore, then release; issue 28).
+        held = tracked is not None and tracked.slot in (lifecycle.Slot.HELD, lifecycle.Slot.ASKED)
+        in_time = in_time or held
         return waiting and tracked.run is None and bool(self.restoring) and in_time  # type: ignore[union-attr]
 
     @invariant()
