@@ -171,23 +171,26 @@ class EtcdClient:
         _revision(answer)  # an answer without a header is no answer
         return answer.get("succeeded") is True
 
+    def put_and_range(
+        self, key: str, value: bytes, lease: str, prefix: str
+    ) -> tuple[int, list[KeyValue]]:
+        """Put `key` (under `lease`) and read every key under `prefix` in one transaction: what
+        the prefix holds just after the write, as of its revision, with no other read."""
+        put = {"request_put": self._put_body(key, value, lease)}
+        read = {"request_range": {"key": _b64(prefix), "range_end": prefix_end(prefix)}}
+        answer = self._call("/v3/kv/txn", {"compare": [], "success": [put, read]})
+        responses = answer.get("responses")
+        last = responses[-1] if isinstance(responses, list) and len(responses) == 2 else None
+        ranged = last.get("response_range") if isinstance(last, dict) else None
+        if not isinstance(ranged, dict):
+            raise EtcdError("bad_answer", f"txn: no range in {answer!r:.200}")
+        return _revision(answer), _kvs(ranged)
+
     def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
         """Every key under `prefix` and the revision they are as of (a linearizable read: it
         fails without a quorum rather than answering from a stale member)."""
         answer = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
-        kvs = answer.get("kvs", [])
-        if not isinstance(kvs, list):
-            raise EtcdError("bad_answer", "range: kvs is not a list")
-        found = [
-            KeyValue(
-                _unb64(kv.get("key")).decode("utf-8", "replace"),
-                _unb64(kv.get("value")),
-                _lease_id(kv.get("lease")),
-            )
-            for kv in kvs
-            if isinstance(kv, dict)
-        ]
-        return _revision(answer), found
+        return _revision(answer), _kvs(answer)
 
     def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[list[KeyValue]]:
         """The changes under `prefix` from `start_revision` on, a batch per etcd message.
@@ -397,6 +400,22 @@ def _messages(response: requests.Response, limit: int) -> Iterator[bytes]:
             raise EtcdError("bad_answer", f"a watch message larger than {limit} bytes")
     if pending:
         yield pending
+
+
+def _kvs(answer: dict[str, Any]) -> list[KeyValue]:
+    """The keys of a range answer (a range's own, or one inside a transaction's)."""
+    kvs = answer.get("kvs", [])
+    if not isinstance(kvs, list):
+        raise EtcdError("bad_answer", "range: kvs is not a list")
+    return [
+        KeyValue(
+            _unb64(kv.get("key")).decode("utf-8", "replace"),
+            _unb64(kv.get("value")),
+            _lease_id(kv.get("lease")),
+        )
+        for kv in kvs
+        if isinstance(kv, dict)
+    ]
 
 
 def _holds(key: str, expected: Optional[bytes]) -> dict[str, Any]:

@@ -142,12 +142,15 @@ class _Worker:
         effect = self.effect
         prefix = event_prefix(self.settings, effect.event.event_id)
         own = prefix + _segment(effect.vm_name.casefold())
-        self._write(own)
+        # The write answers with every VM's state just after it: the VM whose ready completes
+        # the set knows it from its own write, not from a read or watch event after it.
+        revision, kvs = self._write(own, prefix)
         if not effect.ready:  # `failed` is written: say what the keys hold now, once
-            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in self._read(prefix)})
+            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in kvs})
             return
         while not self._stopped.is_set():
-            revision, kvs = self._client.range(prefix)
+            if revision == 0:  # after a silent watch: read again (needs a quorum)
+                revision, kvs = self._client.range(prefix)
             states = {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
             self._report(states)
             for changes in self._client.watch(prefix, revision + 1, WATCH_CHECK):
@@ -160,23 +163,23 @@ class _Worker:
                 if own not in {kv.key for kv in changes if kv.value is None}:
                     self._report(states)
                     continue
-                self._write(own)  # the daemon's lease expired (a partition): write it again
+                self._write(own, prefix)  # the daemon's lease expired (a partition): again
             # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
+            revision = 0
 
-    def _write(self, key: str) -> None:
+    def _write(self, key: str, prefix: str) -> tuple[int, list[KeyValue]]:
         """Under the daemon's one lease, whatever the number of events and restarts of this
-        worker; a lease found expired is granted anew and the key written again, once."""
+        worker; a lease found expired is granted anew and the key written again, once. One
+        transaction that also reads `prefix`: its revision and keys just after the write."""
         lease, _ = self._lease.get(self._client)
+        value = record(self.effect)
         try:
-            self._client.put(key, record(self.effect), lease)
+            return self._client.put_and_range(key, value, lease, prefix)
         except EtcdError as e:
             if "lease not found" not in e.detail:
                 raise
             self._lease.lost(lease)
-            self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
-
-    def _read(self, prefix: str) -> list[KeyValue]:
-        return self._client.range(prefix)[1]
+            return self._client.put_and_range(key, value, self._lease.get(self._client)[0], prefix)
 
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():
