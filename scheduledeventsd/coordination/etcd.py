@@ -14,7 +14,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import requests
 
@@ -31,6 +31,8 @@ _KEY_NOT_FOUND = "key not found"  # a put with ignore_lease on a key that does n
 # group, a few hundred bytes each (etcd itself refuses requests over 1.5 MiB by default); an
 # endless or broken answer must not take the daemon's memory.
 MAX_MESSAGE = 4 << 20
+# A request's body: one JSON message, or several one after the other (a watch stream's creates)
+Body = Union[dict[str, Any], list[dict[str, Any]]]
 
 
 class EtcdError(Exception):
@@ -199,14 +201,28 @@ class EtcdClient:
         cluster still has a quorum (a member cut off from it keeps a watch open but silent).
         Raises EtcdError when the stream breaks or etcd cancels the watch.
         """
-        body = {
-            "create_request": {
-                "key": _b64(prefix),
-                "range_end": prefix_end(prefix),
-                "start_revision": str(start_revision),
+        return self._watch([(prefix, prefix_end(prefix))], start_revision, idle)
+
+    def watch_keys(
+        self, keys: Sequence[str], start_revision: int, idle: float
+    ) -> Iterator[list[KeyValue]]:
+        """As `watch`, for each of `keys` alone, all on one stream (one watcher a key)."""
+        return self._watch([(key, None) for key in keys], start_revision, idle)
+
+    def _watch(
+        self, ranges: Sequence[tuple[str, Optional[str]]], start_revision: int, idle: float
+    ) -> Iterator[list[KeyValue]]:
+        creates = [
+            {
+                "create_request": {
+                    "key": _b64(key),
+                    **({"range_end": end} if end is not None else {}),
+                    "start_revision": str(start_revision),
+                }
             }
-        }
-        response = self._open_stream(body, idle)
+            for key, end in ranges
+        ]
+        response = self._open_stream(creates, idle)
         try:
             for line in _messages(response, MAX_MESSAGE):
                 if not line.strip():
@@ -265,7 +281,7 @@ class EtcdClient:
             raise _error(path, response.status_code, answer)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _open_stream(self, body: dict[str, Any], idle: float) -> requests.Response:
+    def _open_stream(self, body: list[dict[str, Any]], idle: float) -> requests.Response:
         response, _ = self._post("/v3/watch", body, stream=True, read_timeout=idle)
         if response.status_code != 200:
             answer = _decode(_bounded(response) or b"")
@@ -279,7 +295,7 @@ class EtcdClient:
         return response
 
     def _post(
-        self, path: str, body: dict[str, Any], *, stream: bool, read_timeout: float
+        self, path: str, body: Body, *, stream: bool, read_timeout: float
     ) -> tuple[requests.Response, bytes]:
         """POST to the endpoint that answered last, else the next ones in turn; the response
         and its body (b"" for a `stream`, of which only the headers are read here). Each
@@ -311,7 +327,7 @@ class EtcdClient:
         raise EtcdError(kind, "; ".join(problems))
 
     def _post_one(
-        self, endpoint: str, path: str, body: dict[str, Any], stream: bool, read_timeout: float
+        self, endpoint: str, path: str, body: Body, stream: bool, read_timeout: float
     ) -> tuple[requests.Response, bytes]:
         """One endpoint, within one deadline; every failure an EtcdError of its kind."""
         with Watch(self.settings.timeout) as watch:
@@ -320,8 +336,14 @@ class EtcdClient:
                 headers = self._headers(endpoint)
                 response = self._session.post(
                     endpoint + path,
-                    json=body,
-                    headers={**headers, "Accept-Encoding": "identity"},
+                    data="\n".join(
+                        json.dumps(m) for m in (body if isinstance(body, list) else [body])
+                    ),
+                    headers={
+                        **headers,
+                        "Accept-Encoding": "identity",
+                        "Content-Type": "application/json",
+                    },
                     timeout=(watch.left(), read_timeout),
                     stream=True,
                     allow_redirects=False,

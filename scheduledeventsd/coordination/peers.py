@@ -32,6 +32,12 @@ def event_prefix(settings: Etcd, event_id: str) -> str:
     return f"{settings.prefix.rstrip('/')}/events/{_segment(event_id)}/"
 
 
+def settled_key(settings: Etcd, event_id: str) -> str:
+    """Written by the VM whose write decided a shared event (the last ready, or a `failed`):
+    the one key the other VMs watch, then read the event's keys and judge for themselves."""
+    return f"{settings.prefix.rstrip('/')}/settled/{_segment(event_id)}"
+
+
 def _segment(text: str) -> str:
     """A key segment: IMDS' EventId and the VM name are data, never a path of their own."""
     return urllib.parse.quote(text, safe="-_.~")
@@ -114,6 +120,8 @@ class _Worker:
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._settling = False
         self._thread = threading.Thread(
             target=self._run, name=f"etcd-{effect.event.event_id[:8]}", daemon=True
         )
@@ -122,8 +130,12 @@ class _Worker:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._client.close()
+        """From any thread; a worker writing the settled key closes its client after it."""
+        with self._lock:
+            self._stopped.set()
+            settling = self._settling
+        if not settling:
+            self._client.close()
 
     def _run(self) -> None:
         event = self.effect.event
@@ -142,30 +154,58 @@ class _Worker:
         effect = self.effect
         prefix = event_prefix(self.settings, effect.event.event_id)
         own = prefix + _segment(effect.vm_name.casefold())
+        settled = settled_key(self.settings, effect.event.event_id)
         # The write answers with every VM's state just after it: the VM whose ready completes
         # the set knows it from its own write, not from a read or watch event after it.
         revision, kvs = self._write(own, prefix)
-        if not effect.ready:  # `failed` is written: say what the keys hold now, once
-            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in kvs})
-            return
-        while not self._stopped.is_set():
-            if revision == 0:  # after a silent watch: read again (needs a quorum)
-                revision, kvs = self._client.range(prefix)
-            states = {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
+        states = _states(kvs, prefix)
+        if self._decides(states):  # the engine first, then the other VMs are woken
+            with self._lock:
+                self._settling = True
             self._report(states)
-            for changes in self._client.watch(prefix, revision + 1, WATCH_CHECK):
-                for kv in changes:
-                    name = _name(kv.key, prefix)
-                    if kv.value is None:
-                        states.pop(name, None)
-                    else:
-                        states[name] = state_of(kv.value)
-                if own not in {kv.key for kv in changes if kv.value is None}:
-                    self._report(states)
-                    continue
-                self._write(own, prefix)  # the daemon's lease expired (a partition): again
-            # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
-            revision = 0
+            self._settle(settled)
+            if not effect.ready:
+                return
+        else:
+            self._report(states)
+        while not self._stopped.is_set():
+            # Only the settled key (and our own mark, gone if the lease expired): a VM is woken
+            # once when the event is decided, not by every other VM's ready (N² at 100 VMs).
+            for changes in self._client.watch_keys((own, settled), revision + 1, WATCH_CHECK):
+                if own in {kv.key for kv in changes if kv.value is None}:
+                    _, kvs = self._write(own, prefix)  # the lease expired (a partition): again
+                else:
+                    _, kvs = self._client.range(prefix)
+                self._report(_states(kvs, prefix))
+            if self._stopped.is_set():
+                return
+            # Silent for WATCH_CHECK: read again (needs a quorum; it also covers a VM that
+            # completed the set and died before it settled), watch again.
+            revision, kvs = self._client.range(prefix)
+            self._report(_states(kvs, prefix))
+
+    def _decides(self, states: dict[str, str]) -> bool:
+        """Whether this VM's write decided the event: its own `failed`, or the last ready."""
+        if not self.effect.ready:
+            return True
+        said = {name.casefold(): state for name, state in states.items()}
+        return all(said.get(n.casefold()) == "ready" for n in self.effect.event.resources)
+
+    def _settle(self, key: str) -> None:
+        """Write the settled key, which the other VMs watch, even if told to stop meanwhile
+        (the engine stops the watch as soon as it heard the set is complete)."""
+        try:
+            lease, _ = self._lease.get(self._client)
+            try:
+                self._client.put(key, record(self.effect), lease)
+            except EtcdError as e:
+                if "lease not found" not in e.detail:
+                    raise
+                self._lease.lost(lease)
+                self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
+        finally:
+            with self._lock:
+                self._settling = False
 
     def _write(self, key: str, prefix: str) -> tuple[int, list[KeyValue]]:
         """Under the daemon's one lease, whatever the number of events and restarts of this
@@ -184,6 +224,10 @@ class _Worker:
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():
             self._send(PeersChanged(self.effect.event.event_id, dict(states)))
+
+
+def _states(kvs: list[KeyValue], prefix: str) -> dict[str, str]:
+    return {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
 
 
 def _name(key: str, prefix: str) -> str:
