@@ -339,7 +339,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination.etcd",
         Kind.SECTION,
-        "Each VM writes prefix/events/ID/vm = ready under a lease and watches the event's keys.",
+        "Each VM writes prefix/events/ID/vm = ready under a lease and reads the event's keys; the"
+        " write that decides it also writes prefix/settled/ID, which the others watch.",
     ),
     Key(
         "coordination.etcd.endpoints",

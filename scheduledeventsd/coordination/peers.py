@@ -1,13 +1,18 @@
-"""Shared events through etcd: write this VM's state, watch the other VMs', report what they say.
+"""Shared events through etcd: write this VM's state, learn the other VMs', report what they say.
 
 The engine decides (approve once every VM named is ready, never when one failed); this module
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
 (daemon_lease.py, also its slots': a mark lives as long as its daemon, gone within `ttl` of its
-stop; one lost with it is written again), reads the event's keys, then watches them and sends
-every change to the inbox as PeersChanged, until told to stop (a `failed` write reports the
-keys once, and ends). Any failure ends the worker with one CoordinationFailed; the engine's
-backoff decides when to try again.
+stop; one lost with it is written again) and reads the event's keys in the same transaction,
+and sends them to the inbox as PeersChanged. A write that decides the event (the last ready, or
+a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that key (and
+their own mark), and read the event's keys when it changes: each VM is woken once per event,
+not by every other VM's ready (at 100 VMs that fan-out was most of the approval's latency).
+A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed the set
+and died before it settled. Until told to stop (a `failed` write reports the keys once, and
+ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
+when to try again.
 """
 
 from __future__ import annotations
