@@ -160,34 +160,40 @@ class _Worker:
         prefix = event_prefix(self.settings, effect.event.event_id)
         own = prefix + _segment(effect.vm_name.casefold())
         settled = settled_key(self.settings, effect.event.event_id)
-        # The write answers with every VM's state just after it: the VM whose ready completes
-        # the set knows it from its own write, not from a read or watch event after it.
-        revision, kvs = self._write(own, prefix)
-        states = _states(kvs, prefix)
-        if self._decides(states):  # the engine first, then the other VMs are woken
-            with self._lock:
-                self._settling = True
-            self._report(states)
-            self._settle(settled)
-            if not effect.ready:
-                return
-        else:
-            self._report(states)
+        revision = self._write_and_report(own, prefix, settled)
+        if not effect.ready:
+            return
         while not self._stopped.is_set():
             # Only the settled key (and our own mark, gone if the lease expired): a VM is woken
             # once when the event is decided, not by every other VM's ready (N² at 100 VMs).
             for changes in self._client.watch_keys((own, settled), revision + 1, WATCH_CHECK):
                 if own in {kv.key for kv in changes if kv.value is None}:
-                    _, kvs = self._write(own, prefix)  # the lease expired (a partition): again
+                    self._write_and_report(own, prefix, settled)  # the lease expired: again
                 else:
-                    _, kvs = self._client.range(prefix)
-                self._report(_states(kvs, prefix))
+                    self._report(_states(self._client.range(prefix)[1], prefix))
+                if self._stopped.is_set():  # (not closed while it settled)
+                    return
             if self._stopped.is_set():
                 return
             # Silent for WATCH_CHECK: read again (needs a quorum; it also covers a VM that
             # completed the set and died before it settled), watch again.
             revision, kvs = self._client.range(prefix)
             self._report(_states(kvs, prefix))
+
+    def _write_and_report(self, own: str, prefix: str, settled: str) -> int:
+        """Write this VM's mark and report what the write's answer shows; the revision. The
+        VM whose write decides the event knows it from that answer, not from a read or watch
+        event after it: it tells the engine first, then wakes the others (the settled key)."""
+        revision, kvs = self._write(own, prefix)
+        states = _states(kvs, prefix)
+        if not self._decides(states):
+            self._report(states)
+            return revision
+        with self._lock:
+            self._settling = True
+        self._report(states)
+        self._settle(settled)
+        return revision
 
     def _decides(self, states: dict[str, str]) -> bool:
         """Whether this VM's write decided the event: its own `failed`, or the last ready."""

@@ -426,3 +426,34 @@ def test_a_vm_that_completed_the_set_and_died_before_settling_is_covered(cluster
         assert time.monotonic() - began < 5
     finally:
         coordinators["vm-a"].stop_all()
+
+
+def test_a_mark_lost_with_its_lease_is_written_again_and_may_settle_the_event(cluster):
+    """A VM's own mark deleted (its lease expired in a partition) is written again at once: its
+    own key is watched with the settled key. Written again once every other VM is ready, it
+    completes the set: that VM hears so from its write and settles the event for the others."""
+    from scheduledeventsd.coordination.peers import event_prefix, settled_key  # noqa: PLC0415
+    from scheduledeventsd.engine import Coordinate  # noqa: PLC0415
+
+    settings, shared, coordinators, inboxes = _shared_event_coordinators(cluster, "vm-a")
+    every = dict.fromkeys(("vm-a", "vm-b", "vm-c", "vm-d"), "ready")
+    try:
+        coordinators["vm-a"].start(Coordinate(shared, "vm-a", True, 7))
+        assert inboxes["vm-a"].get(timeout=20).states == {"vm-a": "ready"}
+        for vm in ("vm-b", "vm-c", "vm-d"):
+            _mark(settings, shared, vm)
+        own = event_prefix(settings, shared.event_id) + "vm-a"
+        subprocess.run(
+            ["etcdctl", "--endpoints", ",".join(cluster.endpoints), "del", own],
+            capture_output=True,
+            timeout=20,
+            check=True,
+        )
+        heard = inboxes["vm-a"].get(timeout=20)
+        while heard.states != every:  # (a watch of every mark hears them one by one)
+            heard = inboxes["vm-a"].get(timeout=20)
+        wait_for(lambda: own in keys(cluster, own), 10, "vm-a's mark written again")
+        settled = settled_key(settings, shared.event_id)
+        wait_for(lambda: keys(cluster, settled), 10, "the settled key")
+    finally:
+        coordinators["vm-a"].stop_all()
