@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, freed, hold, lease, pipeline, slot, window
+from .gates import drain, freed, hold, lease, pipeline, slot, through, window
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -132,6 +132,7 @@ COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
     drain._restore_first,  # the node is restored before the after-hooks (RestoreNode)
     drain._release_left_alone,  # and restored for an event that will never have them
     slot._release_when_over,  # the slot is given back once its event is over or forgotten
+    through._hold_through,  # and held through its VM's maintenance (HoldSlot alive)
 )
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end

@@ -347,8 +347,10 @@ class Daemon:
 
     def _slot(self, effect: Union[AcquireSlot, ReleaseSlot, HoldSlot]) -> None:
         if isinstance(effect, HoldSlot):
-            if self._slots is not None:
-                self._slots.hold(effect.event_id, effect.seconds)
+            if self._slots is not None and effect.alive:
+                self._slots.keep(effect.event_id, effect.seconds)
+            elif self._slots is not None:
+                self._held(effect, *self._slots.hold(effect.event_id, effect.seconds))
         elif isinstance(effect, ReleaseSlot):
             if self._slots is not None:
                 self._slots.release(effect.event_id)
@@ -356,6 +358,14 @@ class Daemon:
             self.inbox.put(SlotFailed(effect.event.event_id, "internal", "no etcd configured"))
         else:
             self._slots.acquire(effect)
+
+    def _held(self, effect: HoldSlot, keys: tuple[str, ...], error: str) -> None:
+        """Say the stop's hold once etcd has the key on the hold lease, or loudly that it could
+        not (the slot, and that it is lost within ttl): never `slot_held` for a hold that failed."""
+        record = effect.failed if error else effect.held
+        if record is not None:
+            fields = {**record.fields, "slots": list(keys), "error": error} if error else None
+            self._do(record if fields is None else Record(record.level, record.what, fields))
 
     def _cluster(
         self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster]
