@@ -478,9 +478,11 @@ class _Worker:
         event no longer needs it), not left free while its VM may still be in its maintenance."""
         while not self._ended.is_set():
             self._move_to_hold()
-            self._wake.wait(self.renew)
+            woken = self._wake.wait(self.renew)  # `keep`: moved at once, read at the round
             self._wake.clear()
-            if self._ended.is_set() or not self._keys or not self._still_ours():
+            if self._ended.is_set() or not self._keys:
+                break
+            if not woken and not self._still_ours():
                 break
         with self._lock:
             again, self._expired = self._expired and not self._stopped.is_set(), False

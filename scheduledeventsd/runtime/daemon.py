@@ -475,9 +475,9 @@ class Daemon:
         if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
             # The engine asks again through the new keeper for every slot asked for or held
             # (AcquireSlot follows this effect): a held one is taken back at once under the new
-            # keeper's own renewed lease, while the old lease (not revoked) still keeps it.
-            # Not held under hold_max: nothing would renew that lease, and a slot in keys the
-            # new settings do not use would block them for as long.
+            # keeper's own renewed lease, while the old lease (not revoked) still keeps it; one
+            # held through a maintenance stays on the hold lease (renewed) and is taken back
+            # there (AcquireSlot `hold`): a daemon killed after the reload keeps it held.
             if self._slots is not None:
                 self._slots.stop_all()
             self._slots = wiring.slot_keeper(new, self.inbox.put, self._coordinator)
