@@ -329,3 +329,18 @@ def test_a_reload_adding_a_full_group_keeps_the_slot_a_maintenance_holds(tier, s
     assert not stamps(tier, "drain", "vm-2"), "vm-2 waits: vm-1 is in its maintenance"
     assert not one.logs("slot_unavailable", event_id=first)
     assert slot_holder(tier, "zone-1") == ["vm-3"], "zone-1 is for vm-1's next event"
+
+
+def test_a_daemon_has_a_second_lease_only_while_its_vm_is_held_through_a_maintenance(tier, sim):
+    """The lease count (issue 28, one lease per daemon): the daemon's own lease, plus its hold
+    lease from the approval until the slot is given back (revoked then, not left to expire):
+    two leases while vm-1 is in its maintenance, one again once its undrain succeeded."""
+    sim.scenario.start_after_approval = 600
+    one = tier.start("vm-1", held_config(tier, "vm-1"))
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    wait_for(lambda: lease_count(tier) == 2, 10, "the hold lease granted at the approval")
+    assert slot_lease_left(tier.cluster, tier.prefix) > 3000, "the slot on it"
+    sim.remove_event(first)  # over: its after-hooks run, the slot is given back
+    one.wait_log("slot_released", event_id=first, timeout=15)
+    wait_for(lambda: lease_count(tier) == 1, 10, "the hold lease revoked")
