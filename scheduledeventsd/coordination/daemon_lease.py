@@ -93,14 +93,16 @@ class DaemonLease:
                 self._holders.add(holder)
             return lease
 
-    def unhold(self, client: EtcdClient, holder: str) -> None:
-        """`holder` keeps nothing on the hold lease any more: revoked once nobody does (its
-        keys, if any were left, go with it: they were given back). Raises EtcdError."""
+    def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
+        """`holder` keeps nothing on the hold lease any more: revoked through `client` once
+        nobody does (its keys, if any were left, go with it: they were given back). Without
+        `client` (a reload hands the keys over to a new worker) never revoked. Raises
+        EtcdError."""
         with self._lock:
             self._holders.discard(holder)
-            lease = self._hold if not self._holders else None
-            if lease is not None:
-                self._hold = None
+            if self._holders or client is None:
+                return
+            lease, self._hold = self._hold, None
         if lease is not None:
             client.revoke(lease)
 

@@ -35,6 +35,7 @@ SlotFailed (etcd could not be asked; the worker asks again on its own, with back
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import threading
@@ -190,6 +191,7 @@ class _Worker:
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
         )
         self._keep = effect.hold  # held through its maintenance: on the hold lease of that
+        self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
         self._on_hold = False  # its keys are on the daemon's hold lease
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
@@ -252,21 +254,28 @@ class _Worker:
         try:
             with _Client(self.settings) as client:
                 if hold and keys and self._on_hold and not handover:
-                    self._shared.renew_hold(client)  # hold_max from now
+                    self._renew_hold(client)
                 elif hold and keys and not self._on_hold:
-                    lease = (
-                        client.grant(hold) if handover else self._shared.hold(client, hold, self.vm)
-                    )
+                    token = self._token
+                    lease = client.grant(hold) if handover else self._shared.hold(client, hold, token)
                     if not client.put_all([(k, self.value) for k in keys], self.value, lease):
                         error = "the slot is not this VM's any more (freed or lost meanwhile)"
         except EtcdError as e:
             error = f"{e.kind}: {e.detail}"[:300]
+        if handover:
+            self._shared.unhold(self._token)  # the new keeper's worker takes them back there
         try:
             with _Client(self.settings) as client:
                 self._unmark(client)
         except EtcdError:
             pass  # the marks go with the daemon's lease
         return keys, error
+
+    def _renew_hold(self, client: EtcdClient) -> None:
+        """Its keys are on the hold lease already: `hold_max` counted from now, or, etcd not
+        answering, from its last renewal (a third of `ttl` ago at most): held either way."""
+        with contextlib.suppress(EtcdError):
+            self._shared.renew_hold(client)
 
     def _unmark(self, client: EtcdClient) -> None:
         """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
@@ -290,7 +299,7 @@ class _Worker:
                         if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
                             client.delete(kv.key, kv.value)
                 if self._keep or self._on_hold:
-                    self._shared.unhold(client, self.vm)  # revoked once nothing is on it
+                    self._shared.unhold(self._token, client)  # revoked once nothing is on it
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
 
@@ -435,7 +444,7 @@ class _Worker:
         taking = slotset.plan(kvs, self.vm, limits, self.prefixes, held_only=bool(keep))
         for kv in taking.stale:
             self._client.delete(kv.key, kv.value or b"")
-        lease = self._shared.hold(self._client, keep, self.vm) if keep else self._lease
+        lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold = bool(keep)
@@ -462,7 +471,7 @@ class _Worker:
         if not self._keep or not self._keys or self._on_hold:
             return
         try:
-            lease = self._shared.hold(self._client, self._keep, self.vm)
+            lease = self._shared.hold(self._client, self._keep, self._token)
             keys = [(k, self.value) for k in self._keys]
             self._on_hold = self._client.put_all(keys, self.value, lease)
         except EtcdError:
