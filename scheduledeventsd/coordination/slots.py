@@ -256,8 +256,8 @@ class _Worker:
                 if hold and keys and self._on_hold and not handover:
                     self._renew_hold(client)
                 elif hold and keys and not self._on_hold:
-                    token = self._token
-                    lease = client.grant(hold) if handover else self._shared.hold(client, hold, token)
+                    shared, token = self._shared, self._token
+                    lease = client.grant(hold) if handover else shared.hold(client, hold, token)
                     if not client.put_all([(k, self.value) for k in keys], self.value, lease):
                         error = "the slot is not this VM's any more (freed or lost meanwhile)"
         except EtcdError as e:
