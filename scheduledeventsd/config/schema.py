@@ -309,7 +309,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "concurrency.ttl",
         Kind.WHOLE,
-        "Lease of a held slot, renewed every third of it: a daemon killed loses it within this; "
+        "Lease of a held slot, renewed every third of it: a daemon killed before its event's "
+        "approval loses it within this (after it, hold_max applies); "
         "unconfirmed by etcd for this long (a partition), it counts as lost: no early approval.",
         30,
         5,
