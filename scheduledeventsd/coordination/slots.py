@@ -345,12 +345,15 @@ class _Worker:
             self._tell(SlotKept, confirmed)
 
     def expired(self) -> None:
-        """etcd says the daemon's lease is gone, and a held slot with it."""
+        """etcd says the daemon's lease is gone, and a held slot with it; one on the hold lease
+        (a partition in its maintenance, shorter than hold_max) is not: nothing is said, its
+        marks are written again under the new lease and it is taken again (SlotGranted)."""
         with self._lock:
             held = self._held
         if held and not self._ended.is_set():
-            self._keys = ()
-            self._tell(SlotBusy, ("(lease expired)",), (), True, held=False)
+            if not self._on_hold:
+                self._keys = ()
+                self._tell(SlotBusy, ("(lease expired)",), (), True, held=False)
             with self._lock:
                 self._expired = True
             self._ended.set()
@@ -373,6 +376,7 @@ class _Worker:
                 if not self._hold():
                     return
                 self._lease = self._get_lease()  # its lease expired: taken anew under a new one
+                self._announce()  # alive for `fleet` again (its mark went with the lease)
                 holders = None
                 continue
             if taking.full and taking.holders != holders:
