@@ -124,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
         "Exit 0 if healthy; 1 if IMDS has been unreachable for over 5 minutes, a hook failed on "
         "an event still pending, on a Pacemaker node (cluster.pacemaker) the cluster cannot drain "
         "this node (shown as cluster_unready, read at start and every minute) or a mark the "
-        "daemon set fails to come off, the status is over 5 minutes old, or no daemon is running.",
+        "daemon set fails to come off, the status is over 5 minutes old, or no daemon is "
+        "running (then the stopped daemon's last status is shown, flagged).",
     )
     _add_config(p)
     p.add_argument("--json", action="store_true", help="the status document as JSON")
@@ -341,6 +342,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     now = time.time()
     found = observer.problems(doc, now)
+    if problem:  # a stopped daemon's last status: what it left (a slot, a mark) still matters
+        print(f"error: {problem}; is the daemon running?", file=sys.stderr)
+        found.insert(0, f"no daemon is running: {problem}")
     if args.json:
         print(json.dumps(dict(doc, problems=found), indent=2))
     else:
@@ -349,6 +353,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]:
+    """The status and, for a daemon that stopped, why it is only its last one (else "")."""
     problems = []
     if cfg.listen is not None:
         host = cfg.listen.host
@@ -370,10 +375,7 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
         problems.append(f"{cfg.state_dir / STATUS_FILE}: {e}")
         return None, "; ".join(problems)
     if daemon_running(cfg.state_dir) is False:  # the file outlives the daemon that wrote it
-        return (
-            None,
-            f"no daemon holds {cfg.state_dir / 'lock'}; {STATUS_FILE} is from a stopped one",
-        )
+        return doc, f"no daemon holds {cfg.state_dir / 'lock'}; {STATUS_FILE} is from a stopped one"
     return doc, ""
 
 

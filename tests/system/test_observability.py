@@ -19,6 +19,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from scheduledeventsd import __version__
 from tests.conftest import VM, cli, wait_for
 from tests.etcd_cluster import free_ports
 
@@ -420,8 +421,9 @@ def test_status_without_a_daemon_says_so_and_exits_1(daemons, tmp_path):
     assert "is the daemon running?" in shown.stderr
 
 
-def test_status_of_a_stopped_daemon_is_not_its_last_file(daemons, sim, tmp_path):
-    """status.json stays when the daemon stops: `status` said "health: ok", exit 0."""
+def test_status_of_a_stopped_daemon_shows_its_last_file_as_stopped(daemons, sim, tmp_path):
+    """status.json stays when the daemon stops: `status` said "health: ok", exit 0; then it
+    said nothing at all. It shows what the stopped daemon last knew, flagged, and exits 1."""
     cfg = daemons.config(vm_name=VM)
     daemon = daemons.start(cfg)
     wait_for((daemons.state_dir / "status.json").exists, what="status.json")
@@ -432,6 +434,11 @@ def test_status_of_a_stopped_daemon_is_not_its_last_file(daemons, sim, tmp_path)
     stopped = cli("status", "--config", str(path))
     assert stopped.returncode == 1
     assert "is from a stopped one; is the daemon running?" in stopped.stderr
+    assert f"scheduledeventsd {__version__} on {VM}" in stopped.stdout
+    assert "PROBLEM: no daemon is running: no daemon holds" in stopped.stdout
+    as_json = json.loads(cli("status", "--json", "--config", str(path)).stdout)
+    assert as_json["vm_name"] == VM
+    assert as_json["problems"][0].startswith("no daemon is running")
     again = daemons.start(cfg)  # and looking did not take the lock from a daemon starting
     assert again.proc.poll() is None
 
