@@ -29,7 +29,7 @@ MAN_END = '.\\" end of the lifecycle table'
 
 # Every per-event machine beside the phase: the gates an event passes before its before-hooks,
 # as gates/pipeline.py lists them.
-GATES = tuple(gate.TABLE for gate in pipeline.GATES)
+GATES = tuple(gate.table for gate in pipeline.GATES)
 
 
 def dot() -> str:

@@ -1,18 +1,19 @@
 """The composition: `step` (re-exported as `engine.step`) takes one message and returns the new
 state and the effects; after every message the components' timers fire (`TIMERS`) and the
-couplings between the machines run (`COUPLINGS`). Named `compose`, not `step`, so the module is
-never shadowed by the function the package re-exports."""
+couplings between the machines run (`COUPLINGS`). What the gates add to each is read from their
+declarations (component.Gate) through gates/pipeline.GATES, never listed here. Named `compose`,
+not `step`, so the module is never shadowed by the function the package re-exports."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
 
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
-from .gates import drain, freed, hold, lease, pipeline, slot, through, window
+from .component import Coupling, Gate, Handler, Timers
+from .gates import pipeline
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -23,12 +24,6 @@ from .vocabulary.messages import (
     ApprovalFailed,
     ApprovalSent,
     Boot,
-    ClusterChecked,
-    ClusterDrained,
-    ClusterDraining,
-    ClusterHeld,
-    ClusterMarked,
-    ClusterRestored,
     CoordinationFailed,
     DocumentFetched,
     Faulted,
@@ -42,11 +37,6 @@ from .vocabulary.messages import (
     Reloaded,
     ReloadFailed,
     ReloadRequested,
-    SlotBusy,
-    SlotFailed,
-    SlotFreed,
-    SlotGranted,
-    SlotKept,
     StopRequested,
     Tick,
 )
@@ -126,14 +116,8 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     return new, tuple(out)
 
 
-# Couplings between the machines: rules on the state alone, declared here once and run after
+# Couplings between the machines: rules on the state alone, each declared by its gate, run after
 # every message until none changes anything (h11's state-triggered transitions).
-COUPLINGS: tuple[Callable[[State, list[Effect]], State], ...] = (
-    drain._restore_first,  # the node is restored before the after-hooks (RestoreNode)
-    drain._release_left_alone,  # and restored for an event that will never have them
-    slot._release_when_over,  # the slot is given back once its event is over or forgotten
-    through._hold_through,  # and held through its VM's maintenance (HoldSlot alive)
-)
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
 
@@ -177,7 +161,8 @@ def _refused(state: State, message: Message, now: float, out: list[Effect]) -> S
     return state
 
 
-_HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
+# The messages of the components that are not gates; the gates' come from their declarations.
+_OWN_HANDLERS: Mapping[type, Handler] = {
     Boot: lifetime._boot,
     DocumentFetched: events._document_fetched,
     PollFailed: timing._poll_failed,
@@ -195,57 +180,52 @@ _HANDLERS: Mapping[type, Callable[[State, Any, float, list[Effect]], State]] = {
     CoordinationFailed: peers._coordination_failed,
     GateAnswered: peers._gate_answered,
     Faulted: lifetime._faulted,
-    SlotGranted: pipeline._slot_granted,
-    SlotKept: slot._slot_kept,
-    SlotBusy: hold._slot_busy,
-    SlotFailed: slot._slot_failed,
-    SlotFreed: freed._slot_freed,
-    ClusterChecked: drain._cluster_checked,
-    ClusterMarked: drain._cluster_marked,
-    ClusterDraining: drain._cluster_draining,
-    ClusterDrained: drain._cluster_drained,
-    ClusterHeld: drain._cluster_held,
-    ClusterRestored: drain._cluster_restored,
 }
 
 
 # ---- timers --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Timers:
-    """One component's timers. `due` and `due_for` say when they are due (an instant for the
-    component, one for an event in `phases`), `fire` does what is due, in this table's order.
-    `next_wakeup` is derived from every `due`, so a timer cannot be fired and never waited for."""
-
-    name: str
-    fire: Optional[Callable[[State, float, list[Effect]], State]]
-    due: Optional[Callable[[State, float, float], tuple[float, ...]]] = None
-    due_for: Optional[Callable[[State, str, Tracked, float, float], Optional[float]]] = None
-    phases: frozenset[Phase] = frozenset()
-
-
-# In the order they fire after every message. The daemon's own (the watchdog, the stop) fire
-# first, in `_timers`: while stopping nothing else does.
-TIMERS: tuple[Timers, ...] = (
-    Timers("lifetime", None, lifetime.due),
-    Timers("lease", lease.fire, None, lease.due_for, lease.DUE_PHASES),
-    Timers("slot", slot.fire, None, slot.due_for, slot.DUE_PHASES),
-    Timers("hold", stages.retry_after, None, hold.due_for, hold.DUE_PHASES),
-    Timers("window", window.fire, None, window.due_for, window.DUE_PHASES),
-    Timers("drain", drain.fire, drain.due, drain.due_for, drain.DUE_PHASES),
+# In the order they fire after every message: the lifetime's, each gate's in the order of
+# pipeline.GATES, then the rest. The daemon's own (the watchdog, the stop) fire first, in
+# `_timers`: while stopping nothing else does.
+_FIRST_TIMERS = (Timers("lifetime", None, lifetime.due),)
+_LAST_TIMERS = (
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
     Timers("approval", approval.fire, None, turns.approval_due, approval.DUE_PHASES),
     Timers("names", names.fire, names.due),
     Timers("poll", timing.fire, timing.due),
 )
-_DUE = tuple(t.due for t in TIMERS if t.due is not None)
-_DUE_BY_PHASE: Mapping[
-    Phase, tuple[Callable[[State, str, Tracked, float, float], Optional[float]], ...]
-] = {
-    phase: tuple(t.due_for for t in TIMERS if t.due_for is not None and phase in t.phases)
-    for phase in Phase
-}
+DueFor = Callable[[State, str, Tracked, float, float], Optional[float]]
+Composed = tuple[
+    Mapping[type, Handler],
+    tuple[Timers, ...],
+    tuple[Coupling, ...],
+    tuple[Callable[[State, float, float], tuple[float, ...]], ...],
+    Mapping[Phase, tuple[DueFor, ...]],
+]
+
+
+def composed(gates: Sequence[Gate]) -> Composed:
+    """The handlers, timers and couplings of the components with these gates, and what
+    `next_wakeup` reads of the timers. A message two components claim is a defect: it raises."""
+    handlers = dict(_OWN_HANDLERS)
+    for gate in gates:
+        for message, handler in gate.handlers.items():
+            if message in handlers:
+                raise ValueError(f"{message.__name__}: handled twice ({gate.name})")
+            handlers[message] = handler
+    timers = (*_FIRST_TIMERS, *(t for gate in gates for t in gate.timers), *_LAST_TIMERS)
+    couplings = tuple(c for gate in gates for c in gate.couplings)
+    due = tuple(t.due for t in timers if t.due is not None)
+    by_phase = {
+        phase: tuple(t.due_for for t in timers if t.due_for is not None and phase in t.phases)
+        for phase in Phase
+    }
+    return handlers, timers, couplings, due, by_phase
+
+
+_HANDLERS, TIMERS, COUPLINGS, _DUE, _DUE_BY_PHASE = composed(pipeline.GATES)
 
 
 def _timers(state: State, now: float, out: list[Effect]) -> State:

@@ -297,11 +297,7 @@ def _first_sight(
     if decided is not None:
         phase, why = decided
         return state, _move(new, on, phase, rule=why)
-    held = window._start_at(event, rule, state, now)
-    if held is not None:
-        out.append(window._waiting(event, rule, held, state))
-        return state, window._hold_back(new, on, held)
-    return pipeline._prepare(state, new, on, now, out)
+    return pipeline.enter(state, new, on, now, out)
 
 
 def _rule(

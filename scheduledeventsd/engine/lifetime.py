@@ -79,8 +79,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
             else:
-                vm, hold = tracked.vm_name or state.vm_name or "", through.seconds(state, tracked)
-                out.append(AcquireSlot(tracked.event, vm, hold))  # hold: in its maintenance
+                vm, keep = tracked.vm_name or state.vm_name or "", through.seconds(state, tracked)
+                out.append(AcquireSlot(tracked.event, vm, keep))  # keep: in its maintenance
                 if tracked.slot is Slot.HELD:
                     state = slot._slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set

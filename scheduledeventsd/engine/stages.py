@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..records import Cause, Level, Record, What
 from . import approval, peers, runs
 from .gates import drain, hold
-from .lifecycle import Drain, On, Phase, Slot, Stage
+from .lifecycle import Drain, On, Phase, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
@@ -126,26 +126,6 @@ def _stage_retried_later(
         )
     )
     return _with(state, tracked.event.event_id, _move(retried, On.STAGE_ENDED, Phase.AFTER))
-
-
-def retry_after(state: State, now: float, out: list[Effect]) -> State:
-    """The hold's timer: after-hooks waiting for their next try run again while the slot is
-    held; one no longer held (lost, freed by an operator) is over without them."""
-    if state.stopping is not None:
-        return state
-    for event_id, t in state.events.items():
-        if not hold.waiting(t) or t.start_at > now:
-            continue
-        rule = state.config.events.get(t.event.event_type)
-        hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
-        if t.slot not in (Slot.HELD, Slot.ASKED) or not hooks:
-            state, over = runs._over(state, t, On.LEAD_TIME)
-            state = _with(state, event_id, over)
-            continue
-        rebooted = bool(t.boot_id and state.boot_id and t.boot_id != state.boot_id)
-        state, run = runs._spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
-        state = _with(state, event_id, _move(t, On.LEAD_TIME, Phase.AFTER, run=run))
-    return state
 
 
 def _start_stage(

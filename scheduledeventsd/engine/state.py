@@ -42,6 +42,9 @@ class Tracked:
     slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
     drain: Drain = Drain.NONE  # this node in its Pacemaker cluster, for this event
     window: Hold = Hold.NONE  # WAITING: what holds its before-hooks back (never stored)
+    # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
+    # component.gate_move, as its table declares, and kept in the state file as it is.
+    gates: tuple[tuple[str, str], ...] = ()
 
 
 Known = Mapping[str, Tracked]

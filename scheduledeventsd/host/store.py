@@ -233,6 +233,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "notice": t.event.notice,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
+                **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
             }
             for t in known.values()
         ],
@@ -272,6 +273,11 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             raise TypeError("boot_id and vm_name must be strings")
         if isinstance(incarnation, bool) or not isinstance(incarnation, int):
             raise TypeError("incarnation must be an integer")
+        gates = entry.get("gates", {})  # absent before there were gates of this kind
+        if not isinstance(gates, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in gates.items()
+        ):
+            raise TypeError("gates must map each gate's name to its state")
         newer = entry.get("newer_phase")
         known_phases = {p.value for p in Phase}
         phase = Phase(newer if newer in known_phases else entry["phase"])
@@ -287,5 +293,6 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             drain=Drain(entry.get("drain", "")),
             vm_name=name,
             incarnation=incarnation,
+            gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
         )
     return known

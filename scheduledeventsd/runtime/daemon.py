@@ -20,7 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Callable, Optional, Union, get_args
 
 from .. import engine
-from ..config import Config, ConfigError, Hook, Pacemaker, loader
+from ..config import Config, ConfigError, Hook, loader
 from ..engine import (
     AcquireSlot,
     ApprovalFailed,
@@ -29,10 +29,7 @@ from ..engine import (
     AskGate,
     CancelFetch,
     CancelRuns,
-    CheckCluster,
-    ClusterChecked,
     ClusterDrained,
-    ClusterHeld,
     ClusterRestored,
     Coordinate,
     CoordinationFailed,
@@ -42,6 +39,7 @@ from ..engine import (
     Faulted,
     Fetch,
     GateAnswered,
+    GateEffect,
     HoldSlot,
     HooksFinished,
     Message,
@@ -55,7 +53,6 @@ from ..engine import (
     ReleaseSlot,
     ResolveName,
     RestoreNode,
-    SlotFailed,
     SpawnHooks,
     StopCoordinating,
     StopDraining,
@@ -68,6 +65,7 @@ from ..host.store import StateError, StateStore
 from ..model import Event
 from ..observe.telemetry import Telemetry
 from . import log, wiring
+from .executors import Context, Executors
 from .lanes import (
     Inbound,
     Lane,
@@ -82,7 +80,7 @@ from .lanes import (
 from .notify import Notifier
 
 if TYPE_CHECKING:
-    from ..coordination.drainer import Drainer
+    pass
 
 MAX_WAIT = 3600.0  # seconds; the engine asks for a Tick at least this often anyway
 
@@ -124,9 +122,7 @@ class Daemon:
         self._approver = Lane("imds-approve", self.inbox, wiring.client_for(config))
         self._namer = Lane("imds-name", self.inbox, wiring.client_for(config))
         self._coordinator = wiring.coordinator(config, self.inbox.put)
-        self._slots = wiring.slot_keeper(config, self.inbox.put, self._coordinator)
-        self._drainer = wiring.drainer(config, self.runner, self.inbox.put)
-        self._restorer: Optional[Drainer] = None  # a mark of ours with no pacemaker configured
+        self._executors = Executors(self._context(config))  # the gates' effects
         self._wake_at = 0.0
         self._exit: Optional[int] = None
         self._faults_seen: set[tuple[str, str, str]] = set()
@@ -180,11 +176,7 @@ class Daemon:
                 lane.stop()
             if self._coordinator is not None:
                 self._coordinator.stop_all()
-            if self._slots is not None:
-                self._slots.stop_all()
-            for drainer in (self._drainer, self._restorer):
-                if drainer is not None:
-                    drainer.stop_all()
+            self._executors.stop_all()
             self.telemetry.stop()
             self.store.unlock()
             self.notifier.close()
@@ -256,14 +248,10 @@ class Daemon:
             self.inbox.put(GateAnswered(effect.run, None, detail=detail))
         elif isinstance(effect, Coordinate):
             self.inbox.put(CoordinationFailed(effect.event.event_id, "internal", detail))
-        elif isinstance(effect, AcquireSlot):
-            self.inbox.put(SlotFailed(effect.event.event_id, "internal", detail))
-        elif isinstance(effect, CheckCluster):
-            self.inbox.put(ClusterChecked((detail,)))
-        elif isinstance(effect, DrainNode):
-            self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
-        elif isinstance(effect, RestoreNode):
-            self.inbox.put(ClusterRestored(effect.event_id, detail))
+        elif isinstance(effect, GateEffect):  # a gate's: its own failure message, if any
+            failure = effect.failed(detail)
+            if failure is not None:
+                self.inbox.put(failure)
         elif isinstance(effect, Persist):
             self.inbox.put(Persisted(detail))
 
@@ -292,7 +280,9 @@ class Daemon:
         if self.dry_run and isinstance(effect, _PRETENDED):
             self._pretend(effect)
             return
-        if isinstance(effect, Record):
+        if self._executors.carries(effect):  # the gates' (and the cluster's answer to AskCluster)
+            self._executors.do(effect)
+        elif isinstance(effect, Record):
             log.emit(self.log, effect.level.value, effect.name, effect.fields)
             self.telemetry.record(effect)
         elif isinstance(effect, (Fetch, PostApproval, ResolveName)):
@@ -303,10 +293,6 @@ class Daemon:
             self._spawn(effect)
         elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
             self._coordinate(effect)
-        elif isinstance(effect, (AcquireSlot, ReleaseSlot, HoldSlot)):
-            self._slot(effect)
-        elif isinstance(effect, (CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster)):
-            self._cluster(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
         elif isinstance(effect, Notify):
@@ -344,62 +330,6 @@ class Daemon:
             self._coordinator.start(effect)
         else:
             self._coordinator.stop(*effect.event_ids)
-
-    def _slot(self, effect: Union[AcquireSlot, ReleaseSlot, HoldSlot]) -> None:
-        if isinstance(effect, HoldSlot):
-            if self._slots is not None and effect.alive:
-                self._slots.keep(effect.event_id, effect.seconds)
-            elif self._slots is not None:
-                self._held(effect, *self._slots.hold(effect.event_id, effect.seconds))
-        elif isinstance(effect, ReleaseSlot):
-            if self._slots is not None:
-                self._slots.release(effect.event_id)
-        elif self._slots is None:
-            self.inbox.put(SlotFailed(effect.event.event_id, "internal", "no etcd configured"))
-        else:
-            self._slots.acquire(effect)
-
-    def _held(self, effect: HoldSlot, keys: tuple[str, ...], error: str) -> None:
-        """Say the stop's hold once etcd has the key on the hold lease, or loudly that it could
-        not (the slot, and that it is lost within ttl): never `slot_held` for a hold that failed."""
-        record = effect.failed if error else effect.held
-        if record is not None:
-            fields = {**record.fields, "slots": list(keys), "error": error} if error else None
-            self._do(record if fields is None else Record(record.level, record.what, fields))
-
-    def _cluster(
-        self, effect: Union[CheckCluster, DrainNode, StopDraining, RestoreNode, AskCluster]
-    ) -> None:
-        if isinstance(effect, RestoreNode):
-            if effect.mark is not None:
-                self._restorer_for(effect.mark).restore_later(effect.event_id, effect.mark)
-            return
-        drainer = self._drainer
-        if drainer is None:
-            detail = "no cluster.pacemaker configured"
-            if isinstance(effect, DrainNode):
-                self.inbox.put(ClusterHeld(effect.event.event_id, "tool_failed", detail))
-            elif isinstance(effect, AskCluster):
-                self.inbox.put(GateAnswered(effect.run, None, detail=detail))
-        elif isinstance(effect, AskCluster):
-            drainer.ask(effect)
-        elif isinstance(effect, CheckCluster):
-            drainer.check()
-        elif isinstance(effect, DrainNode):
-            drainer.drain(effect)
-        elif isinstance(effect, StopDraining):
-            drainer.stop(effect.event_id)
-        else:
-            drainer.restore_later(effect.event_id, effect.mark)
-
-    def _restorer_for(self, mark: engine.ClusterMark) -> Drainer:
-        """The drainer, or (`cluster.pacemaker` reloaded away) one made for the mark."""
-        if self._drainer is not None:
-            return self._drainer
-        if self._restorer is None:
-            settings = Pacemaker(method=mark.method, attribute=mark.attribute)
-            self._restorer = wiring.drainer_for(settings, self.runner, self.inbox.put)
-        return self._restorer
 
     def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
@@ -464,23 +394,10 @@ class Daemon:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
             self._coordinator = wiring.coordinator(new, self.inbox.put)
-        if new.cluster != old.cluster:
-            # A drain under way stops being watched (its event is held at its deadline); the
-            # mark stays until its event is over, restored by the new drainer (same node).
-            for drainer in (self._drainer, self._restorer):
-                if drainer is not None:
-                    drainer.stop_all()
-            self._drainer = wiring.drainer(new, self.runner, self.inbox.put)
-            self._restorer = None
-        if (new.coordination, new.concurrency) != (old.coordination, old.concurrency):
-            # The engine asks again through the new keeper for every slot asked for or held
-            # (AcquireSlot follows this effect): a held one is taken back at once under the new
-            # keeper's own renewed lease, while the old lease (not revoked) still keeps it; one
-            # held through a maintenance stays on the hold lease (renewed) and is taken back
-            # there (AcquireSlot `hold`): a daemon killed after the reload keeps it held.
-            if self._slots is not None:
-                self._slots.stop_all()
-            self._slots = wiring.slot_keeper(new, self.inbox.put, self._coordinator)
+        self._executors.reload(old, self._context(new))
+
+    def _context(self, config: Config) -> Context:
+        return Context(config, self.inbox.put, self.runner, self._coordinator, self._do)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:

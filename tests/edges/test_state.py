@@ -265,3 +265,32 @@ def test_every_drain_this_release_saves_is_read_by_the_previous_release(tmp_path
     read = read_by_previous(previous_release, tmp_path)
     assert read["problem"] == ""
     assert read["drains"] == {d.name: "drained" if d is Drain.RESTORING else d.value for d in Drain}
+
+
+def test_a_gates_own_slice_is_saved_and_loaded_back_and_read_by_the_previous_release(
+    tmp_path, previous_release
+):
+    """A gate without a field of its own in Tracked keeps its slice in `Tracked.gates`, which
+    the store saves for every gate as it is (no edit of the store per gate); the previous
+    release, which knows no `gates`, reads the file all the same, and a file without them (every
+    older one) loads with none."""
+    known = {"E1": Tracked(EVENT, Phase.RUNNING, gates=(("cordon", "done"), ("toy", "passed")))}
+    StateStore(tmp_path).save(known)
+    raw = json.loads((tmp_path / STATE_FILE).read_text())
+    assert raw["events"][0]["gates"] == {"cordon": "done", "toy": "passed"}
+    assert StateStore(tmp_path).load() == (known, "")
+    read = read_by_previous(previous_release, tmp_path)
+    assert (read["problem"], read["phases"]) == ("", {"E1": "running"})
+    del raw["events"][0]["gates"]
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    assert StateStore(tmp_path).load() == ({"E1": Tracked(EVENT, Phase.RUNNING)}, "")
+
+
+def test_a_gates_slice_that_is_not_names_to_states_moves_the_file_aside(tmp_path):
+    StateStore(tmp_path).save({"E1": Tracked(EVENT, Phase.RUNNING, gates=(("toy", "x"),))})
+    raw = json.loads((tmp_path / STATE_FILE).read_text())
+    raw["events"][0]["gates"] = {"toy": 1}
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    known, problem = StateStore(tmp_path).load()
+    assert known == {}
+    assert "gates must map each gate's name to its state" in problem

@@ -68,11 +68,11 @@ def test_a_daemon_stopping_while_its_event_holds_a_slot_leaves_it_held_for_hold_
     assert not of(effects, ReleaseSlot), "not given back: the VM is going down for it"
     (hold,) = of(effects, HoldSlot)
     assert not logs(effects, "slot_held"), "said by the daemon once etcd has the key held"
-    assert hold.held is not None
-    assert (hold.held.name, hold.held.fields["hold_s"]) == ("slot_held", 900)
-    assert hold.failed is not None
-    assert (hold.failed.level.value, hold.failed.name) == ("warning", "slot_failed")
-    assert "lost within ttl" in str(hold.failed.fields["reason"])
+    assert hold.on_held is not None
+    assert (hold.on_held.name, hold.on_held.fields["hold_s"]) == ("slot_held", 900)
+    assert hold.on_failed is not None
+    assert (hold.on_failed.level.value, hold.on_failed.name) == ("warning", "slot_failed")
+    assert "lost within ttl" in str(hold.on_failed.fields["reason"])
     kinds = [type(e) for e in effects if isinstance(e, (HoldSlot, Persist, Exit))]
     assert kinds == [HoldSlot, Persist, Exit], "held before the state is written and it exits"
     (persist,) = of(effects, Persist)

@@ -12,11 +12,11 @@ from ...config import Config, Pacemaker
 from ...model import Event
 from ...records import Level, Record, What
 from .. import runs
+from ..component import Gate, Timers
 from ..lifecycle import Drain, On, Phase
 from ..machine import Table, row
 from ..notes import _note, event_fields
 from ..state import State, Tracked, _move, _with, mark_of
-from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
     ClusterChecked,
@@ -26,6 +26,7 @@ from ..vocabulary.messages import (
     ClusterMarked,
     ClusterRestored,
 )
+from . import cluster_check, onward
 
 
 class DrainOn(str, enum.Enum):
@@ -64,6 +65,9 @@ TABLE = Table(
 del _
 
 
+NAME = TABLE.name
+
+
 def move(tracked: Tracked, on: DrainOn, target: Drain) -> Tracked:
     """The one place an event's drain changes: only as `TABLE` declares."""
     TABLE.check(tracked.drain, on, target)
@@ -92,45 +96,12 @@ def _enter(
         deadline = _drain_deadline(state, event, now)
         marked = move(tracked, DrainOn.MARK, Drain.ASKED)
         return state, _move(marked, on, Phase.DRAINING, start_at=deadline)
-    return runs._before_hooks(state, tracked, on, now, out)
+    return onward.after(NAME, state, tracked, on, now, out)
 
 
 def _pacemaker(state: State) -> Optional[Pacemaker]:
     """`cluster.pacemaker` (an older file's `coordination.pacemaker` loads the same)."""
     return state.config.cluster
-
-
-def _cluster_checked(state: State, msg: ClusterChecked, now: float, out: list[Effect]) -> State:
-    """Kept for `status` (which exits 1 while there are problems) and read again every
-    CLUSTER_CHECK; logged when it changes."""
-    if _pacemaker(state) is None:  # answered after a reload took the section away
-        return state
-    changed = msg.problems != state.cluster_problems
-    state = replace(state, cluster_problems=msg.problems, cluster_check_at=now + CLUSTER_CHECK)
-    if not changed:
-        return state
-    if msg.problems:
-        out.append(
-            Record(
-                Level.ERROR,
-                What.CLUSTER_UNREADY,
-                {
-                    "problems": list(msg.problems),
-                    "reason": "until this is fixed, events that drain this node are held (no "
-                    "early approval)",
-                },
-            )
-        )
-    else:
-        out.append(Record(Level.INFO, What.CLUSTER_READY, {}))
-    return state
-
-
-def _recheck_cluster(state: State, now: float, out: list[Effect]) -> State:
-    if state.cluster_check_at <= now and _pacemaker(state) is not None:
-        out.append(CheckCluster())
-        state = replace(state, cluster_check_at=math.inf)  # until ClusterChecked comes back
-    return state
 
 
 def _cluster_reloaded(state: State, old: Config, out: list[Effect]) -> State:
@@ -200,9 +171,8 @@ def _cluster_drained(state: State, msg: ClusterDrained, now: float, out: list[Ef
     if tracked is None:
         return state
     out.append(_note(Level.INFO, What.CLUSTER_DRAINED, tracked.event))
-    state, tracked = runs._before_hooks(
-        state, move(tracked, DrainOn.DRAINED, Drain.DONE), On.DRAINED, now, out
-    )
+    drained = move(tracked, DrainOn.DRAINED, Drain.DONE)
+    state, tracked = onward.after(NAME, state, drained, On.DRAINED, now, out)
     return _with(state, msg.event_id, tracked)
 
 
@@ -229,7 +199,7 @@ def _hold(  # noqa: PLR0917 - the reason and its detail, beside the usual four
         )
     )
     held = move(tracked, DrainOn.HELD, Drain.HELD)
-    return runs._before_hooks(state, held, On.DRAIN_HELD, now, out)
+    return onward.after(NAME, state, held, On.DRAIN_HELD, now, out)
 
 
 def _restore_first(state: State, out: list[Effect]) -> State:
@@ -390,4 +360,25 @@ def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float)
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
     state = _drain_timeouts(state, now, out)
-    return _recheck_cluster(state, now, out)
+    return cluster_check._recheck_cluster(state, now, out)
+
+
+GATE = Gate(
+    NAME,
+    TABLE,
+    _enter,
+    handlers={
+        ClusterChecked: cluster_check._cluster_checked,
+        ClusterMarked: _cluster_marked,
+        ClusterDraining: _cluster_draining,
+        ClusterDrained: _cluster_drained,
+        ClusterHeld: _cluster_held,
+        ClusterRestored: _cluster_restored,
+    },
+    effects=(CheckCluster, DrainNode, StopDraining, RestoreNode),
+    timers=(Timers("drain", fire, due, due_for, DUE_PHASES),),
+    couplings=(
+        _restore_first,  # the node is restored before the after-hooks (RestoreNode)
+        _release_left_alone,  # and restored for an event that will never have them
+    ),
+)

@@ -9,8 +9,8 @@ from ..notes import _note
 from ..state import State, _with
 from ..vocabulary.effects import Effect, ReleaseSlot
 from ..vocabulary.messages import SlotFreed
-from . import pipeline
-from .slot import SlotOn, _without_lease, move
+from . import onward
+from .slot import TABLE, SlotOn, _without_lease, move
 
 
 def _slot_freed(state: State, msg: SlotFreed, now: float, out: list[Effect]) -> State:
@@ -37,5 +37,5 @@ def _slot_freed(state: State, msg: SlotFreed, now: float, out: list[Effect]) -> 
     state = _without_lease(state, msg.event_id)
     tracked = move(tracked, SlotOn.FREED, Slot.MISSING)
     if tracked.phase is Phase.QUEUED and tracked.event.event_type in state.config.events:
-        state, tracked = pipeline._prepare(state, tracked, On.LEAD_TIME, now, out)
+        state, tracked = onward.enter(TABLE.name, state, tracked, On.LEAD_TIME, now, out)
     return _with(state, msg.event_id, tracked)

@@ -11,9 +11,10 @@ from typing import Optional
 
 from ...config import NOT_BACK
 from ...records import Level, What
-from ..lifecycle import Drain, Phase, Slot
+from .. import runs
+from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
-from ..state import State, Tracked, _with
+from ..state import State, Tracked, _move, _with
 from ..vocabulary.constants import Outcome
 from ..vocabulary.effects import Effect, HoldSlot, ReleaseSlot
 from ..vocabulary.messages import SlotBusy
@@ -63,7 +64,7 @@ def _stopped(state: State, out: list[Effect]) -> State:
             "within ttl, and the next VM may go while this one is away",
         )
         # Said by the daemon once the key is on the hold lease (or could not be put there).
-        out.append(HoldSlot(event_id, concurrency.hold_max, held=held, failed=failed))
+        out.append(HoldSlot(event_id, concurrency.hold_max, on_held=held, on_failed=failed))
         state = _with(state, event_id, slot.move(t, slot.SlotOn.STOPPED, Slot.HELD))
     return state
 
@@ -117,7 +118,7 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
     return _with(state, msg.event_id, slot.move(tracked, slot.SlotOn.EXPIRED, Slot.ASKED))
 
 
-# ---- the hold's timer: failed after-hooks run again (stages.retry_after fires it)
+# ---- the hold's timer: failed after-hooks run again
 
 DUE_PHASES = frozenset({Phase.AFTER})
 
@@ -131,3 +132,23 @@ def waiting(t: Tracked) -> bool:
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
     return t.start_at if waiting(t) and state.stopping is None else None
+
+
+def fire(state: State, now: float, out: list[Effect]) -> State:
+    """The hold's timer: after-hooks waiting for their next try run again while the slot is
+    held; one no longer held (lost, freed by an operator) is over without them."""
+    if state.stopping is not None:
+        return state
+    for event_id, t in state.events.items():
+        if not waiting(t) or t.start_at > now:
+            continue
+        rule = state.config.events.get(t.event.event_type)
+        hooks = rule.hooks_for(t.stage.value) if rule is not None else ()
+        if t.slot not in (Slot.HELD, Slot.ASKED) or not hooks:
+            state, over = runs._over(state, t, On.LEAD_TIME)
+            state = _with(state, event_id, over)
+            continue
+        rebooted = bool(t.boot_id and state.boot_id and t.boot_id != state.boot_id)
+        state, run = runs._spawn(state, t, t.stage, hooks, out, rebooted=rebooted)
+        state = _with(state, event_id, _move(t, On.LEAD_TIME, Phase.AFTER, run=run))
+    return state

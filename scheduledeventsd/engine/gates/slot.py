@@ -1,5 +1,5 @@
-"""The slot gate: a concurrency slot of the group (etcd) held from before the before-hooks until the
-event is over."""
+"""The slot gate's table and what it keeps: a concurrency slot of the group (etcd) held from before
+the before-hooks until the event is over. Its entry, the grant and the deadline: queued."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from typing import Optional
 from ...config import Config, EventRule
 from ...model import Event
 from ...records import Level, Record, What
-from ..lifecycle import On, Phase, Slot
+from ..lifecycle import Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import SlotLease, State, Tracked, _move, _with
+from ..state import SlotLease, State, Tracked, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
-from ..vocabulary.messages import SlotBusy, SlotFailed, SlotGranted, SlotKept
-from . import drain
+from ..vocabulary.messages import SlotBusy, SlotFailed, SlotKept
 from .lead import lead
 from .through import seconds
 
@@ -82,63 +81,6 @@ def move(tracked: Tracked, on: SlotOn, target: Slot) -> Tracked:
     """The one place an event's slot changes: only as `TABLE` declares."""
     TABLE.check(tracked.slot, on, target)
     return replace(tracked, slot=target)
-
-
-def _enter(
-    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
-) -> tuple[State, Tracked]:
-    """The slot gate, after the window's: a slot asked for (or a held one being taken back)
-    holds the event in QUEUED until it comes or its deadline; else the drain's gate is next."""
-    event = tracked.event
-    rule = state.config.events.get(event.event_type, EventRule())
-    if _slot_awaited(state, tracked):
-        # After a restart or a crash its slot may be another VM's by now: the hooks wait in
-        # the queue until it is taken back (or lost, then granted), or until the lead, as any
-        # queued event (`max` counts VMs from before-hooks start).
-        deadline = _slot_deadline(event, rule, state)
-        if deadline is not None and now < deadline + SLOT_GRACE:  # etcd's answer, at the lead
-            deadline = max(deadline, now + SLOT_GRACE)
-            out.append(_slot_waiting(event, deadline, state.slot_holders, state))
-            return state, _move(tracked, on, Phase.QUEUED, start_at=deadline)
-        if tracked.slot is Slot.ASKED:  # past its lead: prepared without it
-            out.append(ReleaseSlot(event.event_id))
-            tracked = move(tracked, SlotOn.GIVEN_UP, Slot.NONE)
-    if _needs_slot(state, tracked):
-        deadline = _slot_deadline(event, rule, state)
-        if deadline is not None and now < deadline + SLOT_GRACE:  # at the lead itself, too
-            deadline = max(deadline, now + SLOT_GRACE)
-            out.append(AcquireSlot(event, tracked.vm_name or state.vm_name or ""))
-            out.append(_slot_waiting(event, deadline, (), state))
-            asked = move(tracked, SlotOn.ASK, Slot.ASKED)
-            return state, _move(asked, on, Phase.QUEUED, start_at=deadline)
-        out.append(
-            _note(
-                Level.WARNING,
-                What.SLOT_UNAVAILABLE,
-                event,
-                reason="too close to NotBefore to wait for a concurrency slot: its hooks start "
-                "now, and it is not approved early",
-            )
-        )
-        tracked = move(tracked, SlotOn.TOO_LATE, Slot.MISSING)
-    return drain._enter(state, tracked, on, now, out)
-
-
-def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> State:
-    tracked = state.events.get(msg.event_id)
-    if tracked is None or tracked.slot not in (Slot.ASKED, Slot.HELD):
-        out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
-        return state
-    back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
-    groups = _groups(state)
-    out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
-    tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)
-    confirmed = now if msg.confirmed is None else msg.confirmed
-    state = _slot_confirmed(state, msg.event_id, confirmed)
-    if tracked.phase is not Phase.QUEUED:
-        return _with(state, msg.event_id, tracked)
-    state, tracked = drain._enter(state, tracked, On.SLOT, now, out)  # past the slot gate
-    return _with(state, msg.event_id, tracked)
 
 
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
@@ -360,40 +302,3 @@ def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) ->
             out.append(_note(Level.INFO, What.SLOT_RELEASED, t.event))
             state = _with(state, event_id, move(t, SlotOn.DROPPED, Slot.NONE))
     return state
-
-
-def _deadlines(state: State, now: float, out: list[Effect]) -> State:
-    """QUEUED events whose deadline came without a slot: prepared anyway, never approved early."""
-    for event_id, t in state.events.items():
-        if t.phase is not Phase.QUEUED or t.start_at > now:
-            continue
-        out.append(ReleaseSlot(event_id))
-        out.append(
-            _note(
-                Level.WARNING,
-                What.SLOT_UNAVAILABLE,
-                t.event,
-                reason="no concurrency slot by its deadline: its hooks start now, and it "
-                "is not approved early (it proceeds at NotBefore)",
-            )
-        )
-        missing = move(t, SlotOn.DEADLINE, Slot.MISSING)
-        if t.event.event_type not in state.config.events:
-            continue  # a reload removed it (handled there); never an empty run by accident
-        state, tracked = drain._enter(state, missing, On.LEAD_TIME, now, out)  # without it
-        state = _with(state, event_id, tracked)
-    return state
-
-
-# ---- the slot gate's timer: a QUEUED event's deadline (a held slot's lease: gates/lease)
-
-DUE_PHASES = frozenset({Phase.QUEUED})
-
-
-def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:
-    """A QUEUED event's deadline (none while stopping)."""
-    return None if state.stopping is not None else t.start_at
-
-
-def fire(state: State, now: float, out: list[Effect]) -> State:
-    return _deadlines(state, now, out)

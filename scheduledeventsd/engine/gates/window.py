@@ -14,12 +14,13 @@ from ...config import EventRule
 from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
+from ..component import Gate, Timers
 from ..lifecycle import On, Phase
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
 from ..state import Hold, State, Tracked, _move, _with
 from ..vocabulary.effects import Effect
-from . import drain, slot
+from . import drain, onward, slot
 from .lead import WINDOW_LEAD, lead
 
 
@@ -53,6 +54,9 @@ TABLE = Table(
     ),
 )
 del _
+
+
+NAME = "window"
 
 
 def move(tracked: Tracked, on: WindowOn, target: Hold) -> Tracked:
@@ -109,6 +113,20 @@ def _hold_back(tracked: Tracked, on: On, held: Held) -> Tracked:
     """A new event whose before-hooks a lead time or a window holds back: it waits."""
     waiting = move(tracked, WindowOn.HELD, _holding(held))
     return _move(waiting, on, Phase.WAITING, start_at=held.at)
+
+
+def _enter(
+    state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The first gate (an event first seen): a lead time or a window holds its before-hooks
+    back, and it waits; else it goes on (gates/onward)."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    held = _start_at(event, rule, state, now)
+    if held is None:
+        return onward.after(NAME, state, tracked, on, now, out)
+    out.append(_waiting(event, rule, held, state))
+    return state, _hold_back(tracked, on, held)
 
 
 def _hold_again(tracked: Tracked, on: On, held: Held) -> Tracked:
@@ -173,7 +191,7 @@ def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
         if t.event.event_type not in state.config.events:
             continue  # a reload removed it (handled there); never an empty run by accident
         opened = move(t, WindowOn.OPENED, Hold.OPEN)
-        state, tracked = slot._enter(state, opened, On.LEAD_TIME, now, out)  # the next gate
+        state, tracked = onward.after(NAME, state, opened, On.LEAD_TIME, now, out)
         state = _with(state, event_id, tracked)
     return state
 
@@ -206,3 +224,11 @@ def _replace_waiting(
         elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
             state = _with(state, event_id, replace(t, start_at=drain._drain_moved(state, t, moved)))
     return state
+
+
+GATE = Gate(
+    NAME,
+    TABLE,
+    _enter,
+    timers=(Timers("window", fire, None, due_for, DUE_PHASES),),
+)

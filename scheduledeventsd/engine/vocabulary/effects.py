@@ -18,12 +18,26 @@ from .messages import (
     ClusterRestored,
     CoordinationFailed,
     GateAnswered,
+    GateMessage,
     HooksFinished,
     NameResolved,
     Persisted,
     PollFailed,
     SlotFailed,
 )
+
+
+class GateEffect:
+    """What a gate asks its executor to do: declared in its gate's modules, carried out by the
+    daemon's executor that declares it (runtime/executors). `failed` is the message that
+    reports its failure (None: nothing waits for its answer), sent when carrying it out raised,
+    in place of a `FAILURE` entry, so a new gate adds its effects without touching this module.
+    `Effect` includes every one."""
+
+    __slots__ = ()
+
+    def failed(self, detail: str) -> Optional[GateMessage]:
+        return None
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,7 @@ class AskCluster:
 
 
 @dataclass(frozen=True)
-class AcquireSlot:
+class AcquireSlot(GateEffect):
     """Ask for (or take back, after a restart) one of the group's slots for this event. `hold`:
     its VM is in the maintenance it holds the slot for: taken back under the daemon's hold
     lease of that many seconds (HoldSlot `alive`), and only the keys it still holds (a group a
@@ -143,39 +157,45 @@ class AcquireSlot:
     vm_name: str
     hold: int = 0
 
+    def failed(self, detail: str) -> GateMessage:
+        return SlotFailed(self.event.event_id, "internal", detail)
+
 
 @dataclass(frozen=True)
-class ReleaseSlot:
+class ReleaseSlot(GateEffect):
     """Give the event's slot back, or stop asking for one."""
 
     event_id: str
 
 
 @dataclass(frozen=True)
-class HoldSlot:
+class HoldSlot(GateEffect):
     """The event's slot is held through its maintenance, under the daemon's hold lease of
     `seconds` (a second lease per daemon, renewed while it lives): `alive`, at its approval,
     the key moves there and the daemon goes on (a daemon killed then leaves it held, not lost
     within ttl); else the daemon stops (for its maintenance, most likely): moved there if not
     yet, renewed one last time, and nothing renews it after, so the next VM waits until this
-    one is back (and takes it back) or `seconds` have passed. The daemon logs `held` once the
-    key is there, or `failed` (with the slot's keys and etcd's error) when it could not be
-    moved: it is then lost within `ttl`."""
+    one is back (and takes it back) or `seconds` have passed. The daemon logs `on_held` once
+    the key is there, or `on_failed` (with the slot's keys and etcd's error) when it could not
+    be moved: it is then lost within `ttl`."""
 
     event_id: str
     seconds: int
     alive: bool = False
-    held: Optional[Record] = None
-    failed: Optional[Record] = None
+    on_held: Optional[Record] = None
+    on_failed: Optional[Record] = None
 
 
 @dataclass(frozen=True)
-class CheckCluster:
+class CheckCluster(GateEffect):
     """Read the cluster once at start: ClusterChecked comes back."""
 
+    def failed(self, detail: str) -> GateMessage:
+        return ClusterChecked((detail,))  # the problem shown, checked again later
+
 
 @dataclass(frozen=True)
-class DrainNode:
+class DrainNode(GateEffect):
     """Mark this node as going away when the cluster can spare it, then watch its resources
     leave: ClusterDraining on change, then ClusterDrained, or ClusterHeld."""
 
@@ -183,21 +203,27 @@ class DrainNode:
     going: tuple[str, ...]  # the other cluster nodes the event names
     ours: bool = False  # the state file says this daemon marked the node: found so, it is ours
 
+    def failed(self, detail: str) -> GateMessage:
+        return ClusterHeld(self.event.event_id, "tool_failed", detail)  # not early
+
 
 @dataclass(frozen=True)
-class StopDraining:
+class StopDraining(GateEffect):
     """Stop watching (the mark stays until RestoreNode)."""
 
     event_id: str
 
 
 @dataclass(frozen=True)
-class RestoreNode:
+class RestoreNode(GateEffect):
     """Take this daemon's mark off this node (event_id "": one no event wants any more, left
     by a previous run, a failed restore or a reload); ClusterRestored comes back."""
 
     event_id: str
     mark: Optional[ClusterMark] = None
+
+    def failed(self, detail: str) -> GateMessage:
+        return ClusterRestored(self.event_id, detail)  # asked again until it works
 
 
 @dataclass(frozen=True)
@@ -211,13 +237,7 @@ class Exit:
 
 
 Effect = Union[
-    CheckCluster,
-    DrainNode,
-    StopDraining,
-    RestoreNode,
-    AcquireSlot,
-    ReleaseSlot,
-    HoldSlot,
+    GateEffect,  # each gate's own (AcquireSlot, DrainNode, ...)
     Fetch,
     CancelFetch,
     ResolveName,
@@ -239,6 +259,7 @@ Effect = Union[
 # The message that reports an effect's failure: the daemon sends it when carrying the effect out
 # raised, so the engine's own rules (a backoff, a failed run, a hold) take it from there and
 # nothing waits for an answer that never comes. None: nothing waits for this effect's answer.
+# A gate's effects declare theirs (GateEffect.failed).
 FAILURE: Mapping[type, Optional[type]] = {
     Fetch: PollFailed,
     PostApproval: ApprovalFailed,
@@ -247,17 +268,10 @@ FAILURE: Mapping[type, Optional[type]] = {
     AskGate: GateAnswered,  # no exit status: a coordination failure, asked again
     AskCluster: GateAnswered,
     Coordinate: CoordinationFailed,
-    AcquireSlot: SlotFailed,
-    CheckCluster: ClusterChecked,  # the error is the problem shown, checked again later
-    DrainNode: ClusterHeld,  # tool_failed: its before-hooks run, never approved early
-    RestoreNode: ClusterRestored,  # with the error: asked again until it works
     Persist: Persisted,  # with the error: state_degraded
     CancelFetch: None,
     CancelRuns: None,
-    ReleaseSlot: None,
-    HoldSlot: None,
     StopCoordinating: None,
-    StopDraining: None,
     Record: None,
     Notify: None,
     UseConfig: None,

@@ -12,6 +12,14 @@ from ..state import ClusterMark, Known
 from ..vocabulary.constants import Outcome
 
 
+class GateMessage:
+    """What happened to a gate's own business (its executor says so): declared in its gate's
+    modules and handled by its `GATE` (component.Gate), so a new gate adds its messages without
+    touching this module. `Message` includes every one."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class Boot:
     """The daemon has started: what the state file held, and why it could not be used if so."""
@@ -122,14 +130,14 @@ class GateAnswered:
 
 
 @dataclass(frozen=True)
-class ClusterChecked:
+class ClusterChecked(GateMessage):
     """What the cluster looked like at start: problems an operator must fix, if any."""
 
     problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class ClusterMarked:
+class ClusterMarked(GateMessage):
     """This node is marked as going away by this daemon (`ours`: sent just before the command,
     which may fail and still be applied), or was already, by someone else (an operator's
     standby): that mark is left as it is when the event is over."""
@@ -142,7 +150,7 @@ class ClusterMarked:
 
 
 @dataclass(frozen=True)
-class ClusterDraining:
+class ClusterDraining(GateMessage):
     """Resources still on this node (or still moving), on change."""
 
     event_id: str
@@ -150,12 +158,12 @@ class ClusterDraining:
 
 
 @dataclass(frozen=True)
-class ClusterDrained:
+class ClusterDrained(GateMessage):
     event_id: str
 
 
 @dataclass(frozen=True)
-class ClusterHeld:
+class ClusterHeld(GateMessage):
     """The cluster may not drain this node (too_few_healthy, no_quorum, node_unknown,
     tool_failed): nothing was marked, or the mark is left for the maintenance."""
 
@@ -165,7 +173,7 @@ class ClusterHeld:
 
 
 @dataclass(frozen=True)
-class ClusterRestored:
+class ClusterRestored(GateMessage):
     """The node is back (error: it could not be; asked again with backoff). event_id "":
     the mark a previous daemon left was taken off at start."""
 
@@ -174,7 +182,7 @@ class ClusterRestored:
 
 
 @dataclass(frozen=True)
-class SlotGranted:
+class SlotGranted(GateMessage):
     """This VM holds one of its group's concurrency slots for the event."""
 
     event_id: str
@@ -184,7 +192,7 @@ class SlotGranted:
 
 
 @dataclass(frozen=True)
-class SlotKept:
+class SlotKept(GateMessage):
     """etcd acknowledged a keep-alive of the slot's lease, sent at `confirmed` (monotonic)."""
 
     event_id: str
@@ -192,7 +200,7 @@ class SlotKept:
 
 
 @dataclass(frozen=True)
-class SlotBusy:
+class SlotBusy(GateMessage):
     """Every slot of a group is held, by these VMs (for the log; on change); `full` names
     the groups without a slot for this VM (with several groups, it holds one in each or none).
     `expired`: the slot was held and the daemon's lease expired (a partition); the keeper asks
@@ -205,7 +213,7 @@ class SlotBusy:
 
 
 @dataclass(frozen=True)
-class SlotFreed:
+class SlotFreed(GateMessage):
     """An operator freed the slot this VM held for the event (`fleet free`), or it was freed
     before it could be taken back: it is not this VM's, and not asked for again."""
 
@@ -215,7 +223,7 @@ class SlotFreed:
 
 
 @dataclass(frozen=True)
-class SlotFailed:
+class SlotFailed(GateMessage):
     """etcd could not be asked for a slot; the worker asks again on its own."""
 
     event_id: str
@@ -234,11 +242,6 @@ class Faulted:
 
 
 Message = Union[
-    SlotGranted,
-    SlotKept,
-    SlotBusy,
-    SlotFailed,
-    SlotFreed,
     Boot,
     DocumentFetched,
     PollFailed,
@@ -256,10 +259,5 @@ Message = Union[
     CoordinationFailed,
     GateAnswered,
     Faulted,
-    ClusterChecked,
-    ClusterMarked,
-    ClusterDraining,
-    ClusterDrained,
-    ClusterHeld,
-    ClusterRestored,
+    GateMessage,  # each gate's own (SlotGranted, ClusterDrained, ...)
 ]

@@ -1,0 +1,41 @@
+"""The hand-on between gates: a gate lets an event go on with `after(its name, ...)`, which enters
+the gate after it in gates/pipeline.GATES (after the last: the before-hooks, runs), so no gate
+names the one after it. The gates cannot import the pipeline, which lists them: it links them
+here once, as it is imported (`link`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import runs
+from ..component import Enter, Gate
+from ..lifecycle import On
+from ..state import State, Tracked
+from ..vocabulary.effects import Effect
+
+_ENTER: dict[str, Enter] = {}  # gate name -> its entry
+_NEXT: dict[str, Enter] = {}  # gate name -> what an event it lets go enters next
+
+
+def link(gates: Sequence[Gate]) -> None:
+    """Each gate is followed by the next in `gates`, the last by the before-hooks."""
+    nexts: list[Enter] = [gate.enter for gate in gates[1:]]
+    nexts.append(runs._before_hooks)
+    _ENTER.clear()
+    _ENTER.update({gate.name: gate.enter for gate in gates})
+    _NEXT.clear()
+    _NEXT.update({gate.name: then for gate, then in zip(gates, nexts)})
+
+
+def after(  # noqa: PLR0917 - the gate it passed, beside the usual five
+    gate: str, state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The event passed `gate`: on to the next gate, or its before-hooks."""
+    return _NEXT[gate](state, tracked, on, now, out)
+
+
+def enter(  # noqa: PLR0917 - the gate it enters, beside the usual five
+    gate: str, state: State, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The event enters `gate` (again: a queued event whose slot an operator freed)."""
+    return _ENTER[gate](state, tracked, on, now, out)
