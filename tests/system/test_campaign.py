@@ -96,8 +96,8 @@ def test_the_hold_campaign_catches_a_slot_keeper_that_drops_the_hold_max_move_at
     form, every early approval followed by a stop of 1.5-3x `ttl`: the next VM drains while
     the first is still away, and the run stops at the first overlap."""
     seed = int.from_bytes(os.urandom(2), "big")
-    grant = "lease = client.grant(seconds)"  # DaemonLease.hold, of hold_max
-    root = planted(tmp_path, "coordination/daemon_lease.py", grant, "lease = client.grant(self.ttl)")
+    hold, ttl = "lease = client.grant(seconds)", "lease = client.grant(self.ttl)"
+    root = planted(tmp_path, "coordination/daemon_lease.py", hold, ttl)  # DaemonLease.hold
     (tmp_path / "run").mkdir()
     with Cluster(tmp_path / "etcd") as cluster:
         campaign = HoldCampaign(
