@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, reload, runs, stages
-from .gates import drain, hold, slot, window
+from .gates import drain, hold, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -79,7 +79,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
             else:
-                out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
+                vm, keep = tracked.vm_name or state.vm_name or "", through.seconds(state, tracked)
+                out.append(AcquireSlot(tracked.event, vm, keep))  # keep: in its maintenance
                 if tracked.slot is Slot.HELD:
                     state = slot._slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set
@@ -237,9 +238,11 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = approval._retry_approvals(state, now, out)
     # After-hooks waiting for their node's restore are waited for as a run is (started then).
-    # After-hooks waiting for their next try (gates/hold.py) are not: they run after a restart.
+    # After-hooks waiting for their next try (gates/hold.py), or holding a slot for a restore
+    # that failed (its retries stop with the daemon), are not: they run after a restart.
     restoring = any(
-        runs._awaiting_restore(t) and not hold.waiting(t) for t in state.events.values()
+        runs._awaiting_restore(t) and not hold.waiting(t) and not _retried(state, t)
+        for t in state.events.values()
     )
     if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
@@ -260,6 +263,11 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     if stopping.kill_until is not None and now >= stopping.kill_until:
         return _exit(state, out)
     return state
+
+
+def _retried(state: State, t: Tracked) -> bool:
+    """Its restore failed while it holds a slot: its hooks wait for a retry (drain gate)."""
+    return bool(state.restore_error) and t.drain is Drain.RESTORING and t.slot is not Slot.NONE
 
 
 def _exit(state: State, out: list[Effect]) -> State:
