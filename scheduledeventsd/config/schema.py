@@ -342,8 +342,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination.etcd",
         Kind.SECTION,
-        "Each VM writes prefix/events/ID/vm = ready under a lease and reads the event's keys; the"
-        " write that decides it also writes prefix/settled/ID, which the others watch.",
+        "Each VM writes prefix/events/ID/vm = ready under a lease and watches prefix/settled/ID.",
     ),
     Key(
         "coordination.etcd.endpoints",
