@@ -12,7 +12,9 @@ not by every other VM's ready (at 100 VMs that fan-out was most of the approval'
 A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed the set
 and died before it settled. Until told to stop (a `failed` write reports the keys once, and
 ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
-when to try again.
+when to try again. Told to stop before its event was decided (it left the document, or started),
+the worker takes its ready back (deleted while it holds what it wrote): an event back under the
+same EventId is not approved on a ready from before while that VM's hooks run again.
 """
 
 from __future__ import annotations
@@ -96,11 +98,12 @@ class EtcdCoordinator:
             previous.stop()
         worker.start()
 
-    def stop(self, *event_ids: str) -> None:
+    def stop(self, *event_ids: str, withdraw: bool = False) -> None:
+        """`withdraw` (StopCoordinating): a ready not decided yet is taken back."""
         with self._lock:
             workers = [self._workers.pop(e) for e in event_ids if e in self._workers]
         for worker in workers:
-            worker.stop()
+            worker.stop(withdraw)
 
     def stop_all(self) -> None:
         """The daemon stops (or a reload replaces this): the workers end, and the lease is no
@@ -127,6 +130,8 @@ class _Worker:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._settling = False
+        self._written: Optional[bytes] = None  # the last mark written (or being written)
+        self._decided = False  # a report that decides the event was sent to the engine
         self._thread = threading.Thread(
             target=self._run, name=f"etcd-{effect.event.event_id[:8]}", daemon=True
         )
@@ -134,13 +139,34 @@ class _Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """From any thread; a worker writing the settled key closes its client after it."""
+    def stop(self, withdraw: bool = False) -> None:
+        """From any thread; a worker writing the settled key closes its client after it.
+        `withdraw`: its ready, if the event was not decided, is deleted (a thread of its own)."""
         with self._lock:
             self._stopped.set()
             settling = self._settling
         if not settling:
             self._client.close()
+        if withdraw and self.effect.ready:
+            threading.Thread(target=self._withdraw, name="etcd-withdraw", daemon=True).start()
+
+    def _withdraw(self) -> None:
+        """Delete this VM's ready once the worker ended, unless a report deciding the event
+        was sent (the other VMs may still need to read it), and only while it holds what this
+        worker wrote (a newer worker's write stays)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.settings.timeout + 1)
+        value = self._written
+        if self._decided or value is None:
+            return
+        prefix = event_prefix(self.settings, self.effect.event.event_id)
+        client = EtcdClient(self.settings)
+        try:
+            client.delete(prefix + _segment(self.effect.vm_name.casefold()), value)
+        except EtcdError:
+            pass  # it goes with the daemon's lease
+        finally:
+            client.close()
 
     def _run(self) -> None:
         event = self.effect.event
@@ -223,7 +249,7 @@ class _Worker:
         worker; a lease found expired is granted anew and the key written again, once. One
         transaction that also reads `prefix`: its revision and keys just after the write."""
         lease, _ = self._lease.get(self._client)
-        value = record(self.effect)
+        value = self._written = record(self.effect)
         try:
             return self._client.put_and_range(key, value, lease, prefix)
         except EtcdError as e:
@@ -235,6 +261,10 @@ class _Worker:
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():
             self._send(PeersChanged(self.effect.event.event_id, dict(states)))
+            said = {name.casefold(): state for name, state in states.items()}
+            named = [said.get(n.casefold()) for n in self.effect.event.resources]
+            if "failed" in named or all(s == "ready" for s in named):
+                self._decided = True
 
 
 def _states(kvs: list[KeyValue], prefix: str) -> dict[str, str]:

@@ -329,7 +329,7 @@ class Daemon:
         elif isinstance(effect, Coordinate):
             self._coordinator.start(effect)
         else:
-            self._coordinator.stop(*effect.event_ids)
+            self._coordinator.stop(*effect.event_ids, withdraw=True)
 
     def _pretend(self, effect: Pretended) -> None:
         """--dry-run: say what would be done and report it done, so every later decision
