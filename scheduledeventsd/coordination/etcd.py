@@ -158,6 +158,16 @@ class EtcdClient:
         ttl = self._call("/v3/lease/timetolive", {"ID": lease}).get("TTL", "-1")
         return int(ttl) if isinstance(ttl, (str, int)) and str(ttl).lstrip("-").isdigit() else -1
 
+    def lease_keys(self, lease: str) -> Optional[list[str]]:
+        """The keys on a lease; None when it has expired."""
+        answer = self._call("/v3/lease/timetolive", {"ID": lease, "keys": True})
+        if str(answer.get("TTL", "-1")).startswith("-"):
+            return None
+        keys = answer.get("keys", [])
+        if not isinstance(keys, list):
+            raise EtcdError("bad_answer", "timetolive: keys is not a list")
+        return [_unb64(k).decode("utf-8", "replace") for k in keys]
+
     def revoke(self, lease: str) -> None:
         """End a lease now: its keys go with it."""
         self._call("/v3/lease/revoke", {"ID": lease})

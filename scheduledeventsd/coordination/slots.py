@@ -17,9 +17,9 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
   lives (daemon_lease.py). A daemon that stops (HoldSlot: its maintenance, most likely) moves
   a key not there yet the same way, renews the hold lease one last time, and nothing renews
   it after: the slot stays held until the VM is back (its daemon takes it back under its hold
-  lease, same value check) and its after-hooks succeeded, or until hold_max if the VM never
-  returns, whether its daemon stopped cleanly or was killed. A Terminate or Preempt deletes
-  it as the VM goes. A key held through a maintenance stays on the hold lease across a
+  lease, same value check, and revokes the one it was on once no key is left there) and its
+  after-hooks succeeded, or until hold_max if the VM never returns, whether its daemon
+  stopped cleanly or was killed. A Terminate or Preempt deletes it as the VM goes. A key held through a maintenance stays on the hold lease across a
   reload; the new keeper takes back only the keys the VM holds (a group the reload added is
   for its next event: taking it now could free the slots it holds).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
@@ -452,8 +452,21 @@ class _Worker:
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold = bool(keep)
+            taken = {key for key, value in taking.take if value is not None}
+            self._revoke_left(
+                {kv.lease for kv in kvs if kv.key in taken} - {lease, self._lease or ""}
+            )
             return None
         return taking
+
+    def _revoke_left(self, leases: set[str]) -> None:
+        """The leases the keys taken back were on (a hold lease of this VM's daemon before a
+        restart or reload), revoked once no key is left on them: not left to etcd until
+        hold_max. Only empty ones: a dead daemon's lease may still carry its shared-event marks."""
+        for old in sorted(lease for lease in leases if lease):
+            with contextlib.suppress(EtcdError):
+                if self._client.lease_keys(old) == []:
+                    self._client.revoke(old)
 
     def _changed(self, start: int) -> bool:
         """Wait for a change to the keys of this VM's groups from revision `start`; False

@@ -7,6 +7,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.system.test_fleet import Fleet, approvals, etcd_settings, keys
+from tests.system.test_hold import TTL, held_config, lease_count
+from tests.system.test_slots import Tier, slot_lease_left
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 
@@ -48,3 +50,31 @@ def test_a_shared_event_back_under_its_id_waits_for_every_vms_new_ready(cluster,
     done = out / "vm-b.done"
     assert done.exists(), "approved while vm-b's before-hooks still ran"
     assert min(a.at for a in approvals(sim, event_id)) >= float(done.read_text())
+
+
+@pytest.fixture
+def tier(tmp_path, sim, hooks, cluster):
+    t = Tier(tmp_path, sim, hooks, cluster)
+    yield t
+    t.stop()
+
+
+def test_a_restart_in_the_maintenance_leaves_no_hold_lease_behind(tier, sim):
+    """vm-1 approved (its slot on its hold lease), its daemon restarted before the platform
+    starts the event: the new daemon takes the slot back on a hold lease of its own. The old
+    one, with no key left on it, is revoked then, not left to etcd until hold_max: once vm-1's
+    undrain succeeded only its daemon's lease is left. On main the old hold lease stayed (two
+    leases for one daemon holding nothing, an hour by default; one more per restart)."""
+    sim.scenario.start_after_approval = 600
+    cfg1 = held_config(tier, "vm-1")
+    one = tier.start("vm-1", cfg1)
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    wait_for(lambda: slot_lease_left(tier.cluster, tier.prefix) > 3000, 10, "the hold lease")
+    assert one.stop() == 0
+    again = tier.start("vm-1", cfg1)
+    again.wait_log("slot_acquired", event_id=first, taken_back=True, timeout=15)
+    sim.remove_event(first)  # over: its after-hooks run, the slot is given back
+    again.wait_log("slot_released", event_id=first, timeout=15)
+    # the first daemon's own lease expires within TTL; its hold lease must not outlive it
+    wait_for(lambda: lease_count(tier) == 1, TTL + 5, "only the live daemon's lease")
