@@ -19,9 +19,10 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
   it after: the slot stays held until the VM is back (its daemon takes it back under its hold
   lease, same value check, and revokes the one it was on once no key is left there) and its
   after-hooks succeeded, or until hold_max if the VM never returns, whether its daemon
-  stopped cleanly or was killed. A Terminate or Preempt deletes it as the VM goes. A key held through a maintenance stays on the hold lease across a
-  reload; the new keeper takes back only the keys the VM holds (a group the reload added is
-  for its next event: taking it now could free the slots it holds).
+  stopped cleanly or was killed. A Terminate or Preempt deletes it as the VM goes. A key
+  held through a maintenance stays on the hold lease across a reload; the new keeper takes
+  back only the keys the VM holds (a group the reload added is for its next event: taking
+  it now could free the slots it holds).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
