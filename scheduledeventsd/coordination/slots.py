@@ -194,6 +194,9 @@ class _Worker:
         self._keep = effect.hold  # held through its maintenance: on the hold lease of that
         self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
         self._on_hold = False  # its keys are on the daemon's hold lease
+        # Held on the hold lease when etcd went out of reach (nothing said then): taken back
+        # if the hold lease kept it, else lost (SlotBusy `expired`), not lost "while down".
+        self._lapsed = False
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
 
@@ -318,6 +321,7 @@ class _Worker:
                 if not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
+                self._lapsed = self._lapsed or bool(self._on_hold and self._keys)
                 self._keys = ()
                 self._lease = None
                 with self._lock:
@@ -374,13 +378,22 @@ class _Worker:
                     self._client.delete(*self._waiting)
                     self._waiting = None
                 self._tell(SlotGranted, self._confirmed, held=True)
+                self._lapsed = False
                 if not self._hold():
                     return
+                self._lapsed = self._on_hold  # nothing said: the hold lease may still keep it
                 self._lease = self._get_lease()  # its lease expired: taken anew under a new one
                 self._announce()  # alive for `fleet` again (its mark went with the lease)
                 holders = None
                 continue
-            if taking.full and taking.holders != holders:
+            if taking.full and self._lapsed:
+                # The hold lease ended too (a partition longer than hold_max): lost, as the
+                # daemon's lease expiring loses one not on it (not "while the daemon was down").
+                self._lapsed, self._keys, self._on_hold = False, (), False
+                holders = taking.holders
+                self._tell(SlotBusy, taking.holders, taking.full, True, held=False)
+                self._mark_waiting(taking.full[0], taking.holders)
+            elif taking.full and taking.holders != holders:
                 holders = taking.holders
                 self._tell(SlotBusy, taking.holders, taking.full)
                 self._mark_waiting(taking.full[0], taking.holders)

@@ -7,8 +7,9 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.system.test_fleet import Fleet, approvals, etcd_settings, keys
-from tests.system.test_hold import TTL, held_config, lease_count
+from tests.system.test_hold import TTL, held_config, lease_count, stamps
 from tests.system.test_slots import Tier, slot_lease_left
+from tests.tcp_proxy import ProxySet
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 
@@ -78,3 +79,34 @@ def test_a_restart_in_the_maintenance_leaves_no_hold_lease_behind(tier, sim):
     again.wait_log("slot_released", event_id=first, timeout=15)
     # the first daemon's own lease expires within TTL; its hold lease must not outlive it
     wait_for(lambda: lease_count(tier) == 1, TTL + 5, "only the live daemon's lease")
+
+
+def test_a_partition_longer_than_hold_max_says_the_slot_held_through_the_maintenance_is_lost(
+    tier, sim, cluster
+):
+    """vm-1 approved (its slot on its hold lease), then cut off from etcd for longer than
+    hold_max while its daemon lives: the hold ends and vm-2 takes the slot (hold_max bounds
+    the hold). Healed, vm-1 says `slot_lost` (asked for again, held again once free). On
+    main it said `slot_unavailable`, "its slot was lost while the daemon was down: not
+    approved early": its daemon never was down, its event was approved, and nothing said
+    the slot was lost."""
+    hold_max = 12
+    sim.scenario.start_after_approval = 600
+    with ProxySet(tier.cluster.endpoints, host="127.0.0.2") as path:
+        cfg1 = held_config(tier, "vm-1", hold_max=hold_max)
+        cfg1["coordination"]["etcd"]["endpoints"] = path.endpoints
+        one = tier.start("vm-1", cfg1)
+        tier.start("vm-2", held_config(tier, "vm-2"))
+        first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+        one.wait_log("event_approved", event_id=first, timeout=20)
+        wait_for(lambda: slot_lease_left(cluster, tier.prefix) > TTL, 10, "the hold lease")
+        path.cut()
+        sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+        wait_for(lambda: stamps(tier, "drain", "vm-2"), hold_max + 15, "vm-2 at hold_max")
+        path.restore()
+        lost = one.wait_log("slot_lost", event_id=first, timeout=20)
+        assert lost["level"] == "warning"
+        assert not [
+            r for r in one.logs("slot_unavailable", event_id=first) if "down" in r["reason"]
+        ], "its daemon was never down"
+        tier.stop()
