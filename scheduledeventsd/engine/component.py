@@ -12,13 +12,17 @@ from typing import Any, Callable, Optional, TypeVar
 
 from .lifecycle import On, Phase
 from .machine import Table
-from .state import State, Tracked
+from .state import State, Tracked, _move
 from .vocabulary.effects import Effect
 
 Handler = Callable[[State, Any, float, list[Effect]], State]
 Coupling = Callable[[State, list[Effect]], State]
 # A gate's entry: hold the event (its waiting phase) or hand it on (gates/onward).
 Enter = Callable[[State, Tracked, On, float, list[Effect]], tuple[State, Tracked]]
+# What a gate does for an event it holds after a restart (with the time), or when the event
+# stops waiting there without passing (it left, Started, or lost its rule).
+Restarted = Callable[[State, Tracked, float, list[Effect]], tuple[State, Tracked]]
+Left = Callable[[State, Tracked, list[Effect]], tuple[State, Tracked]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,11 @@ class Gate:
     event, or hand it on), the handlers of the messages it owns (GateMessage), the effects it
     asks for (GateEffect, each carried out by the daemon's executor that declares it), its
     timers (fired in the order of GATES, each gate's in its own order) and its couplings (rules
-    on the state, run after every message)."""
+    on the state, run after every message). A gate that holds events (`hold`: the phase
+    `gated`) says what becomes of one it holds beyond its own messages: after a restart
+    (`restarted`: ask again, as the slot and the drain do; its deadline in `start_at` was the
+    old process's clock and is none now), and when it stops waiting without passing (`left`:
+    undo what the entry did). The events and lifetime components call them (gates/onward)."""
 
     name: str
     table: Table[Any, Any]
@@ -50,6 +58,15 @@ class Gate:
     effects: tuple[type, ...] = ()
     timers: tuple[Timers, ...] = ()
     couplings: tuple[Coupling, ...] = ()
+    restarted: Optional[Restarted] = None
+    left: Optional[Left] = None
+
+
+def hold(gate: str, tracked: Tracked, on: On, **changes: Any) -> Tracked:  # noqa: ANN401
+    """The event waits at `gate` (the phase `gated`, shown with the gate's name) until the gate
+    lets it on (onward.after, with `On.PASSED`); `changes` as for a phase move (`start_at`: its
+    deadline, where the gate's own `due_for` reads it)."""
+    return _move(tracked, on, Phase.GATED, gated=gate, **changes)
 
 
 S = TypeVar("S", bound=enum.Enum)

@@ -17,7 +17,7 @@ import pytest
 from scheduledeventsd import cli, engine
 from scheduledeventsd.config import ConfigError, Limit
 from scheduledeventsd.engine.gates import pipeline
-from scheduledeventsd.plan import fleet, report, run, scenarios, world
+from scheduledeventsd.plan import executors, fleet, report, run, scenarios, world
 
 START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
 START_ISO = "2026-11-23T00:00:00Z"
@@ -329,7 +329,7 @@ def test_the_planner_carries_out_every_effect_of_the_vocabulary():
     gate's effects (engine.GateEffect) are those its declaration in gates/pipeline.GATES names."""
     own = {e for e in get_args(engine.Effect) if e is not engine.GateEffect}
     gates = {e for gate in pipeline.GATES for e in gate.effects}
-    assert set(run.EXECUTORS) == own | gates
+    assert set(executors.EXECUTORS) == own | gates
 
 
 def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(tmp_path):
