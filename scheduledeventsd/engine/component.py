@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, TypeVar
 
+from ..records import Level, What
 from .lifecycle import On, Phase
 from .machine import Table
+from .notes import _note
 from .state import State, Tracked, _move
 from .vocabulary.effects import Effect
 
@@ -62,10 +64,17 @@ class Gate:
     left: Optional[Left] = None
 
 
-def hold(gate: str, tracked: Tracked, on: On, **changes: Any) -> Tracked:  # noqa: ANN401
-    """The event waits at `gate` (the phase `gated`, shown with the gate's name) until the gate
-    lets it on (onward.after, with `On.PASSED`); `changes` as for a phase move (`start_at`: its
-    deadline, where the gate's own `due_for` reads it)."""
+def hold(
+    gate: str,
+    tracked: Tracked,
+    on: On,
+    out: list[Effect],
+    **changes: Any,  # noqa: ANN401
+) -> Tracked:
+    """The event waits at `gate` (the phase `gated`, shown with the gate's name; logged as
+    event_waiting reason=gate) until the gate lets it on (onward.after, with `On.PASSED`);
+    `changes` as for a phase move (`start_at`: its deadline, read by the gate's `due_for`)."""
+    out.append(_note(Level.INFO, What.EVENT_WAITING, tracked.event, reason="gate", gate=gate))
     return _move(tracked, on, Phase.GATED, gated=gate, **changes)
 
 
