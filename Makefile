@@ -54,6 +54,7 @@ crash-campaign: bootstrap
 	$(PY) -m tests.campaign --kills 500
 	$(PY) -m tests.campaign --kills 200 --fleet
 	$(PY) -m tests.campaign --group --seconds 600 --vms 5
+	$(PY) -m tests.campaign --group --hold --seconds 600 --vms 5
 
 deb:
 	./scripts/build-deb

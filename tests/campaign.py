@@ -12,6 +12,7 @@ the hooks themselves logged. Needs root (namespaces, bind mounts).
     python -m tests.campaign --kills 500              # `make crash-campaign`
     python -m tests.campaign --kills 200 --fleet      # and three VMs through etcd
     python -m tests.campaign --group --seconds 600 --vms 5   # a concurrency group under faults
+    python -m tests.campaign --group --hold --seconds 600 --vms 5   # and the hold (issue 28)
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class Report:
 class Daemon:
     """One instance, its JSON log read as it comes."""
 
-    def __init__(self, config: Path, boot_file: Path) -> None:
+    def __init__(self, config: Path, boot_file: Path, root: Path = ROOT) -> None:
+        """`root`: where the daemon's package is imported from (a mutant's copy, in tests)."""
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         argv = [
@@ -117,7 +119,8 @@ class Daemon:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(root)},
+            cwd=root,  # `python -m` imports from its cwd first
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -667,10 +670,26 @@ def _reset(sock: socket.socket) -> None:
 
 GROUP_HOOK = """#!/bin/sh
 # $1: drain | undrain. Logs its start and end (as FLEET_HOOK); a drain takes the seconds its
-# event's Description names (drain=S), so the seed decides every drain's length.
+# event's Description names (drain=S), so the seed decides every drain's length. A drain also
+# logs, read from etcd itself (not through its daemon's proxy) as it starts, the groups whose
+# slot its VM holds then: `held ... TIME GROUP,GROUP` ("-": none; "?": etcd did not answer);
+# the keys it read go to hooks.log.etcd, for whoever reads a failure.
 what="$SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STAGE $SCHEDULED_EVENT_VM_NAME"
 echo "start $what $(date +%s.%N)" >> "$CAMPAIGN_LOG"
-[ "$1" = drain ] && sleep "${SCHEDULED_EVENT_DESCRIPTION##*drain=}"
+if [ "$1" = drain ]; then
+    if slots=$(etcdctl --endpoints="$CAMPAIGN_ETCD" --command-timeout=2s \\
+            get --prefix "$CAMPAIGN_SLOTS" 2>/dev/null); then
+        groups=$(printf '%s\\n' "$slots" \\
+            | awk -v me="\\"vm\\": \\"$SCHEDULED_EVENT_VM_NAME\\"" 'NR % 2 == 1 { key = $0 }
+                NR % 2 == 0 && index($0, me) { split(key, p, "/"); print p[4] }' \\
+            | sort -u | paste -sd, -)
+    else
+        groups="?"
+    fi
+    echo "held $what $(date +%s.%N) ${groups:--}" >> "$CAMPAIGN_LOG"
+    echo "$what $(printf '%s' "$slots" | paste -sd' ' -)" >> "$CAMPAIGN_LOG.etcd"
+    sleep "${SCHEDULED_EVENT_DESCRIPTION##*drain=}"
+fi
 echo "end $what $(date +%s.%N) 0" >> "$CAMPAIGN_LOG"
 """
 GROUP_MAX = 1
@@ -738,8 +757,12 @@ class GroupCampaign:
 
     LIVENESS = 10.0  # seconds without a request to IMDS that count as "stopped polling"
 
-    def __init__(self, work: Path, seed: int, cluster: Any, vms: int = 3) -> None:
+    def __init__(
+        self, work: Path, seed: int, cluster: Any, vms: int = 3, root: Path = ROOT
+    ) -> None:
+        """`root`: the daemons' package (a mutant's copy, to see the campaign catch it)."""
         self.work = work
+        self.root = root
         self.seed = seed
         self.rng = random.Random(seed)  # noqa: S311 - a replayable campaign, not a secret
         self.cluster = cluster
@@ -754,8 +777,9 @@ class GroupCampaign:
         hook.write_text(GROUP_HOOK)
         hook.chmod(0o755)
         self.hook = str(hook)
-        self.boot = work / "boot_id"
-        self.boot.write_text(str(uuid.uuid4()) + "\n")
+        self.boots = {vm: work / f"{vm}.boot_id" for vm in self.vms}  # a VM's boot: its own
+        for boot in self.boots.values():
+            boot.write_text(str(uuid.uuid4()) + "\n")
         members = [("127.0.0.1", port) for port in cluster.client_ports]
         sim_port = int(self.sim.url.split(":")[2].split("/")[0])
         self.etcd_proxies = {vm: Proxy(members) for vm in self.vms}
@@ -768,6 +792,12 @@ class GroupCampaign:
         self.current: dict[str, str] = {}  # each VM's latest event
         self.faults: list[tuple[float, str]] = []  # (time.time(), what): the fault timeline
         self.pending: list[tuple[float, str, Any]] = []  # (monotonic, heal|member|daemon, who)
+        # Per VM, what may cost it its slot by design, (kind, from, to) in time.time(): a
+        # partition from etcd (to: healed; inf while cut off), a kill -9 (from = to).
+        self.outages: dict[str, list[list[Any]]] = {vm: [] for vm in self.vms}
+        self.cut_short = False
+        self.fault_every = 5.0  # s, the mean between faults at random instants
+        self.partition_drains = 0.5  # the share of drains followed at once by a partition
         self.report = GroupReport(seed, vms)
 
     # ---- the fleet ----------------------------------------------------------------------
@@ -793,18 +823,26 @@ class GroupCampaign:
                             "timeout": 2,
                         }
                     },
-                    "concurrency": {"group": "tier", "max": GROUP_MAX, "ttl": GROUP_TTL},
+                    "concurrency": self.concurrency(vm),
                     "hooks": {"drain": cmd("drain"), "undrain": cmd("undrain")},
                     "events": {"Reboot": {"before": ["drain"], "after": ["undrain"]}},
-                    "environment": {"CAMPAIGN_LOG": str(self.log)},
+                    "environment": {
+                        "CAMPAIGN_LOG": str(self.log),
+                        "CAMPAIGN_ETCD": ",".join(self.cluster.endpoints),
+                        "CAMPAIGN_SLOTS": "/campaign/slots/",
+                    },
                     "shutdown_grace": 5,
                 }
             )
         )
         return path
 
+    def concurrency(self, vm: str) -> Any:
+        """The `concurrency` of `vm`'s config: one group (the mapping form)."""
+        return {"group": "tier", "max": GROUP_MAX, "ttl": GROUP_TTL}
+
     def start(self, vm: str) -> None:
-        self.daemons[vm] = Daemon(self.config(vm), self.boot)
+        self.daemons[vm] = Daemon(self.config(vm), self.boots[vm], self.root)
         self.started_at[vm] = time.time()
 
     def kill(self, vm: str, signo: int = signal.SIGKILL) -> None:
@@ -875,7 +913,7 @@ class GroupCampaign:
         """VMs whose before-hooks have started and not ended (per the hooks' own log)."""
         running: set[tuple[str, str]] = set()
         for f in _hook_log(self.log):
-            if f[2] == "before":
+            if f[2] == "before" and f[0] in ("start", "end"):
                 (running.add if f[0] == "start" else running.discard)((f[1], f[3]))
         up = {vm for vm, d in self.daemons.items() if d is not None}
         return sorted({vm for _, vm in running} & up)
@@ -907,6 +945,7 @@ class GroupCampaign:
             draining = self.draining()
             vm = self.rng.choice(draining if draining and self.rng.random() < 0.5 else up_vms)
             self.kill(vm)
+            self.outages[vm].append(["kill -9", time.time(), time.time()])
             self.note(f"{vm}'s daemon killed -9")
             self.report.daemon_kills += 1
             self.pending.append((now + self.rng.uniform(0.5, 4), "daemon", vm))
@@ -916,6 +955,7 @@ class GroupCampaign:
         mode = self.rng.choice(["hold", "reset"])
         seconds = self.rng.uniform(3, 14)
         self.etcd_proxies[vm].set(mode)
+        self.outages[vm].append(["partition", time.time(), float("inf")])
         self.note(f"{vm} cut off from etcd ({mode}) {why} for {seconds:.1f} s")
         self.report.partitions[mode] += 1
         self.pending.append((time.monotonic() + seconds, "heal", vm))
@@ -928,7 +968,7 @@ class GroupCampaign:
                 continue
             seen.add((f[1], f[3], f[4]))
             busy = {who for _, what, who in self.pending if what == "heal"}
-            if f[3] not in busy and self.rng.random() < 0.5:
+            if f[3] not in busy and self.rng.random() < self.partition_drains:
                 self.partition(f[3], f"right after its drain of {f[1][:8]} started")
 
     def undo_due(self, everything: bool = False) -> None:
@@ -938,13 +978,28 @@ class GroupCampaign:
         for _, what, who in due:
             if what == "heal":
                 self.etcd_proxies[who].set("forward")
+                cut = [o for o in self.outages[who] if o[0] == "partition" and o[2] == float("inf")]
+                cut[-1][2] = time.time()
                 self.note(f"{who} healed")
             elif what == "member":
                 self.cluster.start(who)
                 self.note(f"etcd member {who} started again")
+            elif what != "daemon":
+                self.undo(what, who)
             else:
                 self.start(who)
                 self.note(f"{who}'s daemon started again")
+
+    def undo(self, what: str, who: Any) -> None:
+        """A pending undo of a kind a variant adds (none here)."""
+        raise ValueError(what)
+
+    def tick(self) -> bool:
+        """A variant's own moves, each turn of the run's loop; True: stop the faults now."""
+        return False
+
+    def at_rest(self) -> None:
+        """Every daemon is up and every event over: a variant's last checks (none here)."""
 
     def check_polling(self) -> None:
         """Every daemon up for a while has sent IMDS something within LIVENESS seconds."""
@@ -965,7 +1020,7 @@ class GroupCampaign:
             for vm in self.vms:
                 _wait(lambda vm=vm: self.daemons[vm].seen("document_changed"), 20)  # type: ignore[union-attr]
             end = time.monotonic() + seconds
-            next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
+            next_fault = time.monotonic() + self.rng.expovariate(1 / self.fault_every)
             drains: set[tuple[str, str, str]] = set()
             while time.monotonic() < end:
                 self.inject(lead_extra)
@@ -974,17 +1029,21 @@ class GroupCampaign:
                 self.on_drain_started(drains)
                 if time.monotonic() >= next_fault:
                     self.fault()
-                    next_fault = time.monotonic() + self.rng.expovariate(1 / 5)
+                    next_fault = time.monotonic() + self.rng.expovariate(1 / self.fault_every)
                 self.check_polling()
+                if self.tick():
+                    self.cut_short = True  # a variant saw enough: no settling either
+                    break
                 time.sleep(0.1)
             self.undo_due(everything=True)
             self.cluster.healthy()
-            limit = time.monotonic() + lead_extra[1] + 60
+            limit = time.monotonic() + (0 if self.cut_short else lead_extra[1] + 60)
             while time.monotonic() < limit and set(self.events) & set(self.sim.event_ids()):
                 self.settle_events()
                 self.check_polling()
                 time.sleep(0.1)
             time.sleep(2)  # the last after-hooks
+            self.at_rest()
         finally:
             for vm in self.vms:
                 self.kill(vm, signal.SIGTERM)
@@ -993,6 +1052,8 @@ class GroupCampaign:
             self.sim.stop()
             with (self.work / "daemons.jsonl").open("w") as out:  # for whoever reads a failure
                 out.writelines(json.dumps(dict(r, vm=vm)) + "\n" for vm, r in self.records)
+            with (self.work / "faults.txt").open("w") as out:
+                out.writelines(f"{_clock(t)} {what}\n" for t, what in self.faults)
         self.check()
         return self.report
 
@@ -1023,7 +1084,7 @@ class GroupCampaign:
                 r.at_not_before += 1
                 if not [t for t in mine if t <= started[e.event_id]]:
                     r.violations.append(f"{e.vm}'s {e.event_id} started unprepared")
-            else:
+            elif not self.cut_short:  # cut short, some had no time to end
                 r.violations.append(f"{e.vm}'s {e.event_id} neither approved nor started: lost")
         self._check_overlap(spans)
         for vm, rec in self.records:
@@ -1124,6 +1185,11 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=600, help="--group: faults this long")
     parser.add_argument("--vms", type=int, default=3, help="--group: daemons of the group")
+    parser.add_argument(
+        "--hold",
+        action="store_true",
+        help="--group: and tier and zone groups, long maintenances, operator frees (issue 28)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sed-campaign-") as tmp:
         work = args.work or Path(tmp)
@@ -1133,8 +1199,14 @@ def main() -> int:
             from tests.etcd_cluster import Cluster  # noqa: PLC0415 - only the fleet needs etcd
 
             with Cluster(work / "etcd") as cluster:
+                if args.hold:
+                    from tests.campaign_hold import HoldCampaign  # noqa: PLC0415 - a variant
+
+                    campaign: Any = HoldCampaign(work, args.seed, cluster, args.vms)
+                else:
+                    campaign = GroupCampaign(work, args.seed, cluster, args.vms)
                 report: Any = (
-                    GroupCampaign(work, args.seed, cluster, args.vms).run(args.seconds)
+                    campaign.run(args.seconds)
                     if args.group
                     else FleetCampaign(work, args.seed, cluster).run(args.kills)
                 )

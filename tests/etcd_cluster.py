@@ -14,12 +14,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import pytest
 import requests
 
 ETCD = "/usr/bin/etcd"
+T = TypeVar("T")
 
 
 def free_ports(count: int) -> list[int]:
@@ -90,19 +91,32 @@ def make_tls(root: Path) -> Tls:
 
 
 class Cluster:
-    """Three members; `endpoints` are their client URLs."""
+    """Three members; `endpoints` are their client URLs.
 
-    def __init__(self, root: Path, tls: Optional[Tls] = None, size: int = 3) -> None:
+    With `netns` (a name of `ip netns`) the members run inside that network namespace and
+    listen on `host` there: a Pacemaker cluster's hub (tests/pacemaker_cluster), which every
+    node reaches. `argv` and `in_net` then put a client (etcdctl, requests) there too."""
+
+    def __init__(
+        self,
+        root: Path,
+        tls: Optional[Tls] = None,
+        size: int = 3,
+        host: str = "127.0.0.1",
+        netns: Optional[str] = None,
+    ) -> None:
         self.root = root
         self.tls = tls
+        self.netns = netns
         ports = free_ports(2 * size)
         self.client_ports = ports[:size]
         self.peer_ports = ports[size:]
         scheme = "https" if tls else "http"
-        self.endpoints = [f"{scheme}://127.0.0.1:{p}" for p in self.client_ports]
+        self.host = host
+        self.endpoints = [f"{scheme}://{host}:{p}" for p in self.client_ports]
         self.names = [f"m{i}" for i in range(size)]
         self.initial = ",".join(
-            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports)
+            f"{n}=http://{host}:{p}" for n, p in zip(self.names, self.peer_ports)
         )
         self.procs: list[Optional[subprocess.Popen[bytes]]] = [None] * size
         self._started_once = [False] * size
@@ -116,9 +130,9 @@ class Cluster:
             return
         name = self.names[i]
         client = self.endpoints[i]
-        peer = f"http://127.0.0.1:{self.peer_ports[i]}"
+        peer = f"http://{self.host}:{self.peer_ports[i]}"
         argv = [
-            "setpriv", "--pdeathsig", "KILL", ETCD,
+            "setpriv", "--pdeathsig", "KILL", *self.argv(), ETCD,
             "--name", name,
             "--data-dir", str(self.root / name),
             "--listen-client-urls", client,
@@ -156,6 +170,20 @@ class Cluster:
     def stop(self) -> None:
         self.kill()
 
+    def argv(self, *command: str) -> list[str]:
+        """`command` in the members' network namespace (as is, without one); `nsenter` execs
+        it, so a member's process is etcd itself (killed as such, and by its pdeathsig)."""
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        return [*prefix, *command]
+
+    def in_net(self, work: Callable[[], T]) -> T:
+        """`work()` where the members can be reached (a thread in their namespace)."""
+        if self.netns is None:
+            return work()
+        from tests.pacemaker_cluster import in_netns  # noqa: PLC0415 - only with a namespace
+
+        return in_netns(self.netns, work)
+
     def session(self) -> requests.Session:
         s = requests.Session()
         s.trust_env = False
@@ -166,6 +194,9 @@ class Cluster:
 
     def healthy(self, timeout: float = 30.0) -> None:
         """Wait until a write goes through on every live member's endpoint (a quorum)."""
+        self.in_net(lambda: self._healthy(timeout))
+
+    def _healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.session() as s:
             for i, endpoint in enumerate(self.endpoints):

@@ -239,9 +239,11 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     assert stopping is not None  # noqa: S101 - only called while stopping
     state = approval._retry_approvals(state, now, out)
     # After-hooks waiting for their node's restore are waited for as a run is (started then).
-    # After-hooks waiting for their next try (gates/hold.py) are not: they run after a restart.
+    # After-hooks waiting for their next try (gates/hold.py), or holding a slot for a restore
+    # that failed (its retries stop with the daemon), are not: they run after a restart.
     restoring = any(
-        runs._awaiting_restore(t) and not hold.waiting(t) for t in state.events.values()
+        runs._awaiting_restore(t) and not hold.waiting(t) and not _retried(state, t)
+        for t in state.events.values()
     )
     if not state.runs and not state.approvals.posting and not restoring:
         return _exit(state, out)
@@ -262,6 +264,11 @@ def _shutdown(state: State, now: float, out: list[Effect]) -> State:
     if stopping.kill_until is not None and now >= stopping.kill_until:
         return _exit(state, out)
     return state
+
+
+def _retried(state: State, t: Tracked) -> bool:
+    """Its restore failed while it holds a slot: its hooks wait for a retry (drain gate)."""
+    return bool(state.restore_error) and t.drain is Drain.RESTORING and t.slot is not Slot.NONE
 
 
 def _exit(state: State, out: list[Effect]) -> State:

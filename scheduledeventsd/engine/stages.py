@@ -12,7 +12,7 @@ from .lifecycle import Drain, On, Phase, Stage
 from .notes import _note, _why
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import Outcome
-from .vocabulary.effects import Effect, RestoreNode, StopDraining
+from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import HooksFinished
 
 _BEFORE_ENDED = {
@@ -131,7 +131,7 @@ def _stage_retried_later(
 def _start_stage(
     state: State, tracked: Tracked, on: On, stage: Stage, out: list[Effect]
 ) -> tuple[State, Tracked]:
-    """Run the event's after- or cancelled-hooks, once; with none configured it is over."""
+    """Run the event's after- or cancelled-hooks, once; with none it is over (its node restored)."""
     rule = state.config.events.get(tracked.event.event_type)
     hooks = rule.hooks_for(stage.value) if rule is not None else ()
     # Only this daemon's own mark is taken off (none: the node was marked by someone else).
@@ -143,10 +143,9 @@ def _start_stage(
         if tracked.drain is Drain.ASKED:  # a mark set after this comes back: _cluster_marked
             out.append(StopDraining(tracked.event.event_id))
         tracked = drain.move(tracked, drain.DrainOn.UNMARKED, Drain.NONE)
-    if not hooks:
-        if restore is not None:
-            out.append(RestoreNode(tracked.event.event_id, restore))
-        return runs._over(state, replace(tracked, stage=stage), on)
     if restore is not None:  # the node first (drain._restore_first): its hooks wait for the answer
+        # With none, it waits too: over (its slot given back) only once the node is back.
         return state, _move(tracked, on, Phase.AFTER, run=None, stage=stage)
+    if not hooks:
+        return runs._over(state, replace(tracked, stage=stage), on)
     return runs._run_stage(state, _move(tracked, on, Phase.AFTER, stage=stage), out)

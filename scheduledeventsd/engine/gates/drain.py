@@ -13,7 +13,7 @@ from ...model import Event
 from ...records import Level, Record, What
 from .. import runs
 from ..component import Gate, Timers
-from ..lifecycle import Drain, On, Phase
+from ..lifecycle import Drain, On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _note, event_fields
 from ..state import State, Tracked, _move, _with, mark_of
@@ -206,7 +206,7 @@ def _restore_first(state: State, out: list[Effect]) -> State:
     """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
     whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
     node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
-    says (a failed restore is asked again until it works, as it always was)."""
+    says (asked again until it works), or holding a slot on the one that says it worked."""
     for event_id, t in state.events.items():
         if t.drain in _MARKED and runs._awaiting_restore(t):
             if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
@@ -245,7 +245,10 @@ def _release_left_alone(state: State, out: list[Effect]) -> State:
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
     state = _restored(state, msg, out)
     waiting = state.events.get(msg.event_id)
-    if waiting is not None and runs._awaiting_restore(waiting):  # its hooks, now
+    # Holding a slot, its after-hooks wait for a restore that works: the slot is never given
+    # back (after them) with the node still marked (restore, then release; issue 28).
+    held = msg.error and waiting is not None and waiting.slot in (Slot.HELD, Slot.ASKED)
+    if waiting is not None and runs._awaiting_restore(waiting) and not held:  # its hooks, now
         state, tracked = runs._run_stage(state, waiting, out)
         state = _with(state, msg.event_id, tracked)
     return state
