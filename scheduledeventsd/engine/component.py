@@ -50,8 +50,10 @@ class Gate:
     on the state, run after every message). A gate that holds events (`hold`: the phase
     `gated`) says what becomes of one it holds beyond its own messages: after a restart
     (`restarted`: ask again, as the slot and the drain do; its deadline in `start_at` was the
-    old process's clock and is none now), and when it stops waiting without passing (`left`:
-    undo what the entry did). The events and lifetime components call them (gates/onward)."""
+    old process's clock and is none now), when it stops waiting without passing (`left`:
+    undo what the entry did), and when the wall clock stepped or a reload came (`clock_moved`:
+    place again a deadline taken from the wall clock, such as NotBefore, and read the new
+    settings). events, reload, lifetime and the window's re-placing call them (gates/onward)."""
 
     name: str
     table: Table[Any, Any]
@@ -62,6 +64,7 @@ class Gate:
     couplings: tuple[Coupling, ...] = ()
     restarted: Optional[Restarted] = None
     left: Optional[Left] = None
+    clock_moved: Optional[Restarted] = None
 
 
 def hold(

@@ -33,12 +33,12 @@ from scheduledeventsd.engine.gates import onward, pipeline
 from scheduledeventsd.engine.lifecycle import On
 from scheduledeventsd.engine.state import _with
 from scheduledeventsd.engine.vocabulary.effects import GateEffect, Notify, Persist, SpawnHooks
-from scheduledeventsd.engine.vocabulary.messages import GateMessage, Reloaded
+from scheduledeventsd.engine.vocabulary.messages import DocumentFetched, GateMessage, Reloaded
 from scheduledeventsd.observe.observer import Observer
 from scheduledeventsd.observe.report import status
 from tests.engine.test_engine import Machine, config, doc, event, logs, of
 from tests.engine.test_engine_fleet import ETCD, SLOTS, TTL
-from tests.engine.test_engine_when import MONO0, due_in
+from tests.engine.test_engine_when import MONO0, WALL0, due_in
 from tests.engine.test_engine_when import machine as when_machine
 from tests.engine.test_engine_when import seen as first_seen
 
@@ -117,6 +117,10 @@ def holding_gate(seen: list[str], answers_in_plan: bool = True) -> Gate:
         seen.append(f"let go {tracked.event.event_id}")
         return state, gate_move(tracked, TABLE, HeldOn.LET_GO, Held.NONE)
 
+    def clock_moved(state, tracked, now, out):
+        seen.append(f"placed again {tracked.event.event_id} ({state.config.shutdown_grace:g})")
+        return state, dataclasses.replace(tracked, start_at=now + 60)
+
     return Gate(
         NAME,
         TABLE,
@@ -125,6 +129,7 @@ def holding_gate(seen: list[str], answers_in_plan: bool = True) -> Gate:
         effects=(AskHold,),
         restarted=restarted,
         left=left,
+        clock_moved=clock_moved,
     )
 
 
@@ -232,6 +237,22 @@ def test_a_restart_with_an_event_gated_has_its_gate_ask_again_and_its_answer_let
     assert m.phase() is Phase.GATED, "still waiting for its answer"
     m.send(HoldAnswered("E1"), at=102)
     assert m.phase() is Phase.RUNNING
+
+
+def test_a_clock_step_or_a_reload_has_the_gate_holding_an_event_place_its_timers_again(seen):
+    """Its deadline may come from the wall clock (NotBefore), and a reload may change its
+    settings: the gate is told, as the slot's and the drain's deadlines are placed again."""
+    from scheduledeventsd.engine.vocabulary.constants import CLOCK_STEP  # noqa: PLC0415
+
+    m = when_machine()
+    first_seen(m, due_in(3 * 86400))
+    assert m.phase() is Phase.GATED
+    m.send(DocumentFetched(doc(due_in(3 * 86400)), WALL0 + 2 + 2 * CLOCK_STEP), at=MONO0 + 1)
+    assert seen[-1] == "placed again E1 (10)", "the wall clock stepped"
+    assert m.state.events["E1"].start_at == MONO0 + 61
+    m.send(Reloaded(dataclasses.replace(m.state.config, shutdown_grace=20.0)), at=MONO0 + 2)
+    assert seen[-1] == "placed again E1 (20)", "a reload: with the new settings"
+    assert m.phase() is Phase.GATED
 
 
 def test_a_slot_whose_lease_ends_while_its_event_is_gated_is_lost_then_not_at_its_let_on(seen):

@@ -2,7 +2,8 @@
 the gate after it in gates/pipeline.GATES (after the last: the before-hooks, runs), so no gate
 names the one after it. The gates cannot import the pipeline, which lists them: it links them
 here once, as it is imported (`link`). What becomes of an event a gate holds (`gated`) beyond
-that gate's messages, the other components ask here (`left`, `restarted`): each gate declares it."""
+that gate's messages, the other components ask here (`left`, `restarted`, `clock_moved`): each
+gate declares it."""
 
 from __future__ import annotations
 
@@ -68,4 +69,16 @@ def restarted(
     gate = _GATES.get(tracked.gated)
     if gate is not None and gate.restarted is not None:
         return gate.restarted(state, tracked, now, out)
+    return state, tracked
+
+
+def clock_moved(
+    state: State, tracked: Tracked, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """The wall clock stepped, or a reload: the gate holding the event places again what it
+    took from the wall clock (`Gate.clock_moved`), as the slot's and the drain's deadlines are
+    (gates/window._replace_waiting)."""
+    gate = _GATES.get(tracked.gated)
+    if gate is not None and gate.clock_moved is not None:
+        return gate.clock_moved(state, tracked, now, out)
     return state, tracked
