@@ -47,7 +47,7 @@ class Gate:
     event, or hand it on), the handlers of the messages it owns (GateMessage), the effects it
     asks for (GateEffect, each carried out by the daemon's executor that declares it), its
     timers (fired in the order of GATES, each gate's in its own order) and its couplings (rules
-    on the state, run after every message). A gate that holds events (`hold`: the phase
+    on the state, run after every message). A gate that holds events (`wait_at`: the phase
     `gated`) says what becomes of one it holds beyond its own messages: after a restart
     (`restarted`: ask again, as the slot and the drain do; its deadline in `start_at` was the
     old process's clock and is none now), when it stops waiting without passing (`left`:
@@ -67,7 +67,7 @@ class Gate:
     clock_moved: Optional[Restarted] = None
 
 
-def hold(
+def wait_at(
     gate: str,
     tracked: Tracked,
     on: On,

@@ -24,7 +24,7 @@ class Phase(str, enum.Enum):
     WAITING = "waiting"  # ours; its before-hooks start later (start_before, a window)
     QUEUED = "queued"  # ours; its before-hooks wait for a concurrency slot (or its deadline)
     DRAINING = "draining"  # ours; the cluster moves this node's resources away first
-    GATED = "gated"  # ours; any other gate holds it (Tracked.gated names it: component.hold)
+    GATED = "gated"  # ours; any other gate holds it (Tracked.gated names it: component.wait_at)
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
     REBOOTED = "rebooted"  # prepared, then this VM booted: the next document says if that was it
@@ -138,7 +138,7 @@ _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
 # first document says which, a prepared event waits in REBOOTED.
 _REBOOTS = (P.REBOOTED, *_ENDS)
 _HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
-# Any gate but the slot's and the drain's holds an event in GATED (component.hold); what a
+# Any gate but the slot's and the drain's holds an event in GATED (component.wait_at); what a
 # restart or its leaving means for it, its gate declares (component.Gate: restarted, left).
 _RESTARTS = (On.RESTARTED, On.REBOOTED)
 _INTO_GATED = (

@@ -28,7 +28,7 @@ from scheduledeventsd.engine import (
     compose,
     machine,
 )
-from scheduledeventsd.engine.component import Gate, gate_move, gate_state, hold
+from scheduledeventsd.engine.component import Gate, gate_move, gate_state, wait_at
 from scheduledeventsd.engine.gates import onward, pipeline
 from scheduledeventsd.engine.lifecycle import On
 from scheduledeventsd.engine.state import _with
@@ -98,7 +98,7 @@ def holding_gate(seen: list[str], answers_in_plan: bool = True) -> Gate:
     def enter(state, tracked, on, now, out):
         seen.append(f"asked {tracked.event.event_id}")
         out.append(AskHold(tracked.event.event_id, answers_in_plan))
-        return state, hold(NAME, gate_move(tracked, TABLE, HeldOn.ASK, Held.ASKED), on, out)
+        return state, wait_at(NAME, gate_move(tracked, TABLE, HeldOn.ASK, Held.ASKED), on, out)
 
     def answered(state, msg, now, out):
         t = state.events.get(msg.event_id)
