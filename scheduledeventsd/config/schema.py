@@ -52,8 +52,10 @@ APPROVE_CHOICES = (
 )
 
 _HOLD_MAX = (
-    "A daemon that stops holding a slot (for its maintenance) leaves it held this long, until it "
-    "is back and its after-hooks succeeded; a Terminate or Preempt frees it as the VM goes."
+    "A slot held through a maintenance (from its event's approval) is on a lease this long, "
+    "renewed while the daemon lives: a daemon that stops or is killed then leaves it held this "
+    "long, until it is back and its after-hooks succeeded; a Terminate or Preempt frees it as "
+    "the VM goes."
 )
 _AFTER_RETRY = "After-hooks that fail holding a slot keep it held, and run again this long after."
 
@@ -307,7 +309,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "concurrency.ttl",
         Kind.WHOLE,
-        "Lease of a held slot, renewed every third of it: a daemon killed loses it within this; "
+        "Lease of a held slot, renewed every third of it: a daemon killed before its event's "
+        "approval loses it within this (after it, hold_max applies); "
         "unconfirmed by etcd for this long (a partition), it counts as lost: no early approval.",
         30,
         5,
@@ -339,7 +342,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination.etcd",
         Kind.SECTION,
-        "Each VM writes prefix/events/ID/vm = ready under a lease and watches the event's keys.",
+        "Each VM writes prefix/events/ID/vm = ready under a lease and watches prefix/settled/ID.",
     ),
     Key(
         "coordination.etcd.endpoints",

@@ -1,8 +1,14 @@
 """This daemon's one etcd lease: every key it writes (its slots, its shared-event marks) hangs on
 it, and one thread keeps it alive, every third of its ttl. A daemon killed loses all of them
-within `ttl`; one that stops for its maintenance moves its held slot to a lease of its own
-(slots.py). Per event and VM that is one grant for the daemon's life, not one per slot and mark,
-and one keep-alive stream for all of them.
+within `ttl`. Per event and VM that is one grant for the daemon's life, not one per slot and
+mark, and one keep-alive stream for all of them.
+
+Its hold lease, of `concurrency.hold_max`, is the second and last: granted when its VM's slot is
+held through a maintenance (approved, slots.py), renewed by the same thread at the same instants
+while the daemon lives, revoked once no slot is on it. A daemon that goes down (a clean stop for
+its maintenance, the VM pulled away, a crash) leaves that slot held until `hold_max` after the
+last renewal, or until it is back and takes it again: at most two leases per daemon, whatever
+the number of its events.
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
@@ -43,6 +49,8 @@ class DaemonLease:
         self._stopped = threading.Event()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._hold: Optional[str] = None  # the hold lease's ID, while a slot is on it
+        self._holders: set[str] = set()  # who put keys on it (a VM's slot worker each)
 
     def retune(self, ttl: int) -> None:
         """A reload changed `concurrency.ttl`: renewed every third of the shorter of the two
@@ -70,6 +78,41 @@ class DaemonLease:
                     self._thread.start()
             self._wake.set()
             return lease, sent
+
+    def hold(self, client: EtcdClient, seconds: int, holder: str) -> str:
+        """The hold lease's ID (granted through `client` for `seconds` if there is none), kept
+        alive from now on with the daemon's lease; raises EtcdError."""
+        with self._granting:
+            with self._lock:
+                if self._hold is not None:
+                    self._holders.add(holder)
+                    return self._hold
+            lease = client.grant(seconds)
+            with self._lock:
+                self._hold = lease
+                self._holders.add(holder)
+            return lease
+
+    def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
+        """`holder` keeps nothing on the hold lease any more: revoked through `client` once
+        nobody does (its keys, if any were left, go with it: they were given back). Without
+        `client` (a reload hands the keys over to a new worker) never revoked. Raises
+        EtcdError."""
+        with self._lock:
+            self._holders.discard(holder)
+            if self._holders or client is None:
+                return
+            lease, self._hold = self._hold, None
+        if lease is not None:
+            client.revoke(lease)
+
+    def renew_hold(self, client: EtcdClient) -> None:
+        """One last renewal, as the daemon stops: the hold counts `hold_max` from now, not from
+        the thread's last renewal (up to a third of `ttl` earlier). Raises EtcdError."""
+        with self._lock:
+            lease = self._hold
+        if lease is not None:
+            client.keep_alive(lease)
 
     def lost(self, lease: str) -> None:
         """A caller found `lease` gone (etcd refused a put under it): granted anew next time."""
@@ -131,6 +174,7 @@ class DaemonLease:
                 self._client = EtcdClient(self.settings)
                 continue
             failures = 0
+            self._renew_hold()
             if left == 0:
                 self.lost(lease)
                 continue
@@ -140,3 +184,18 @@ class DaemonLease:
                 listeners = list(self._listeners)
             for listener in listeners:
                 listener.kept(sent)
+
+    def _renew_hold(self) -> None:
+        """The hold lease, renewed with the daemon's (a failure is tried again at the next
+        renewal: it lives `hold_max`, far longer than a third of `ttl`)."""
+        with self._lock:
+            hold = self._hold
+        if hold is None:
+            return
+        try:
+            if self._client.keep_alive(hold) == 0:
+                with self._lock:
+                    if self._hold == hold:  # expired (a partition longer than hold_max)
+                        self._hold = None
+        except EtcdError:
+            pass

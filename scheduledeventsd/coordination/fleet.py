@@ -7,8 +7,8 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
 
 - `slots/<group>/<n>` = `{"vm", "event", "at"}`: slot n of the group (n < its max), held by
   that VM for that event since `at`; on the daemon's one lease (daemon_lease.py, `ttl`), or,
-  once that daemon stopped for its maintenance, on a lease of `hold_max` (slots.py). When that
-  lease ends is when the hold ends.
+  once its event is approved, on the daemon's hold lease of `hold_max`, renewed while the daemon
+  lives (slots.py). When that lease ends is when the hold ends.
 - `daemons/<vm>` = `{"vm", "groups": {group: max}, "ttl", "at"}`: the daemon of that VM is
   alive and wants or holds a slot. On the daemon's lease; deleted when it stops, so a held
   slot whose VM has no such key is held by a VM that is down.
@@ -19,6 +19,8 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.
 - `events/<EventId>/<vm>` = `{"state": "ready"|"failed", ...}`: shared events (peers.py).
+- `settled/<EventId>`: written by the VM whose write decided a shared event (peers.py); the
+  other VMs watch it. Not shown.
 """
 
 from __future__ import annotations

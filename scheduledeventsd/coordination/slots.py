@@ -11,11 +11,17 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
   the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
   `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
-- When the daemon stops holding it (HoldSlot: its maintenance, most likely), the key moves in
-  one transaction (put only while it holds the same value) to a lease of its own of
-  `concurrency.hold_max` that nothing renews: it stays held until the VM is back (its daemon
-  takes it back under its own lease, same value check) and its after-hooks succeeded, or
-  until hold_max if the VM never returns. A Terminate or Preempt deletes it as the VM goes.
+- Once its event is approved (or its after-hooks run: the VM is in its maintenance; HoldSlot
+  `alive`), the key moves in one transaction (put only while it holds the same value) to the
+  daemon's hold lease of `concurrency.hold_max`, renewed with the daemon's lease while it
+  lives (daemon_lease.py). A daemon that stops (HoldSlot: its maintenance, most likely) moves
+  a key not there yet the same way, renews the hold lease one last time, and nothing renews
+  it after: the slot stays held until the VM is back (its daemon takes it back under its hold
+  lease, same value check) and its after-hooks succeeded, or until hold_max if the VM never
+  returns, whether its daemon stopped cleanly or was killed. A Terminate or Preempt deletes
+  it as the VM goes. A key held through a maintenance stays on the hold lease across a
+  reload; the new keeper takes back only the keys the VM holds (a group the reload added is
+  for its next event: taking it now could free the slots it holds).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
@@ -29,6 +35,7 @@ SlotFailed (etcd could not be asked; the worker asks again on its own, with back
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import threading
@@ -84,6 +91,8 @@ class SlotKeeper:
             if event_id in self._vm_of:
                 return
             worker = self._workers.get(vm)
+            if worker is not None and effect.hold:
+                worker.keep(effect.hold)
             fresh = worker is None
             if worker is None:
                 worker = _Worker(self.settings, self.concurrency, effect, self._send, self.lease)
@@ -102,26 +111,37 @@ class SlotKeeper:
             del self._workers[vm]  # type: ignore[arg-type]
         worker.release()
 
-    def hold(self, event_id: str, seconds: int) -> None:
+    def keep(self, event_id: str, seconds: int) -> None:
+        """The event's VM is in its maintenance (HoldSlot `alive`): its slot moves to the
+        daemon's hold lease of `seconds` (on the worker's thread: never holds up the loop)."""
+        with self._lock:
+            vm = self._vm_of.get(event_id)
+            worker = self._workers.get(vm) if vm is not None else None
+        if worker is not None:
+            worker.keep(seconds)
+
+    def hold(self, event_id: str, seconds: int) -> tuple[tuple[str, ...], str]:
         """The daemon stops while this event holds the VM's slot (HoldSlot): the slot key moves
-        to a lease of `seconds` that nothing renews, in one transaction; the VM's worker ends."""
+        to the daemon's hold lease of `seconds` in one transaction (if not there yet), renewed
+        one last time; the VM's worker ends. The slot's keys, and why that failed ("": held)."""
         with self._lock:
             vm = self._vm_of.get(event_id)
             worker = self._workers.pop(vm, None) if vm is not None else None
             if worker is None:
-                return
+                return (), ""
             self._vm_of = {e: v for e, v in self._vm_of.items() if v != vm}
-        worker.stop(hold=seconds)
+        return worker.stop(hold=seconds)
 
     def stop_all(self) -> None:
         """On the daemon's stop (after HoldSlot for the slots to keep), or a reload that
         replaces this keeper: asking ends; a slot still held moves to a lease of `ttl` of its
         own, so it is gone within `ttl` unless the new keeper takes it back meanwhile (on the
-        daemon's lease, which lives on, a key in a group the reload left would stay held)."""
+        daemon's lease, which lives on, a key in a group the reload left would stay held); one
+        held through a maintenance stays on the hold lease, renewed (taken back from there)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
         for worker in workers:
-            worker.stop(hold=self.concurrency.ttl)
+            worker.stop(hold=self.concurrency.ttl, handover=True)
         if self._own_lease:
             self.lease.close()
 
@@ -170,6 +190,10 @@ class _Worker:
         self._thread = threading.Thread(
             target=self._run, name=f"slot-{self.event_id[:8]}", daemon=True
         )
+        self._keep = effect.hold  # held through its maintenance: on the hold lease of that
+        self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
+        self._on_hold = False  # its keys are on the daemon's hold lease
+        self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
 
     def start(self) -> None:
@@ -199,31 +223,59 @@ class _Worker:
             for event_id in sorted(self._events):
                 self._send(kind(event_id, *fields))
 
+    def keep(self, seconds: int) -> None:
+        """Held through its maintenance from now on: its keys move to the hold lease (`_hold`
+        does it, and tries again every third of `ttl` while etcd cannot be asked)."""
+        self._keep = seconds
+        self._wake.set()
+
     def release(self) -> None:
         """Give the slot back now (a thread of its own: never holds up the daemon's loop)."""
         self._stopped.set()
         self._ended.set()
+        self._wake.set()
         self._unwatch()
         self._client.close()
         threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
 
-    def stop(self, hold: int = 0) -> None:
-        """End this worker; with `hold`, a slot held moves to a lease of its own of that many
-        seconds (granted, then one transaction that puts the key under it only while it is
-        still ours)."""
+    def stop(self, hold: int = 0, handover: bool = False) -> tuple[tuple[str, ...], str]:
+        """End this worker; with `hold`, a slot held moves, in one transaction that puts the
+        keys only while they are still ours, to the daemon's hold lease (granted for `hold` if
+        none; renewed one last time if they are there already); `handover` (a reload): a
+        slot not held through a maintenance goes to a lease of its own of `hold` seconds
+        instead, and one that is stays on the hold lease. The keys, and why it failed."""
         self._stopped.set()
         self._ended.set()
+        self._wake.set()
         self._unwatch()
         self._client.close()
         self._thread.join(timeout=self.settings.timeout)
+        keys, error = self._keys, ""
         try:
             with _Client(self.settings) as client:
-                if hold and self._keys:
-                    lease = client.grant(hold)
-                    client.put_all([(k, self.value) for k in self._keys], self.value, lease)
+                if hold and keys and self._on_hold and not handover:
+                    self._renew_hold(client)
+                elif hold and keys and not self._on_hold:
+                    shared, token = self._shared, self._token
+                    lease = client.grant(hold) if handover else shared.hold(client, hold, token)
+                    if not client.put_all([(k, self.value) for k in keys], self.value, lease):
+                        error = "the slot is not this VM's any more (freed or lost meanwhile)"
+        except EtcdError as e:
+            error = f"{e.kind}: {e.detail}"[:300]
+        if handover:
+            self._shared.unhold(self._token)  # the new keeper's worker takes them back there
+        try:
+            with _Client(self.settings) as client:
                 self._unmark(client)
         except EtcdError:
-            pass  # the slot expires within TTL instead; the marks go with the daemon's lease
+            pass  # the marks go with the daemon's lease
+        return keys, error
+
+    def _renew_hold(self, client: EtcdClient) -> None:
+        """Its keys are on the hold lease already: `hold_max` counted from now, or, etcd not
+        answering, from its last renewal (a third of `ttl` ago at most): held either way."""
+        with contextlib.suppress(EtcdError):
+            self._shared.renew_hold(client)
 
     def _unmark(self, client: EtcdClient) -> None:
         """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
@@ -241,11 +293,13 @@ class _Worker:
             with _Client(self.settings) as client:
                 if self._keys:
                     client.delete_all(self._keys, self.value)
-                    return
-                ours = tuple(self.prefixes.values())
-                for kv in client.range(self.root)[1]:
-                    if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
-                        client.delete(kv.key, kv.value)
+                else:
+                    ours = tuple(self.prefixes.values())
+                    for kv in client.range(self.root)[1]:
+                        if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
+                            client.delete(kv.key, kv.value)
+                if self._keep or self._on_hold:
+                    self._shared.unhold(self._token, client)  # revoked once nothing is on it
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
 
@@ -291,15 +345,19 @@ class _Worker:
             self._tell(SlotKept, confirmed)
 
     def expired(self) -> None:
-        """etcd says the daemon's lease is gone, and a held slot with it."""
+        """etcd says the daemon's lease is gone, and a held slot with it; one on the hold lease
+        (a partition in its maintenance, shorter than hold_max) is not: nothing is said, its
+        marks are written again under the new lease and it is taken again (SlotGranted)."""
         with self._lock:
             held = self._held
         if held and not self._ended.is_set():
-            self._keys = ()
-            self._tell(SlotBusy, ("(lease expired)",), (), True, held=False)
+            if not self._on_hold:
+                self._keys = ()
+                self._tell(SlotBusy, ("(lease expired)",), (), True, held=False)
             with self._lock:
                 self._expired = True
             self._ended.set()
+            self._wake.set()
 
     def _work(self) -> None:
         self._lease = self._get_lease()
@@ -318,6 +376,7 @@ class _Worker:
                 if not self._hold():
                     return
                 self._lease = self._get_lease()  # its lease expired: taken anew under a new one
+                self._announce()  # alive for `fleet` again (its mark went with the lease)
                 holders = None
                 continue
             if taking.full and taking.holders != holders:
@@ -384,11 +443,15 @@ class _Worker:
         of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
         it is deleted, never taken back; so are the VM's keys while another group is full."""
         assert self._lease is not None  # noqa: S101 - granted before
-        taking = slotset.plan(kvs, self.vm, self.concurrency.limits, self.prefixes)
+        keep = self._keep
+        limits = self.concurrency.limits
+        taking = slotset.plan(kvs, self.vm, limits, self.prefixes, held_only=bool(keep))
         for kv in taking.stale:
             self._client.delete(kv.key, kv.value or b"")
-        if taking.take and self._client.put_all(taking.take, self.value, self._lease):
+        lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
+        if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
+            self._on_hold = bool(keep)
             return None
         return taking
 
@@ -405,14 +468,34 @@ class _Worker:
                 return False
         return False
 
+    def _move_to_hold(self) -> None:
+        """Held through its maintenance (`keep`): the keys move to the hold lease, in one
+        transaction while they are ours; etcd failing, tried again at the next round (the
+        daemon's lease keeps them meanwhile), not ours any more: `_still_ours` says why."""
+        if not self._keep or not self._keys or self._on_hold:
+            return
+        try:
+            lease = self._shared.hold(self._client, self._keep, self._token)
+            keys = [(k, self.value) for k in self._keys]
+            self._on_hold = self._client.put_all(keys, self.value, lease)
+        except EtcdError:
+            self._client.close()
+            if not self._ended.is_set():  # else closed on purpose: the worker ends
+                self._client = EtcdClient(self.settings)
+
     def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
         at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the keys
         are read: an operator may have freed one (`fleet free`, fleet.py). True when its lease
         expired (a partition): the slot is asked for again (the engine gives it back if its
         event no longer needs it), not left free while its VM may still be in its maintenance."""
-        while not self._ended.wait(self.renew):
-            if not self._keys or not self._still_ours():
+        while not self._ended.is_set():
+            self._move_to_hold()
+            woken = self._wake.wait(self.renew)  # `keep`: moved at once, read at the round
+            self._wake.clear()
+            if self._ended.is_set() or not self._keys:
+                break
+            if not woken and not self._still_ours():
                 break
         with self._lock:
             again, self._expired = self._expired and not self._stopped.is_set(), False

@@ -57,14 +57,28 @@ def index(key: str, prefix: str, most: int) -> Optional[int]:
 
 
 def plan(
-    kvs: list[KeyValue], vm: str, limits: tuple[Limit, ...], prefixes: Mapping[str, str]
+    kvs: list[KeyValue],
+    vm: str,
+    limits: tuple[Limit, ...],
+    prefixes: Mapping[str, str],
+    *,
+    held_only: bool = False,
 ) -> Plan:
     """Per group: the slot this VM holds already (taken back, e.g. after a restart), else the
-    lowest free one; none free in a group: nothing is taken."""
+    lowest free one; none free in a group: nothing is taken. `held_only` (its VM is in the
+    maintenance it holds them for): only the slots it holds are taken back, if it holds any;
+    a group it holds none of (a reload added it) is for its next event, never a reason to
+    give up the ones it holds."""
     take: list[tuple[str, Optional[bytes]]] = []
     stale: list[KeyValue] = []
     full: list[str] = []
     holders: set[str] = set()
+    kept = held_only and any(
+        holder(kv.value) == vm and index(kv.key, prefixes[limit.group], limit.max) is not None
+        for limit in limits
+        for kv in kvs
+        if kv.key.startswith(prefixes[limit.group]) and kv.value is not None
+    )
     for limit in limits:
         prefix = prefixes[limit.group]
         keys = [kv for kv in kvs if kv.key.startswith(prefix) and kv.value is not None]
@@ -73,6 +87,8 @@ def plan(
         stale += [kv for kv in mine if kv is not (counting[0] if counting else None)]
         if counting:
             take.append((counting[0].key, counting[0].value))
+            continue
+        if kept:
             continue
         used = {index(kv.key, prefix, limit.max) for kv in keys}
         free = next((n for n in range(limit.max) if n not in used), None)

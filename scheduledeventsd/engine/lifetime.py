@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, reload, runs, stages
-from .gates import drain, hold, onward, slot, window
+from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -81,7 +81,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
             else:
-                out.append(AcquireSlot(tracked.event, tracked.vm_name or state.vm_name or ""))
+                vm, keep = tracked.vm_name or state.vm_name or "", through.seconds(state, tracked)
+                out.append(AcquireSlot(tracked.event, vm, keep))  # keep: in its maintenance
                 if tracked.slot is Slot.HELD:
                     state = slot._slot_unconfirmed(state, tracked, now)
         if tracked.phase is Phase.DRAINING:  # marked at most once: the worker finds it set

@@ -141,6 +141,7 @@ class State:
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
     slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
     slot_leases: Mapping[str, SlotLease] = field(default_factory=dict)  # HELD slots, by EventId
+    kept: frozenset[str] = frozenset()  # HELD slots moved to the hold lease (gates/through)
     sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)
     cluster_mark: Optional[ClusterMark] = None  # set by this daemon, until taken off: persisted
     cluster_problems: Optional[tuple[str, ...]] = None  # the last check (None: none yet)

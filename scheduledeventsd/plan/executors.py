@@ -128,7 +128,7 @@ def _nothing(plan: Loop, vm: Vm, e: Effect, t: float) -> None:
 
 
 def _coordinate(plan: Loop, vm: Vm, e: Coordinate, t: float) -> None:
-    plan.answer(plan.peers.write(e.event.event_id, vm.name, e.ready), t)
+    plan.answer(plan.peers.write(e.event.event_id, vm.name, e.ready, e.event.resources), t)
 
 
 def _stop_coordinating(plan: Loop, vm: Vm, e: StopCoordinating, t: float) -> None:

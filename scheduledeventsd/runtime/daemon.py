@@ -397,7 +397,7 @@ class Daemon:
         self._executors.reload(old, self._context(new))
 
     def _context(self, config: Config) -> Context:
-        return Context(config, self.inbox.put, self.runner, self._coordinator)
+        return Context(config, self.inbox.put, self.runner, self._coordinator, self._do)
 
     def _spawn(self, effect: SpawnHooks) -> None:
         def finish(failure: Optional[CommandResult], detail: str) -> Message:

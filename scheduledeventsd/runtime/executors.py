@@ -19,6 +19,7 @@ from ..engine import (
     GateAnswered,
     HoldSlot,
     Message,
+    Record,
     ReleaseSlot,
     RestoreNode,
     SlotFailed,
@@ -41,6 +42,7 @@ class Context:
     send: Callable[[Message], None]
     runner: ProcessRunner
     coordinator: Optional[EtcdCoordinator] = None
+    say: Optional[Callable[[Record], None]] = None  # a record logged now (the daemon's `_do`)
 
 
 class Executor(Protocol):
@@ -124,12 +126,15 @@ class Slots:
     changes them makes a new keeper: the engine asks again through it for every slot asked for
     or held (AcquireSlot follows the reload), a held one taken back at once under its own lease
     while the old lease (not revoked) still keeps it; not held under hold_max: nothing would
-    renew that lease, and a slot in keys the new settings do not use would block them as long."""
+    renew that lease, and a slot in keys the new settings do not use would block them as long.
+    One held through a maintenance stays on the hold lease (renewed) and is taken back there
+    (AcquireSlot `hold`): a daemon killed after the reload keeps it held."""
 
     EFFECTS: ClassVar[tuple[type, ...]] = (AcquireSlot, ReleaseSlot, HoldSlot)
 
     def __init__(self, context: Context) -> None:
         self.send = context.send
+        self.say = context.say
         self.keeper = wiring.slot_keeper(context.config, context.send, context.coordinator)
 
     @staticmethod
@@ -138,8 +143,10 @@ class Slots:
 
     def do(self, effect: Union[AcquireSlot, ReleaseSlot, HoldSlot]) -> None:
         if isinstance(effect, HoldSlot):
-            if self.keeper is not None:
-                self.keeper.hold(effect.event_id, effect.seconds)
+            if self.keeper is not None and effect.alive:
+                self.keeper.keep(effect.event_id, effect.seconds)
+            elif self.keeper is not None:
+                self._held(effect, *self.keeper.hold(effect.event_id, effect.seconds))
         elif isinstance(effect, ReleaseSlot):
             if self.keeper is not None:
                 self.keeper.release(effect.event_id)
@@ -147,6 +154,14 @@ class Slots:
             self.send(SlotFailed(effect.event.event_id, "internal", "no etcd configured"))
         else:
             self.keeper.acquire(effect)
+
+    def _held(self, effect: HoldSlot, keys: tuple[str, ...], error: str) -> None:
+        """Say the stop's hold once etcd has the key on the hold lease, or loudly that it could
+        not (the slot, and that it is lost within ttl): never `slot_held` for a hold that failed."""
+        record = effect.on_failed if error else effect.on_held
+        if record is not None and self.say is not None:
+            fields = {**record.fields, "slots": list(keys), "error": error} if error else None
+            self.say(record if fields is None else Record(record.level, record.what, fields))
 
     def stop_all(self) -> None:
         if self.keeper is not None:

@@ -44,6 +44,11 @@ def approved(event_type="Reboot", events=EVENTS, concurrency=HOLD):
     return m
 
 
+def holds(effects):
+    """The stop's holds (HoldSlot not `alive`): (event, seconds) each."""
+    return [(h.event_id, h.seconds) for h in of(effects, HoldSlot) if not h.alive]
+
+
 def over_and_after_hooks(m, at):
     """The event leaves the document: its after-hooks start; returns their run."""
     seen(m, incarnation=3, at=at)
@@ -59,10 +64,15 @@ def test_a_daemon_stopping_while_its_event_holds_a_slot_leaves_it_held_for_hold_
     before the state is written and the daemon exits."""
     m = approved()
     effects = m.send(StopRequested("SIGTERM"), at=MONO0 + 3)
-    assert of(effects, HoldSlot) == [HoldSlot("E1", 900)]
+    assert holds(effects) == [("E1", 900)]
     assert not of(effects, ReleaseSlot), "not given back: the VM is going down for it"
-    (held,) = logs(effects, "slot_held")
-    assert held.fields["hold_s"] == 900
+    (hold,) = of(effects, HoldSlot)
+    assert not logs(effects, "slot_held"), "said by the daemon once etcd has the key held"
+    assert hold.on_held is not None
+    assert (hold.on_held.name, hold.on_held.fields["hold_s"]) == ("slot_held", 900)
+    assert hold.on_failed is not None
+    assert (hold.on_failed.level.value, hold.on_failed.name) == ("warning", "slot_failed")
+    assert "lost within ttl" in str(hold.on_failed.fields["reason"])
     kinds = [type(e) for e in effects if isinstance(e, (HoldSlot, Persist, Exit))]
     assert kinds == [HoldSlot, Persist, Exit], "held before the state is written and it exits"
     (persist,) = of(effects, Persist)
@@ -148,7 +158,7 @@ def test_after_hooks_cut_off_by_a_stop_keep_the_slot_and_run_again_after_the_res
     spawn = over_and_after_hooks(m, MONO0 + 10)
     m.send(StopRequested("SIGTERM"), at=MONO0 + 11)
     effects = m.send(HooksFinished(spawn.run, Outcome.CANCELLED), at=MONO0 + 12)
-    assert of(effects, HoldSlot) == [HoldSlot("E1", 900)]
+    assert holds(effects) == [("E1", 900)]
     (persist,) = of(effects, Persist)
     assert persist.events["E1"].phase is Phase.AFTER
     again = Machine(m.state.config, loaded=persist.events, now=MONO0 + 200, boot="boot-2")
@@ -190,7 +200,7 @@ def test_a_stop_while_after_hooks_wait_for_their_retry_exits_at_once_holding_the
     spawn = over_and_after_hooks(m, MONO0 + 10)
     m.send(HooksFinished(spawn.run, Outcome.FAILED, "exit 1"), at=MONO0 + 11)
     effects = m.send(StopRequested("SIGTERM"), at=MONO0 + 12)
-    assert of(effects, HoldSlot) == [HoldSlot("E1", 900)]
+    assert holds(effects) == [("E1", 900)]
     assert of(effects, Exit)
 
 

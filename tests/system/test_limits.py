@@ -232,3 +232,32 @@ def test_two_tiers_in_two_zones_never_exceed_a_limit_and_none_waits_while_all_ha
         if r.get("full")
     ]
     assert reasons, "the records say which group is full"
+
+
+def test_a_vm_in_its_maintenance_takes_back_what_it_holds_though_an_added_group_is_full(cluster):
+    """Issue 28 #3, where the rule lives (the keeper, real etcd): vm-a holds web/0 (left by its
+    keeper before a reload that added zone-a) and is in its maintenance (AcquireSlot `hold`);
+    zone-a is full (vm-x). Was: the take-back found zone-a full and deleted web/0 (never a
+    partial hold), so the next VM of web went while vm-a was down. Now web/0 is taken back,
+    on the daemon's hold lease; zone-a is for vm-a's next event."""
+    etcd = settings(cluster)
+    slots = f"{etcd.prefix}/slots/"
+    seed = EtcdClient(etcd)
+    lease = seed.grant(600)
+    assert seed.create(f"{slots}web/0", json.dumps({"vm": "vm-a", "event": "R1"}).encode(), lease)
+    assert seed.create(f"{slots}zone-a/0", json.dumps({"vm": "vm-x"}).encode(), lease)
+    inbox = Inbox()
+    keeper = SlotKeeper(etcd, Concurrency("web", 1, 6, more=(Limit("zone-a", 1),)), inbox.put)
+    try:
+        keeper.acquire(AcquireSlot(event("R1"), "vm-a", hold=120))
+        granted = inbox.answer()
+        assert isinstance(granted, SlotGranted), granted
+        held = {k: v["vm"] for k, v in keys(cluster, slots).items()}
+        assert held == {f"{slots}web/0": "vm-a", f"{slots}zone-a/0": "vm-x"}
+        (web,) = seed.range(f"{slots}web/")[1]
+        assert web.lease != lease, "put by the keeper"
+        assert seed.time_to_live(web.lease) > 100, "on the hold lease, not the daemon's of 6 s"
+    finally:
+        keeper.stop_all()
+        seed.revoke(lease)
+        seed.close()

@@ -46,17 +46,25 @@ def _stopped(state: State, out: list[Effect]) -> State:
             )
             state = _with(state, event_id, slot.move(t, slot.SlotOn.GOES, Slot.NONE))
             continue
-        out.append(HoldSlot(event_id, concurrency.hold_max))
-        out.append(
-            _note(
-                Level.INFO,
-                What.SLOT_HELD,
-                t.event,
-                hold_s=concurrency.hold_max,
-                reason="the daemon stops holding it: held until it is back and its after-hooks "
-                "succeeded, at most hold_max",
-            )
+        held = _note(
+            Level.INFO,
+            What.SLOT_HELD,
+            t.event,
+            hold_s=concurrency.hold_max,
+            reason="the daemon stops holding it: held until it is back and its after-hooks "
+            "succeeded, at most hold_max",
         )
+        failed = _note(
+            Level.WARNING,
+            What.SLOT_FAILED,
+            t.event,
+            kind="hold",
+            ttl_s=concurrency.ttl,
+            reason="etcd could not be asked to hold the slot as the daemon stops: it is lost "
+            "within ttl, and the next VM may go while this one is away",
+        )
+        # Said by the daemon once the key is on the hold lease (or could not be put there).
+        out.append(HoldSlot(event_id, concurrency.hold_max, on_held=held, on_failed=failed))
         state = _with(state, event_id, slot.move(t, slot.SlotOn.STOPPED, Slot.HELD))
     return state
 

@@ -18,7 +18,7 @@ from ..state import State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, HoldSlot, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
-from . import freed, hold, lease, onward, slot, window
+from . import freed, hold, lease, onward, slot, through, window
 from .slot import (
     SlotOn,
     _groups,
@@ -176,5 +176,8 @@ GATE = Gate(
         Timers("slot", fire, None, due_for, DUE_PHASES),
         Timers("hold", hold.fire, None, hold.due_for, hold.DUE_PHASES),
     ),
-    couplings=(slot._release_when_over,),  # the slot is given back once its event is over
+    couplings=(
+        slot._release_when_over,  # the slot is given back once its event is over
+        through._hold_through,  # and held through its VM's maintenance (HoldSlot alive)
+    ),
 )

@@ -18,6 +18,7 @@ from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotKept
 from .lead import lead
+from .through import seconds
 
 
 class SlotOn(str, enum.Enum):
@@ -282,8 +283,8 @@ def _give_back(state: State, t: Tracked, out: list[Effect]) -> State:
 def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) -> State:
     """A reload that changes `concurrency` or etcd gives the daemon a new slot keeper (the old
     one hands its held slots over): every slot asked for or held is asked for again through
-    it, held ones taken back under its own renewed lease, and unconfirmed until then (the new
-    keeper may find the slot is no slot any more, e.g. `max` lowered). Without `concurrency`
+    it, held ones taken back under a renewed lease (the hold lease in a maintenance), and
+    unconfirmed till then (the new keeper may find it is no slot any more). Without `concurrency`
     any more, held slots are given back (the keeper is gone), and no slot is needed."""
     new = state.config
     if (new.coordination, new.concurrency) == (old.coordination, old.concurrency):
@@ -293,7 +294,7 @@ def _slots_reloaded(state: State, old: Config, now: float, out: list[Effect]) ->
         if t.slot not in (Slot.ASKED, Slot.HELD) or t.phase in _SLOT_ENDS:
             continue
         if new.concurrency is not None and etcd is not None:
-            out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or ""))
+            out.append(AcquireSlot(t.event, t.vm_name or state.vm_name or "", seconds(state, t)))
             if t.slot is Slot.HELD:
                 state = _slot_unconfirmed(state, t, now)
         elif t.slot is Slot.HELD:

@@ -156,10 +156,14 @@ class AskCluster:
 
 @dataclass(frozen=True)
 class AcquireSlot(GateEffect):
-    """Ask for (or take back, after a restart) one of the group's slots for this event."""
+    """Ask for (or take back, after a restart) one of the group's slots for this event. `hold`:
+    its VM is in the maintenance it holds the slot for: taken back under the daemon's hold
+    lease of that many seconds (HoldSlot `alive`), and only the keys it still holds (a group a
+    reload added is for the next event)."""
 
     event: Event
     vm_name: str
+    hold: int = 0
 
     def failed(self, detail: str) -> GateMessage:
         return SlotFailed(self.event.event_id, "internal", detail)
@@ -174,12 +178,20 @@ class ReleaseSlot(GateEffect):
 
 @dataclass(frozen=True)
 class HoldSlot(GateEffect):
-    """The daemon stops while the event holds its slot (most likely for the maintenance it
-    approved): the slot stays held for `seconds` under a lease of its own, nothing renewing it,
-    so the next VM waits until this one is back (and takes it back) or that time has passed."""
+    """The event's slot is held through its maintenance, under the daemon's hold lease of
+    `seconds` (a second lease per daemon, renewed while it lives): `alive`, at its approval,
+    the key moves there and the daemon goes on (a daemon killed then leaves it held, not lost
+    within ttl); else the daemon stops (for its maintenance, most likely): moved there if not
+    yet, renewed one last time, and nothing renews it after, so the next VM waits until this
+    one is back (and takes it back) or `seconds` have passed. The daemon logs `on_held` once
+    the key is there, or `on_failed` (with the slot's keys and etcd's error) when it could not
+    be moved: it is then lost within `ttl`."""
 
     event_id: str
     seconds: int
+    alive: bool = False
+    on_held: Optional[Record] = None
+    on_failed: Optional[Record] = None
 
 
 @dataclass(frozen=True)

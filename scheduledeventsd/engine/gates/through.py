@@ -1,0 +1,46 @@
+"""The hold through the maintenance, while the daemon lives: once an event holding its VM's slot
+is approved (or its after-hooks run), the slot moves to the daemon's hold lease of `hold_max`,
+renewed while the daemon lives (HoldSlot `alive`). A daemon killed then, or a VM pulled away
+without a clean stop, leaves its slot held until it is back or `hold_max` has passed, not lost
+within `ttl`; only a daemon killed outside a maintenance loses it within `ttl`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...config import NOT_BACK
+from ..lifecycle import Phase, Slot
+from ..state import State, Tracked
+from ..vocabulary.effects import Effect, HoldSlot
+
+# Phases of an approved event whose VM is in its maintenance, or back and not healthy yet.
+IN_MAINTENANCE = frozenset({Phase.APPROVED, Phase.DONE, Phase.AFTER})
+
+
+def seconds(state: State, tracked: Tracked) -> int:
+    """`hold_max` when the event's slot is held through its VM's maintenance, else 0 (not
+    approved yet: a daemon killed then loses it within `ttl`; or its VM does not come back)."""
+    concurrency = state.config.concurrency
+    if (
+        concurrency is None
+        or tracked.slot is not Slot.HELD
+        or tracked.phase not in IN_MAINTENANCE
+        or tracked.event.event_type in NOT_BACK
+    ):
+        return 0
+    return concurrency.hold_max
+
+
+def _hold_through(state: State, out: list[Effect]) -> State:
+    """A coupling (compose.COUPLINGS): each slot that comes to be held through a maintenance is
+    moved to the hold lease once (`State.kept`: forgotten once it is not held any more, so a
+    slot held again after a partition is moved again)."""
+    kept = frozenset(
+        k for k in state.kept if k in state.events and state.events[k].slot is Slot.HELD
+    )
+    for event_id, tracked in state.events.items():
+        hold = seconds(state, tracked)
+        if hold and event_id not in kept:
+            out.append(HoldSlot(event_id, hold, alive=True))
+            kept |= {event_id}
+    return state if kept == state.kept else replace(state, kept=kept)
