@@ -351,6 +351,7 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
         procs.append(start_daemon(config, work / f"{vm}.log"))
     try:
         settle(sim, count)
+        before = etcd_counters(cluster)
         began = time.monotonic()
         for vm in vms:
             sim.add_event("Reboot", [vm], not_before_in=3600)
@@ -360,6 +361,10 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
                 raise RuntimeError(f"chain of {count}: not every VM's undrain ran")
             time.sleep(0.1)
         took = time.monotonic() - began
+        time.sleep(2)  # the last slot's release and its hold lease's revoke
+        # What a slot held through a maintenance costs, measured (the daemons' keep-alives
+        # over the whole chain included: LeaseKeepAlive, said apart).
+        cost = per_vm_event(before, etcd_counters(cluster), count)
     finally:
         for proc in procs:
             proc.terminate()
@@ -380,6 +385,7 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
         "after_end_to_next_before_s": summary(handoffs),
         "overlapping": sum(1 for h in handoffs if h < 0),
         "whole_chain_s": round(took, 1),
+        "etcd_per_vm_event": cost,
     }
 
 
@@ -497,7 +503,8 @@ def report(results: dict[str, Any], sizes: list[int], names: list[str]) -> str:
             lines.append(
                 f"slot chain of {r['vms']} (max 1, 1 s undrain): after-hooks end -> next"
                 f" before-hooks p50/p99/max {h['p50']:.0f} / {h['p99']:.0f} / {h['max']:.0f} ms,"
-                f" {r['overlapping']} overlapping, whole chain {r['whole_chain_s']} s"
+                f" {r['overlapping']} overlapping, whole chain {r['whole_chain_s']} s;"
+                f" etcd per VM and event: {r.get('etcd_per_vm_event')}"
             )
     lines.append(f"wall: {results['wall_s']} s; load average before / after: {results['load']}")
     return "\n".join(lines)
