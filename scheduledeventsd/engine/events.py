@@ -10,7 +10,7 @@ from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
 from . import approval, peers, runs, stages
-from .gates import drain, pipeline, slot, window
+from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
@@ -164,6 +164,9 @@ def _resources_changed(
     return state, tracked
 
 
+_WAITED = {Phase.WAITING: "their lead time", Phase.QUEUED: "a concurrency slot"}
+
+
 def _listed(  # noqa: PLR0917 - one call site, in the document loop
     state: State, before: Tracked, event: Event, incarnation: int, now: float, out: list[Effect]
 ) -> tuple[State, Tracked]:
@@ -178,9 +181,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     phase = tracked.phase
     if phase is Phase.QUEUED and on is On.STARTED and _prepared(tracked):
         return state, _move(tracked, on, Phase.DONE)  # requeued: after-hooks once it is over
-    if phase in (Phase.WAITING, Phase.QUEUED):
+    if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:
-            waited = "their lead time" if phase is Phase.WAITING else "a concurrency slot"
+            waited = _WAITED.get(phase, f"the {tracked.gated} gate")
             out.append(
                 _note(
                     Level.WARNING,
@@ -189,10 +192,13 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
                     reason=f"it started while its hooks waited for {waited}",
                 )
             )
+            state, tracked = onward.left(state, tracked, out)
             return state, _move(window._dropped(tracked), on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
-        return state, _move(tracked, on, phase, start_at=slot._queued_until(tracked, state, now))
+        if phase is Phase.QUEUED:
+            until = slot._queued_until(tracked, state, now)
+            return state, _move(tracked, on, phase, start_at=until)
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
     if phase is Phase.REBOOTED:
@@ -241,6 +247,7 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         state, gone = peers._stop_asking(state, gone, out)
     if not _prepared(gone):
         out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
+        state, gone = onward.left(state, gone, out)  # a gate holding it lets it go
         return state, _move(gone, on, Phase.GONE)
     over = gone.event.status == STARTED or phase in (Phase.APPROVED, Phase.DONE)
     stage = Stage.AFTER if over else Stage.CANCELLED
