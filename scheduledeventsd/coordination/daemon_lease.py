@@ -5,10 +5,11 @@ mark, and one keep-alive stream for all of them.
 
 Its hold lease, of `concurrency.hold_max`, is the second and last: granted when its VM's slot is
 held through a maintenance (approved, slots.py), renewed by the same thread at the same instants
-while the daemon lives, revoked once no slot is on it. A daemon that goes down (a clean stop for
-its maintenance, the VM pulled away, a crash) leaves that slot held until `hold_max` after the
-last renewal, or until it is back and takes it again: at most two leases per daemon, whatever
-the number of its events.
+(every third of the shorter of the two) while the daemon lives, revoked once no slot is on it.
+A daemon that goes down (a clean stop for its maintenance, the VM pulled away, a crash) leaves
+that slot held until `hold_max` after the last renewal, or until it is back and takes it again
+(the old one, left with no key, revoked then: slots.py): at most two leases per daemon,
+whatever the number of its events.
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
@@ -50,6 +51,7 @@ class DaemonLease:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._hold: Optional[str] = None  # the hold lease's ID, while a slot is on it
+        self._hold_ttl = 0  # the ttl it was granted with (renewed every third of it too)
         self._holders: set[str] = set()  # who put keys on it (a VM's slot worker each)
 
     def retune(self, ttl: int) -> None:
@@ -89,8 +91,9 @@ class DaemonLease:
                     return self._hold
             lease = client.grant(seconds)
             with self._lock:
-                self._hold = lease
+                self._hold, self._hold_ttl = lease, seconds
                 self._holders.add(holder)
+            self._wake.set()  # a hold_max shorter than ttl: renewed at its own pace from now
             return lease
 
     def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
@@ -143,8 +146,11 @@ class DaemonLease:
         self._client.close()
 
     def _every(self) -> float:
+        """A third of the shortest lease it renews: a hold_max shorter than `ttl` (accepted,
+        with a warning) expired between two renewals while the daemon lived."""
         with self._lock:
-            return min(self.ttl, self._granted) / 3
+            hold = self._hold_ttl if self._hold is not None else self.ttl
+            return min(self.ttl, self._granted, hold) / 3
 
     def _run(self) -> None:
         backoff = Backoff(first=1.0, cap=self._every())

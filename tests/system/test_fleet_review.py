@@ -3,11 +3,13 @@ daemons and real hooks (tests/system/test_fleet.py's Fleet)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import wait_for
 from tests.system.test_fleet import Fleet, approvals, etcd_settings, keys
-from tests.system.test_hold import TTL, held_config, lease_count, stamps
+from tests.system.test_hold import TTL, held_config, lease_count, slot_holder, stamps
 from tests.system.test_slots import Tier, slot_lease_left
 from tests.tcp_proxy import ProxySet
 
@@ -110,3 +112,24 @@ def test_a_partition_longer_than_hold_max_says_the_slot_held_through_the_mainten
             r for r in one.logs("slot_unavailable", event_id=first) if "down" in r["reason"]
         ], "its daemon was never down"
         tier.stop()
+
+
+def test_a_hold_max_shorter_than_a_third_of_ttl_is_renewed_in_time_while_the_daemon_lives(
+    tier, sim, cluster
+):
+    """`hold_max: 5` with the default `ttl: 30` (both accepted; check-config only warns): the
+    hold lease was renewed with the daemon's lease, every third of ttl (10 s), so it expired
+    between two renewals, 5 s after the approval, while vm-1's daemon lived: the slot key
+    went and vm-2 drained while vm-1 was in its maintenance. Renewed every third of the
+    shorter of the two, it stays vm-1's."""
+    sim.scenario.start_after_approval = 600
+    cfg1 = tier.config("vm-1", ttl=30)
+    cfg1["concurrency"]["hold_max"] = 5
+    one = tier.start("vm-1", cfg1)
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    tier.start("vm-2", held_config(tier, "vm-2"))
+    sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    time.sleep(12)
+    assert slot_holder(tier) == ["vm-1"], "held while its daemon lives"
+    assert not stamps(tier, "drain", "vm-2"), "vm-2 waits: vm-1 is in its maintenance"
