@@ -109,6 +109,26 @@ class DaemonLease:
         if lease is not None:
             client.revoke(lease)
 
+    def drop_unheld(self) -> None:
+        """A reload removed `concurrency` while a slot was on the hold lease: its keeper handed
+        it over to a keeper that will never come, and the engine gave it back. Revoked (its
+        keys go) on a thread of its own if nobody holds it; it was renewed for good."""
+        with self._lock:
+            if self._holders or self._hold is None:
+                return
+            lease, self._hold = self._hold, None
+
+        def revoke() -> None:
+            client = EtcdClient(self.settings)
+            try:
+                client.revoke(lease)
+            except EtcdError:
+                pass  # renewed no more: gone at hold_max
+            finally:
+                client.close()
+
+        threading.Thread(target=revoke, name="etcd-unhold", daemon=True).start()
+
     def renew_hold(self, client: EtcdClient) -> None:
         """One last renewal, as the daemon stops: the hold counts `hold_max` from now, not from
         the thread's last renewal (up to a third of `ttl` earlier). Raises EtcdError."""

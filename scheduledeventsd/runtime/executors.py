@@ -128,7 +128,9 @@ class Slots:
     while the old lease (not revoked) still keeps it; not held under hold_max: nothing would
     renew that lease, and a slot in keys the new settings do not use would block them as long.
     One held through a maintenance stays on the hold lease (renewed) and is taken back there
-    (AcquireSlot `hold`): a daemon killed after the reload keeps it held."""
+    (AcquireSlot `hold`): a daemon killed after the reload keeps it held. A reload that removes
+    `concurrency` leaves no keeper: the engine's ReleaseSlot then revokes the hold lease nobody
+    holds (it was renewed for as long as the daemon lived)."""
 
     EFFECTS: ClassVar[tuple[type, ...]] = (AcquireSlot, ReleaseSlot, HoldSlot)
 
@@ -136,6 +138,7 @@ class Slots:
         self.send = context.send
         self.say = context.say
         self.keeper = wiring.slot_keeper(context.config, context.send, context.coordinator)
+        self.coordinator = context.coordinator
 
     @staticmethod
     def settings(config: Config) -> object:
@@ -150,6 +153,8 @@ class Slots:
         elif isinstance(effect, ReleaseSlot):
             if self.keeper is not None:
                 self.keeper.release(effect.event_id)
+            elif self.coordinator is not None:  # a reload removed concurrency: no keeper
+                self.coordinator.lease.drop_unheld()
         elif self.keeper is None:
             self.send(SlotFailed(effect.event.event_id, "internal", "no etcd configured"))
         else:

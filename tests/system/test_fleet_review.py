@@ -3,6 +3,7 @@ daemons and real hooks (tests/system/test_fleet.py's Fleet)."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -133,3 +134,24 @@ def test_a_hold_max_shorter_than_a_third_of_ttl_is_renewed_in_time_while_the_dae
     time.sleep(12)
     assert slot_holder(tier) == ["vm-1"], "held while its daemon lives"
     assert not stamps(tier, "drain", "vm-2"), "vm-2 waits: vm-1 is in its maintenance"
+
+
+def test_a_reload_removing_concurrency_in_the_maintenance_gives_the_slot_back(tier, sim):
+    """vm-1 approved (its slot on its hold lease), then reloaded without `concurrency`: the
+    engine says `slot_released`, and the key must go. The reload's keeper handed it over on
+    the hold lease for a new keeper that never came (none without concurrency), and the daemon
+    kept renewing that lease: the group's slot stayed vm-1's while its daemon lived, past
+    hold_max, after `slot_released` was logged."""
+    hold_max = 8
+    sim.scenario.start_after_approval = 600
+    cfg1 = held_config(tier, "vm-1", hold_max=hold_max)
+    one = tier.start("vm-1", cfg1)
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    wait_for(lambda: slot_lease_left(tier.cluster, tier.prefix) > TTL, 10, "the hold lease")
+    del cfg1["concurrency"]
+    tier.factories["vm-1"].write_config(cfg1)
+    one.signal(signal.SIGHUP)
+    one.wait_log("config_reloaded")
+    one.wait_log("slot_released", event_id=first, timeout=10)
+    wait_for(lambda: slot_holder(tier) == [], hold_max + 4, "the slot given back")
