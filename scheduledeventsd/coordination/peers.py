@@ -193,6 +193,8 @@ class _Worker:
             # Only the settled key (and our own mark, gone if the lease expired): a VM is woken
             # once when the event is decided, not by every other VM's ready (N² at 100 VMs).
             for changes in self._client.watch_keys((own, settled), revision + 1, WATCH_CHECK):
+                if self._stopped.is_set():  # (its ready may be being taken back)
+                    return
                 if own in {kv.key for kv in changes if kv.value is None}:
                     self._write_and_report(own, prefix, settled)  # the lease expired: again
                 else:
