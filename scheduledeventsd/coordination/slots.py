@@ -466,10 +466,10 @@ class _Worker:
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold = bool(keep)
-            taken = {key for key, value in taking.take if value is not None}
-            self._revoke_left(
-                {kv.lease for kv in kvs if kv.key in taken} - {lease, self._lease or ""}
-            )
+            if keep:  # any other lease it was on lives `ttl` at most
+                taken = {key for key, value in taking.take if value is not None}
+                left = {kv.lease for kv in kvs if kv.key in taken}
+                self._revoke_left(left - {lease, self._lease or ""})
             return None
         return taking
 
