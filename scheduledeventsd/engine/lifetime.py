@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, reload, runs, stages
-from .gates import drain, hold, slot, through, window
+from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -74,7 +74,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
         state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
-        tracked = reload._rule_removed(state, tracked, "restarted with", out)
+        state, tracked = reload._rule_removed(state, tracked, "restarted with", out)
+        if tracked.phase is Phase.GATED:  # its gate asks again
+            state, tracked = onward.restarted(state, tracked, now, out)
         if tracked.slot in (Slot.ASKED, Slot.HELD):  # asked for again; a held one taken back
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
@@ -125,7 +127,9 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and events._prepared(tracked) and events._judged_later(tracked):
         # A crash or an operator's reboot is not the maintenance: only the next document tells
-        # (Started or gone: it was; still Scheduled: prepared again).
+        # (Started or gone: it was; still Scheduled: prepared again). A gate holding it lets
+        # it go (requeued, then gated).
+        state, tracked = onward.left(state, tracked, out)
         return state, _move(tracked, on, Phase.REBOOTED, run=None)
     if on is On.REBOOTED and (events._prepared(tracked) or phase is Phase.ENDING):
         # The maintenance happened (it had Started, or left): after-hooks, whether IMDS
@@ -146,7 +150,7 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         return state, _move(tracked, on, Phase.INTERRUPTED)
     if phase is Phase.WAITING:
         return state, window._restarted(tracked, on)
-    if phase is Phase.QUEUED:  # its deadline placed again by the next document
+    if phase in (Phase.QUEUED, Phase.GATED):  # its deadline placed again (document, gate)
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
 

@@ -48,6 +48,7 @@ class Tracked:
     # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
+    gated: str = ""  # GATED: the name of the gate that holds it (component.wait_at)
 
 
 Known = Mapping[str, Tracked]

@@ -36,7 +36,9 @@ _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still 
 # reads the same way (`rebooted`: prepared on an older boot, as `interrupted` is), so a rollback
 # to it keeps the state; `newer_phase` beside it gives this release (and the next) the phase
 # back. A daemon reads `newer_phase` only if it knows that phase, else it uses `phase`.
-_WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED}
+# `gated` (a gate added since) is written as `waiting`: that release places it again from the
+# next document and its start instant enters the gates it knows.
+_WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED, Phase.GATED: Phase.WAITING}
 # A restore asked for (its after-hooks waiting for the answer) reads after a restart as what it
 # means then, a node still marked for an event that is over (asked again): as older versions do.
 _DRAIN_WRITTEN_AS = {Drain.RESTORING: Drain.DONE}
@@ -235,6 +237,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "incarnation": t.incarnation,
                 "prepared": t.prepared,
                 **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
+                **({"gated": t.gated} if t.gated else {}),  # the gate that holds it
             }
             for t in known.values()
         ],
@@ -279,6 +282,9 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             isinstance(k, str) and isinstance(v, str) for k, v in gates.items()
         ):
             raise TypeError("gates must map each gate's name to its state")
+        gated = entry.get("gated", "")
+        if not isinstance(gated, str):
+            raise TypeError("gated must be a gate's name")
         newer = entry.get("newer_phase")
         known_phases = {p.value for p in Phase}
         phase = Phase(newer if newer in known_phases else entry["phase"])
@@ -299,5 +305,6 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             incarnation=incarnation,
             prepared=prepared,
             gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
+            gated=gated,
         )
     return known

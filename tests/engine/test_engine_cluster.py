@@ -518,11 +518,8 @@ def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_a
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
 
 
-def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_one_works():
-    """Restore, then release (issue 28): the after-hooks started on a failed restore's answer,
-    their success ended the event and gave its slot back with the node still marked, so the
-    next VM of the group drained its node meanwhile (two nodes out under `max: 1`; found by
-    tests/system/test_slot_drain.py). Holding a slot, they wait for a restore that works."""
+def _over_holding_a_slot() -> Machine:
+    """E1 drained holding a slot, prepared and approved, then over: its restore asked first."""
     etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
     m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
     seen(m, due_in(3 * 86400))
@@ -531,6 +528,15 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    return m
+
+
+def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_one_works():
+    """Restore, then release (issue 28): the after-hooks started on a failed restore's answer,
+    their success ended the event and gave its slot back with the node still marked, so the
+    next VM of the group drained its node meanwhile (two nodes out under `max: 1`; found by
+    tests/system/test_slot_drain.py). Holding a slot, they wait for a restore that works."""
+    m = _over_holding_a_slot()
     assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
     m.send(ClusterRestored("E1", "crm_attribute: exit 102"), at=MONO0 + 4)
     assert logs(m.effects, "cluster_restore_failed")
@@ -549,14 +555,7 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
 def test_with_a_slot_a_restore_never_answered_is_asked_again_at_each_deadline_hooks_held():
     """Restore, then release, when no answer comes either: at each RESTORE_TIMEOUT the restore
     counts as failed and is asked again; the after-hooks wait for one that works."""
-    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
-    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
-    seen(m, due_in(3 * 86400))
-    m.send(SlotGranted("E1"), at=MONO0 + 1)
-    (spawn,) = of(drained(m, "E1"), SpawnHooks)
-    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
-    m.send(ApprovalSent("E1"))
-    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    m = _over_holding_a_slot()
     m.tick(MONO0 + 3)  # its deadline placed
     for deadline in (MONO0 + 3 + RESTORE_TIMEOUT, MONO0 + 3 + 2 * RESTORE_TIMEOUT):
         assert m.state.events["E1"].start_at == deadline
@@ -572,14 +571,7 @@ def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_i
     """The after-hooks wait for a retry of the restore that works; the daemon's stop ends the
     retries, so it does not wait for them (shutdown_grace for nothing): it exits, its slot
     held for hold_max, and the restart asks for the restore again."""
-    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
-    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
-    seen(m, due_in(3 * 86400))
-    m.send(SlotGranted("E1"), at=MONO0 + 1)
-    (spawn,) = of(drained(m, "E1"), SpawnHooks)
-    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
-    m.send(ApprovalSent("E1"))
-    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    m = _over_holding_a_slot()
     m.send(ClusterRestored("E1", "crm_attribute: exit 102"), at=MONO0 + 4)
     m.send(StopRequested("SIGTERM"), at=MONO0 + 5)
     assert of(m.effects, Exit)
@@ -588,7 +580,10 @@ def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_i
     again = machine(
         loaded=loaded,
         mark=MARK,
-        config={"coordination": etcd, "concurrency": m.state.config.concurrency},
+        config={
+            "coordination": m.state.config.coordination,
+            "concurrency": m.state.config.concurrency,
+        },
     )
     assert [r.mark for r in of(again.effects, RestoreNode)] == [MARK], "asked again"
     assert not of(again.effects, SpawnHooks), "the after-hooks wait for it"
