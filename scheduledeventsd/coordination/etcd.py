@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -50,6 +50,10 @@ class KeyValue:
     key: str
     value: Optional[bytes]  # None: deleted (in a watch)
     lease: str = ""  # the lease it is under ("" for none, or in a watch)
+
+
+# A watch's batches of changes; `close()` ends the stream (a generator, read as it comes)
+Changes = Generator[list[KeyValue], None, None]
 
 
 def _b64(text: str) -> str:
@@ -194,7 +198,7 @@ class EtcdClient:
         answer = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
         return _revision(answer), _kvs(answer)
 
-    def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[list[KeyValue]]:
+    def watch(self, prefix: str, start_revision: int, idle: float) -> Changes:
         """The changes under `prefix` from `start_revision` on, a batch per etcd message.
 
         Ends (returns) when nothing arrived for `idle` seconds, so the caller can check the
@@ -205,13 +209,13 @@ class EtcdClient:
 
     def watch_keys(
         self, keys: Sequence[str], start_revision: int, idle: float
-    ) -> Iterator[list[KeyValue]]:
+    ) -> Changes:
         """As `watch`, for each of `keys` alone, all on one stream (one watcher a key)."""
         return self._watch([(key, None) for key in keys], start_revision, idle)
 
     def _watch(
         self, ranges: Sequence[tuple[str, Optional[str]]], start_revision: int, idle: float
-    ) -> Iterator[list[KeyValue]]:
+    ) -> Changes:
         creates = [
             {
                 "create_request": {

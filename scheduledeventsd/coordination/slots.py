@@ -48,7 +48,7 @@ from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, Slot
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
-from .etcd import EtcdClient, EtcdError, KeyValue
+from .etcd import Changes, EtcdClient, EtcdError, KeyValue
 from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
 from .slotset import holder
 
@@ -364,27 +364,41 @@ class _Worker:
         self._announce()
         if self._freed():
             return
+        while not self._stopped.is_set():
+            if not self._wait_and_take():
+                return
+            self._lease = self._get_lease()  # its lease expired: taken anew under a new one
+            self._announce()  # alive for `fleet` again (its mark went with the lease)
+
+    def _wait_and_take(self) -> bool:
+        """Read the groups' keys once, then follow them on one watch (its events, not a read
+        after each: a release wakes every waiter, and each reading again was a request per
+        waiter per release) until the slots are taken; read again after `renew` without a
+        change. True when its lease expired while held (taken anew, `_hold`)."""
         holders: Optional[tuple[str, ...]] = None
         while not self._stopped.is_set():
             revision, kvs = self._client.range(self.root)
-            taking = self._take(kvs)
-            if taking is None:
-                if self._waiting is not None:
-                    self._client.delete(*self._waiting)
-                    self._waiting = None
-                self._tell(SlotGranted, self._confirmed, held=True)
-                if not self._hold():
-                    return
-                self._lease = self._get_lease()  # its lease expired: taken anew under a new one
-                self._announce()  # alive for `fleet` again (its mark went with the lease)
-                holders = None
-                continue
-            if taking.full and taking.holders != holders:
-                holders = taking.holders
-                self._tell(SlotBusy, taking.holders, taking.full)
-                self._mark_waiting(taking.full[0], taking.holders)
-            self._changed(revision + 1)  # a slot of its groups changed hands: try again
-            self._lease = self._get_lease()  # the same, unless it expired meanwhile
+            seen = {kv.key: kv for kv in kvs}
+            changes = self._client.watch(self.root, revision + 1, self.renew)
+            try:
+                while not self._stopped.is_set():
+                    taking = self._take(list(seen.values()))
+                    if taking is None:
+                        if self._waiting is not None:
+                            self._client.delete(*self._waiting)
+                            self._waiting = None
+                        self._tell(SlotGranted, self._confirmed, held=True)
+                        return self._hold()
+                    if taking.full and taking.holders != holders:
+                        holders = taking.holders
+                        self._tell(SlotBusy, taking.holders, taking.full)
+                        self._mark_waiting(taking.full[0])
+                    if not self._changed(changes, seen):
+                        break  # nothing for `renew`: read again (a member cut off is silent)
+                    self._lease = self._get_lease()  # the same, unless it expired meanwhile
+            finally:
+                changes.close()
+        return False
 
     def _announce(self) -> None:
         """Its daemon is alive (fleet.py's `daemons/<vm>`), on the daemon's lease."""
@@ -393,8 +407,12 @@ class _Worker:
         self._announced = encode(said)
         self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
 
-    def _mark_waiting(self, group: str, holders: tuple[str, ...]) -> None:
-        """Its events wait for a slot of `group`: why, for `fleet` (since: the first mark's)."""
+    def _mark_waiting(self, group: str) -> None:
+        """Its events wait for a slot of `group`: why, for `fleet`. Written once while it
+        waits for that group (who holds it changes at every hand-over; `fleet` shows them)."""
+        key = waiting_key(self.settings, group, self.vm)
+        if self._waiting is not None and self._waiting[0] == key:
+            return
         since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
         if self._waiting is not None:
             self._client.delete(*self._waiting)
@@ -402,10 +420,9 @@ class _Worker:
             "vm": self.vm,
             "event": self.event_id,
             "since": since,
-            "holders": list(holders),
-            "why": f"every slot of {group} is held, by {', '.join(holders)}",
+            "why": f"every slot of {group} is held",
         }
-        self._waiting = (waiting_key(self.settings, group, self.vm), encode(mark))
+        self._waiting = (key, encode(mark))
         self._client.put(*self._waiting, self._lease)
 
     def _freed(self) -> bool:
@@ -455,13 +472,18 @@ class _Worker:
             return None
         return taking
 
-    def _changed(self, start: int) -> bool:
-        """Wait for a change to the keys of this VM's groups from revision `start`; False
-        after `renew` without one (the lease is checked then), also while only other groups'
-        keys change under the same root."""
+    def _changed(self, changes: Changes, seen: dict[str, KeyValue]) -> bool:
+        """Wait for a change to the keys of this VM's groups on `changes` (the watch), applied
+        to `seen`; False after `renew` without one (the keys are read again then), also while
+        only other groups' keys change under the same root."""
         until = time.monotonic() + self.renew
         ours = tuple(self.prefixes.values())
-        for batch in self._client.watch(self.root, start, self.renew):  # closed on leaving
+        for batch in changes:  # closed on leaving
+            for kv in batch:
+                if kv.value is None:
+                    seen.pop(kv.key, None)
+                else:
+                    seen[kv.key] = kv
             if any(kv.key.startswith(ours) for kv in batch):
                 return True
             if time.monotonic() >= until:
