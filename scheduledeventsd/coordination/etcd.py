@@ -99,6 +99,7 @@ class EtcdClient:
         self._stream: Optional[requests.Response] = None
         self._lock = threading.Lock()
         self._closed = False
+        self._interrupted = False  # `interrupt`: the watch in progress ends as on `idle`
 
     # ---- the calls ----------------------------------------------------------------------
 
@@ -207,9 +208,7 @@ class EtcdClient:
         """
         return self._watch([(prefix, prefix_end(prefix))], start_revision, idle)
 
-    def watch_keys(
-        self, keys: Sequence[str], start_revision: int, idle: float
-    ) -> Changes:
+    def watch_keys(self, keys: Sequence[str], start_revision: int, idle: float) -> Changes:
         """As `watch`, for each of `keys` alone, all on one stream (one watcher a key)."""
         return self._watch([(key, None) for key in keys], start_revision, idle)
 
@@ -246,19 +245,28 @@ class EtcdClient:
                     continue  # the "created" message, or a progress notification
                 yield [_change(e) for e in events if isinstance(e, dict)]
         except requests.exceptions.ConnectionError as e:
-            if self._closed:
+            if self._closed or self._interrupted:
                 return
             if "Read timed out" in str(e):
                 return
             raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
         except requests.exceptions.ChunkedEncodingError as e:
-            if self._closed:
+            if self._closed or self._interrupted:
                 return
             raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
         finally:
             response.close()
             with self._lock:
                 self._stream = None
+
+    def interrupt(self) -> None:
+        """From any thread: the watch in progress ends (returns, as after `idle`); the client
+        stays open."""
+        with self._lock:
+            self._interrupted = True
+            stream = self._stream
+        if stream is not None:
+            abort(stream)
 
     def close(self) -> None:
         """From any thread: ends a watch in progress and the connections."""
@@ -296,6 +304,7 @@ class EtcdClient:
                 response.close()
                 raise EtcdError("unreachable", "client closed")
             self._stream = response
+            self._interrupted = False
         return response
 
     def _post(
