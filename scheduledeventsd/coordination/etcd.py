@@ -258,6 +258,7 @@ class EtcdClient:
             response.close()
             with self._lock:
                 self._stream = None
+                self._interrupted = False
 
     def interrupt(self) -> None:
         """From any thread: the watch in progress ends (returns, as after `idle`); the client
@@ -304,7 +305,9 @@ class EtcdClient:
                 response.close()
                 raise EtcdError("unreachable", "client closed")
             self._stream = response
-            self._interrupted = False
+            interrupted = self._interrupted  # while it was being opened
+        if interrupted:
+            abort(response)  # read as ended
         return response
 
     def _post(

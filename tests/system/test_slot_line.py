@@ -6,6 +6,7 @@ member's /metrics counts the gRPC calls its own JSON gateway made."""
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import time
@@ -16,7 +17,8 @@ import pytest
 import requests
 
 from scheduledeventsd.config import Concurrency, Etcd
-from scheduledeventsd.coordination.slots import SlotKeeper
+from scheduledeventsd.coordination.etcd import EtcdClient
+from scheduledeventsd.coordination.slots import PATIENCE, SlotKeeper
 from scheduledeventsd.engine import AcquireSlot, Message, SlotBusy, SlotGranted
 from tests.conftest import wait_for
 from tests.engine.test_engine import event
@@ -95,4 +97,31 @@ def test_a_waiter_sends_nothing_while_the_five_ahead_of_it_take_and_give_back_th
         assert granted(inbox) == "W"
     finally:
         waiter.stop_all()
+        keeper.stop_all()
+
+
+def test_a_dead_waiter_ahead_in_line_holds_the_next_up_a_second_not_its_ttl(cluster: Cluster):
+    """vm-dead's waiting mark is first in line, its daemon gone (the mark lasts until its
+    lease ends: here, never). vm-w waits behind it; when vm-0 gives the slot back, vm-w takes
+    it within PATIENCE (and a little), not when the dead one's lease would have ended."""
+    prefix = f"/sed-{uuid.uuid4().hex[:8]}"
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=prefix)
+    inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+    keeper = SlotKeeper(settings, Concurrency("web", 1, 30), inbox.put)
+    dead = {"vm": "vm-dead", "event": "D", "since": "", "why": "", "groups": ["web"]}
+    try:
+        keeper.acquire(AcquireSlot(event("E0"), "vm-0"))
+        assert granted(inbox) == "E0"
+        client = EtcdClient(settings)
+        client.put(f"{prefix}/waiting/web/vm-dead", json.dumps(dead).encode())
+        client.close()
+        keeper.acquire(AcquireSlot(event("W"), "vm-w"))
+        wait_for(lambda: len(keys(cluster, f"{prefix}/waiting/web/")) == 2, 10, "vm-w in line")
+        time.sleep(0.3)
+        released = time.monotonic()
+        keeper.release("E0")
+        assert granted(inbox) == "W"
+        took = time.monotonic() - released
+        assert 0.8 * PATIENCE <= took < PATIENCE + 2, f"vm-w took the slot after {took:.2f} s"
+    finally:
         keeper.stop_all()
