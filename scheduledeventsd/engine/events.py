@@ -179,11 +179,12 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
     phase = tracked.phase
-    if phase is Phase.QUEUED and on is On.STARTED and _prepared(tracked):
-        return state, _move(tracked, on, Phase.DONE)  # requeued: after-hooks once it is over
     if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:
-            waited = _WAITED.get(phase, f"the {tracked.gated} gate")
+            state, tracked = onward.left(state, tracked, out)  # a gate holding it lets it go
+            if _prepared(tracked):  # requeued: after-hooks once it is over
+                return state, _move(tracked, on, Phase.DONE)
+            waited = _WAITED.get(phase, f"the {before.gated} gate")
             out.append(
                 _note(
                     Level.WARNING,
@@ -192,7 +193,6 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
                     reason=f"it started while its hooks waited for {waited}",
                 )
             )
-            state, tracked = onward.left(state, tracked, out)
             return state, _move(window._dropped(tracked), on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
@@ -245,9 +245,9 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         return stages._start_stage(state, gone, on, Stage.AFTER, out)
     if phase is Phase.COORDINATING or gone.event.event_id in state.peers:
         state, gone = peers._stop_asking(state, gone, out)
+    state, gone = onward.left(state, gone, out)  # a gate holding it lets it go
     if not _prepared(gone):
         out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
-        state, gone = onward.left(state, gone, out)  # a gate holding it lets it go
         return state, _move(gone, on, Phase.GONE)
     over = gone.event.status == STARTED or phase in (Phase.APPROVED, Phase.DONE)
     stage = Stage.AFTER if over else Stage.CANCELLED
@@ -349,8 +349,8 @@ def _rule(
 
 def _prepared(tracked: Tracked) -> bool:
     """Its before-hooks started (or it had none to run): it gets after/cancelled hooks. Also
-    once queued again after a restart, taking its slot back before they run again."""
-    requeued = tracked.phase is Phase.QUEUED and tracked.prepared
+    when queued again after a restart (QUEUED, then GATED past its slot) before they run again."""
+    requeued = tracked.phase in (Phase.QUEUED, Phase.GATED) and tracked.prepared
     return (tracked.phase in PREPARED or requeued) and tracked.rule is Rule.HOOKS
 
 

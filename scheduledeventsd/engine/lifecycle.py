@@ -150,6 +150,7 @@ _INTO_GATED = (
     *((P.INTERRUPTED, On.LISTED), (P.REBOOTED, On.LISTED), (P.GATED, On.PASSED)),
 )
 _LET_GO = "its gate lets it go (Gate.left)"
+_REGATED = f"{_REQUEUED}, then gated"  # granted its slot back, held by a gate after it
 
 
 def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition:
@@ -229,6 +230,9 @@ _ROWS: list[Transition] = [
     _t(P.GATED, On.LISTED, [P.GATED], "nothing: its gate keeps its own timers"),
     _t(P.GATED, On.STARTED, [P.MISSED], f"it started before its hooks: event_missed; {_LET_GO}"),
     _t(P.GATED, On.LEFT, [P.GONE], f"never prepared: event_completed, forgotten; {_LET_GO}"),
+    _t(P.GATED, On.STARTED, [P.DONE], f"{_REGATED}: after-hooks once it is over; {_LET_GO}"),
+    _t(P.GATED, On.LEFT, _ENDS, f"{_REGATED}: the node restored, then cancelled-hooks; {_LET_GO}"),
+    _t(P.GATED, On.REBOOTED, [P.REBOOTED], f"{_REGATED}: judged by the next document; {_LET_GO}"),
     _t(P.GATED, On.TYPE_REMOVED, [P.UNHANDLED], f"no rule left: event_unhandled; {_LET_GO}"),
     *[_t(P.GATED, on, [P.GATED], "its gate asks again (Gate.restarted)") for on in _RESTARTS],
     _t(P.RUNNING, On.LISTED, [P.RUNNING], "nothing"),

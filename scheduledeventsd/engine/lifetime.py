@@ -127,7 +127,9 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and events._prepared(tracked) and events._judged_later(tracked):
         # A crash or an operator's reboot is not the maintenance: only the next document tells
-        # (Started or gone: it was; still Scheduled: prepared again).
+        # (Started or gone: it was; still Scheduled: prepared again). A gate holding it lets
+        # it go (requeued, then gated).
+        state, tracked = onward.left(state, tracked, out)
         return state, _move(tracked, on, Phase.REBOOTED, run=None)
     if on is On.REBOOTED and (events._prepared(tracked) or phase is Phase.ENDING):
         # The maintenance happened (it had Started, or left): after-hooks, whether IMDS

@@ -16,16 +16,23 @@ from typing import Optional
 
 import pytest
 
-from scheduledeventsd.config import HealthFrom
+from scheduledeventsd.config import EventRule, HealthFrom, Pacemaker
 from scheduledeventsd.engine import (
+    Boot,
+    ClusterDrained,
+    ClusterMarked,
+    ClusterRestored,
+    DrainNode,
     HooksFinished,
     Outcome,
     Phase,
     PostApproval,
+    RestoreNode,
     Slot,
     SlotGranted,
     Tracked,
     compose,
+    durable_events,
     machine,
 )
 from scheduledeventsd.engine.component import Gate, gate_move, gate_state, wait_at
@@ -43,6 +50,7 @@ from tests.engine.test_engine_when import machine as when_machine
 from tests.engine.test_engine_when import seen as first_seen
 
 NAME = "toyhold"
+PACEMAKER = Pacemaker(drain_timeout=60)
 
 
 class HeldOn(str, enum.Enum):
@@ -62,7 +70,7 @@ TABLE = machine.Table(
     NAME,
     "a gate declared in a test that holds an event until its answer",
     (
-        machine.row([Held.NONE], HeldOn.ASK, Held.ASKED, "AskHold; gated"),
+        machine.row([Held.NONE, Held.PASSED], HeldOn.ASK, Held.ASKED, "AskHold; gated"),
         machine.row([Held.ASKED], HeldOn.ASK_AGAIN, Held.ASKED, "AskHold again"),
         machine.row([Held.ASKED], HeldOn.ANSWER, Held.PASSED, "on"),
         machine.row([Held.ASKED], HeldOn.LET_GO, Held.NONE, "let go"),
@@ -275,6 +283,83 @@ def test_a_slot_whose_lease_ends_while_its_event_is_gated_is_lost_then_not_at_it
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 8)
     assert not of(m.effects, PostApproval)
     assert m.phase() is Phase.NOT_APPROVED
+
+
+def _requeued_and_gated(seen: list[str], cluster: Optional[Pacemaker] = None) -> Machine:
+    """E1 passed the toy gate (then the drain's, with `cluster`: the node drained), its
+    before-hooks started holding its slot, and the daemon restarted mid-run: it is queued
+    again (prepared), granted its slot back, and held at the toy gate, after the slot's."""
+    rule = EventRule(("drain",), ("undrain",), ("undrain",))
+    m = when_machine(concurrency=SLOTS, coordination=ETCD, events={"Reboot": rule}, cluster=cluster)
+    first_seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1", MONO0 + 1), at=MONO0 + 1)
+    m.send(HoldAnswered("E1"), at=MONO0 + 2)
+    if cluster is not None:
+        assert of(m.effects, DrainNode)
+        m.send(ClusterMarked("E1", ours=True), at=MONO0 + 3)
+        m.send(ClusterDrained("E1"), at=MONO0 + 4)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
+    again = Machine(m.state.config, now=MONO0 + 10)
+    again.send(Boot(durable_events(m.state.events), "", "boot-1", m.state.cluster_mark))
+    first_seen(again, due_in(3 * 86400), at=MONO0 + 12)
+    assert again.phase() is Phase.QUEUED
+    again.send(SlotGranted("E1", MONO0 + 13), at=MONO0 + 13)
+    assert again.phase() is Phase.GATED, "its slot taken back, then held by the toy gate"
+    assert again.state.events["E1"].prepared
+    assert again.state.events["E1"].drain.value == ("" if cluster is None else "drained")
+    assert seen.count("asked E1") == 2
+    return again
+
+
+@pytest.mark.parametrize("cluster", [None, PACEMAKER], ids=["", "drained"])
+def test_a_requeued_event_gated_after_a_restart_that_leaves_gets_its_cancelled_hooks(seen, cluster):
+    """Prepared before the restart (its before-hooks had started): it is owed its cancelled-
+    hooks, after the node's restore if it was drained, and its gate lets it go. On the old
+    code it was forgotten as never prepared (event_completed, no cancelled-hooks, the node
+    left marked), as a requeued event was before `prepared`."""
+    m = _requeued_and_gated(seen, cluster)
+    first_seen(m, incarnation=3, at=MONO0 + 14)
+    assert logs(m.effects, "event_cancelled")
+    if cluster is not None:
+        assert of(m.effects, RestoreNode) == [RestoreNode("E1", m.state.cluster_mark)]
+        assert not of(m.effects, SpawnHooks), "no hook before the node is restored"
+        m.send(ClusterRestored("E1"), at=MONO0 + 15)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["cancelled"]
+    assert seen[-1] == "let go E1"
+    assert m.phase() is Phase.AFTER
+    assert m.state.events["E1"].gated == ""
+
+
+def test_a_requeued_event_gated_after_a_restart_that_starts_gets_its_after_hooks_once_over(seen):
+    """Not `missed`: its hooks had started before the restart; done, its gate lets it go, and
+    its after-hooks run once it is over. On the old code it was MISSED (event_missed), and its
+    after-hooks never ran."""
+    m = _requeued_and_gated(seen)
+    started = dataclasses.replace(due_in(3 * 86400), status="Started")
+    first_seen(m, started, incarnation=3, at=MONO0 + 14)
+    assert m.phase() is Phase.DONE
+    assert not logs(m.effects, "event_missed")
+    assert seen[-1] == "let go E1"
+    assert m.state.events["E1"].gated == ""
+    first_seen(m, incarnation=4, at=MONO0 + 15)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["after"]
+
+
+def test_a_requeued_event_gated_at_a_new_boot_is_judged_by_the_next_document(seen):
+    """A new boot with it gated: REBOOTED, as any prepared event (the gate lets it go, and does
+    not ask again); Started in the next document, that boot was its maintenance: after-hooks.
+    On the old code it stayed GATED, its gate asked again, and no after-hooks ever ran."""
+    m = _requeued_and_gated(seen)
+    booted = Machine(
+        m.state.config, loaded=durable_events(m.state.events), now=MONO0 + 20, boot="boot-2"
+    )
+    assert booted.phase() is Phase.REBOOTED
+    assert seen[-1] == "let go E1"
+    assert not of(booted.effects, AskHold)
+    assert booted.state.events["E1"].gated == ""
+    started = dataclasses.replace(due_in(3 * 86400), status="Started")
+    first_seen(booted, started, incarnation=3, at=MONO0 + 21)
+    assert [s.stage.value for s in of(booted.effects, SpawnHooks)] == ["after"]
 
 
 def test_a_gated_event_is_written_as_waiting_for_the_previous_release(tmp_path):
