@@ -19,6 +19,7 @@ grants a new one.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Callable, Optional, Protocol
@@ -128,6 +129,16 @@ class DaemonLease:
                 client.close()
 
         threading.Thread(target=revoke, name="etcd-unhold", daemon=True).start()
+
+    @staticmethod
+    def revoke_empty(client: EtcdClient, leases: set[str]) -> None:
+        """Leases a slot was taken back from (the hold lease of this daemon before a restart or
+        a reload), revoked if no key is left on them: not left to etcd until hold_max. Only
+        empty ones: a dead daemon's lease may still carry its shared-event marks."""
+        for old in sorted(lease for lease in leases if lease):
+            with contextlib.suppress(EtcdError):
+                if client.lease_keys(old) == []:
+                    client.revoke(old)
 
     def renew_hold(self, client: EtcdClient) -> None:
         """One last renewal, as the daemon stops: the hold counts `hold_max` from now, not from
