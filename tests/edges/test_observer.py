@@ -16,7 +16,7 @@ from tests.engine.test_engine import config, event
 
 UNHEALTHY = {
     HealthFrom.DETECTED: {
-        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.QUEUED, Phase.DRAINING,
+        Phase.UNHANDLED, Phase.MISSED, Phase.WAITING, Phase.QUEUED, Phase.GATED, Phase.DRAINING,
         Phase.RUNNING, Phase.INTERRUPTED, Phase.REBOOTED,
         Phase.ENDING, Phase.COORDINATING, Phase.APPROVING, Phase.APPROVED, Phase.NOT_APPROVED,
         Phase.HOOKS_FAILED, Phase.DONE, Phase.AFTER,
