@@ -44,7 +44,16 @@ import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
-from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
+from ..engine import (
+    AcquireSlot,
+    Message,
+    SlotBusy,
+    SlotFailed,
+    SlotFreed,
+    SlotGranted,
+    SlotKept,
+    SlotMoved,
+)
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
@@ -193,6 +202,8 @@ class _Worker:
         self._keep = effect.hold  # held through its maintenance: on the hold lease of that
         self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
         self._on_hold = False  # its keys are on the daemon's hold lease
+        self._said = False  # SlotMoved said for the keys on the hold lease now
+        self._failing = False  # SlotMoved said for a failed move: not again until one works
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
 
@@ -451,7 +462,7 @@ class _Worker:
         lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
-            self._on_hold = bool(keep)
+            self._on_hold, self._said = bool(keep), False
             return None
         return taking
 
@@ -471,17 +482,28 @@ class _Worker:
     def _move_to_hold(self) -> None:
         """Held through its maintenance (`keep`): the keys move to the hold lease, in one
         transaction while they are ours; etcd failing, tried again at the next round (the
-        daemon's lease keeps them meanwhile), not ours any more: `_still_ours` says why."""
-        if not self._keep or not self._keys or self._on_hold:
+        daemon's lease keeps them meanwhile), not ours any more: `_still_ours` says why.
+        SlotMoved says it once they are there (moved, or taken back there), and once at the
+        first failure of a series (the slot is lost within `ttl` if the daemon dies then)."""
+        if not self._keep or not self._keys:
             return
-        try:
-            lease = self._shared.hold(self._client, self._keep, self._token)
-            keys = [(k, self.value) for k in self._keys]
-            self._on_hold = self._client.put_all(keys, self.value, lease)
-        except EtcdError:
-            self._client.close()
-            if not self._ended.is_set():  # else closed on purpose: the worker ends
+        if not self._on_hold:
+            try:
+                lease = self._shared.hold(self._client, self._keep, self._token)
+                keys = [(k, self.value) for k in self._keys]
+                self._on_hold = self._client.put_all(keys, self.value, lease)
+            except EtcdError as e:
+                self._client.close()
+                if self._ended.is_set():  # closed on purpose: the worker ends
+                    return
                 self._client = EtcdClient(self.settings)
+                if not self._failing:
+                    self._failing = True
+                    self._tell(SlotMoved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
+                return
+        if self._on_hold and not self._said:
+            self._said, self._failing = True, False
+            self._tell(SlotMoved, self._keys, self._keep)
 
     def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept

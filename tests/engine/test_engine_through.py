@@ -22,11 +22,12 @@ from scheduledeventsd.engine import (
     Reloaded,
     SlotBusy,
     SlotGranted,
+    SlotMoved,
     SpawnHooks,
     StopRequested,
 )
 from scheduledeventsd.engine.lifecycle import Phase, Slot
-from tests.engine.test_engine import Machine, of
+from tests.engine.test_engine import Machine, logs, of
 from tests.engine.test_engine_fleet import ETCD
 from tests.engine.test_engine_hold import HOLD, approved, over_and_after_hooks
 from tests.engine.test_engine_when import EVENTS, MONO0, due_in, seen
@@ -163,3 +164,23 @@ def test_a_reload_in_the_maintenance_takes_the_slot_back_under_the_hold_lease():
     effects = m.send(Reloaded(wider), at=MONO0 + 4)
     (acquire,) = of(effects, AcquireSlot)
     assert acquire.hold == 900
+
+
+def test_the_move_to_the_hold_lease_is_said_once_it_is_there_or_loudly_when_it_fails():
+    """Was: the move was silent (`slot_held` only at a stop) and a move that failed was tried
+    again every third of ttl without a word, so nothing said a daemon that died then lost its
+    slot within ttl. The keeper says each (SlotMoved); the engine logs it."""
+    m = approved()
+    keys = ("/sed/slots/web/0",)
+    effects = m.send(SlotMoved("E1", keys, 900, "unavailable: connection refused"), at=MONO0 + 3)
+    (failed,) = logs(effects, "slot_failed")
+    assert failed.level.value == "warning"
+    assert failed.fields["kind"] == "hold_through"
+    assert failed.fields["slots"] == list(keys)
+    assert failed.fields["error"] == "unavailable: connection refused"
+    assert "lost within ttl" in str(failed.fields["reason"])
+    effects = m.send(SlotMoved("E1", keys, 900), at=MONO0 + 4)
+    (held,) = logs(effects, "slot_held_through")
+    assert held.level.value == "info"
+    assert (held.fields["slots"], held.fields["hold_s"]) == (list(keys), 900)
+    assert not logs(m.send(SlotMoved("gone", keys, 900), at=MONO0 + 5)), "an event forgotten"

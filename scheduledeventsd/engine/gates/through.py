@@ -11,9 +11,12 @@ from dataclasses import replace
 
 from ...config import NOT_BACK
 from ...model import STARTED
+from ...records import Level, What
 from ..lifecycle import Phase, Slot
+from ..notes import _note
 from ..state import State, Tracked
 from ..vocabulary.effects import Effect, HoldSlot
+from ..vocabulary.messages import SlotMoved
 
 # Phases of an approved event whose VM is in its maintenance, or back and not healthy yet; and
 # REBOOTED: its VM booted while it was prepared, most likely its maintenance (the next document
@@ -61,3 +64,43 @@ def _hold_through(state: State, out: list[Effect]) -> State:
             out.append(HoldSlot(event_id, hold, alive=True))
             kept |= {event_id}
     return state if kept == state.kept else replace(state, kept=kept)
+
+
+def _slot_moved(state: State, msg: SlotMoved, now: float, out: list[Effect]) -> State:
+    """Said once per move: on the hold lease now (a daemon killed from here on leaves the slot
+    held), or loudly that the move failed (tried again every third of `ttl`: until it works a
+    daemon that dies loses the slot within `ttl`, and the next VM may go while this one is in
+    its maintenance)."""
+    tracked = state.events.get(msg.event_id)
+    concurrency = state.config.concurrency
+    if tracked is None or concurrency is None:
+        return state
+    if not msg.error:
+        out.append(
+            _note(
+                Level.INFO,
+                What.SLOT_HELD_THROUGH,
+                tracked.event,
+                slots=list(msg.slots),
+                hold_s=msg.seconds,
+                reason="its VM is in its maintenance: the slot is on the daemon's hold lease, "
+                "held until it is back and its after-hooks succeeded, at most hold_max after "
+                "the daemon's last renewal",
+            )
+        )
+        return state
+    out.append(
+        _note(
+            Level.WARNING,
+            What.SLOT_FAILED,
+            tracked.event,
+            kind="hold_through",
+            slots=list(msg.slots),
+            error=msg.error,
+            ttl_s=concurrency.ttl,
+            reason="the slot could not be moved to the hold lease (tried again every third of "
+            "ttl): should the daemon die now, it is lost within ttl and the next VM may go "
+            "while this one is in its maintenance",
+        )
+    )
+    return state
