@@ -325,7 +325,9 @@ class _Worker:
                     return
                 if self._lease is not None and "lease not found" in e.detail:
                     self._shared.lost(self._lease)  # expired meanwhile: granted anew
-                if not failures:
+                if self._keep and self._keys and not self._on_hold:
+                    self._move_failed(e)  # its keys were still to move: lost within ttl
+                elif not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
                 self._keys = ()
@@ -497,13 +499,18 @@ class _Worker:
                 if self._ended.is_set():  # closed on purpose: the worker ends
                     return
                 self._client = EtcdClient(self.settings)
-                if not self._failing:
-                    self._failing = True
-                    self._tell(SlotMoved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
+                self._move_failed(e)
                 return
         if self._on_hold and not self._said:
             self._said, self._failing = True, False
             self._tell(SlotMoved, self._keys, self._keep)
+
+    def _move_failed(self, e: EtcdError) -> None:
+        """Said once per series of failures (SlotMoved with etcd's error): until a move works,
+        the keys are on the daemon's lease, lost within `ttl` should the daemon die."""
+        if not self._failing:
+            self._failing = True
+            self._tell(SlotMoved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
 
     def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept

@@ -238,7 +238,8 @@ def test_a_daemon_killed_after_its_approval_leaves_its_slot_held_until_hold_max(
     one.wait_log("event_approved", event_id=first, timeout=15)
     second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
     two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
-    time.sleep(1)  # the move to the hold lease, one transaction after the approval
+    moved = one.wait_log("slot_held_through", event_id=first, timeout=10)
+    assert (moved["slots"], moved["hold_s"]) == ([f"{tier.prefix}/slots/web/0"], hold_max)
     one.proc.send_signal(signal.SIGKILL)
     one.proc.wait(10)
     killed = time.time()
@@ -276,6 +277,38 @@ def test_a_stop_that_cannot_reach_etcd_says_loudly_that_its_slot_is_lost_within_
     assert "lost within ttl" in failed["reason"]
     assert failed["error"]
     assert not one.logs("slot_held"), "said only once etcd has it"
+
+
+def test_a_move_to_the_hold_lease_that_fails_is_said_once_and_its_success_after(tier, sim, hooks):
+    """vm-1's path to etcd is cut as its before-hooks run, so the move to the hold lease at its
+    approval fails (tried again every third of ttl). Was: silent, retried quietly; nothing
+    said a daemon that died then lost the slot within ttl. Now a warning, once (not at every
+    retry), naming the slot; healed, `slot_held_through` once it is there."""
+    sim.scenario.start_after_approval = 600  # approved; the maintenance not begun yet
+    drain = hooks.make("short-drain", "exec sleep 2")
+    with ProxySet(tier.cluster.endpoints, host="127.0.0.2") as path:
+        cfg = held_config(tier, "vm-1")
+        cfg["coordination"]["etcd"]["endpoints"] = path.endpoints
+        cfg["hooks"]["drain"] = [{"command": [drain], "timeout": 30}]
+        one = tier.start("vm-1", cfg)
+        first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+        one.wait_log("hook_started", event_id=first, timeout=15)
+        path.cut()
+        one.wait_log("event_approved", event_id=first, timeout=15)
+        failed = one.wait_log("slot_failed", event_id=first, kind="hold_through", timeout=20)
+        assert failed["level"] == "warning"
+        assert failed["slots"] == [f"{tier.prefix}/slots/web/0"]
+        assert "lost within ttl" in failed["reason"]
+        assert failed["error"]
+        time.sleep(TTL)  # retried meanwhile, every third of ttl
+        assert len(one.logs("slot_failed", event_id=first, kind="hold_through")) == 1
+        assert not one.logs("slot_held_through")
+        path.restore()
+        one.wait_log("slot_held_through", event_id=first, timeout=20)
+        assert slot_holder(tier) == ["vm-1"]
+        time.sleep(TTL / 3 + 1)
+        assert len(one.logs("slot_held_through")) == 1, "said once"
+        tier.stop()
 
 
 def test_a_reload_in_the_maintenance_keeps_the_slot_on_the_hold_lease(tier, sim):
