@@ -8,7 +8,8 @@ held through a maintenance (approved, slots.py), renewed by the same thread at t
 while the daemon lives, revoked once no slot is on it. A daemon that goes down (a clean stop for
 its maintenance, the VM pulled away, a crash) leaves that slot held until `hold_max` after the
 last renewal, or until it is back and takes it again: at most two leases per daemon, whatever
-the number of its events.
+the number of its events. A reload that changes `coordination` makes a new one; the old hold
+lease is revoked once the new keeper has taken its keys back (`retire`).
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
@@ -51,6 +52,7 @@ class DaemonLease:
         self._thread: Optional[threading.Thread] = None
         self._hold: Optional[str] = None  # the hold lease's ID, while a slot is on it
         self._holders: set[str] = set()  # who put keys on it (a VM's slot worker each)
+        self._hold_for = 0  # the hold lease's ttl (`hold_max`)
 
     def retune(self, ttl: int) -> None:
         """A reload changed `concurrency.ttl`: renewed every third of the shorter of the two
@@ -89,7 +91,7 @@ class DaemonLease:
                     return self._hold
             lease = client.grant(seconds)
             with self._lock:
-                self._hold = lease
+                self._hold, self._hold_for = lease, seconds
                 self._holders.add(holder)
             return lease
 
@@ -141,6 +143,37 @@ class DaemonLease:
         self._stopped.set()
         self._wake.set()
         self._client.close()
+
+    def retire(self) -> None:
+        """A reload replaced this lease (`coordination` changed; `close` first): its hold
+        lease, if any, is revoked once no key is on it (the new keeper took them back under
+        its own) or left to expire (gone); checked every third of `ttl` on a thread of its
+        own, until `hold_max` has passed (its keys, if never taken back, expire then)."""
+        with self._lock:
+            lease, seconds, self._hold = self._hold, self._hold_for, None
+        if lease is not None:
+            threading.Thread(
+                target=self._retire, args=(lease, seconds), name="etcd-hold-retire", daemon=True
+            ).start()
+
+    def _retire(self, lease: str, seconds: int) -> None:
+        until = time.monotonic() + seconds
+        every = self._every()
+        client = EtcdClient(self.settings)
+        try:
+            while time.monotonic() < until:
+                time.sleep(every)  # the new keeper takes the keys back meanwhile
+                try:
+                    left = client.lease_keys(lease)
+                    if left == 0:
+                        client.revoke(lease)
+                    if not left:
+                        return
+                except EtcdError:
+                    client.close()
+                    client = EtcdClient(self.settings)
+        finally:
+            client.close()
 
     def _every(self) -> float:
         with self._lock:

@@ -156,6 +156,15 @@ class EtcdClient:
         ttl = self._call("/v3/lease/timetolive", {"ID": lease}).get("TTL", "-1")
         return int(ttl) if isinstance(ttl, (str, int)) and str(ttl).lstrip("-").isdigit() else -1
 
+    def lease_keys(self, lease: str) -> Optional[int]:
+        """How many keys a lease keeps; None when it has expired."""
+        answer = self._call("/v3/lease/timetolive", {"ID": lease, "keys": True})
+        ttl = answer.get("TTL", "-1")
+        if not isinstance(ttl, (str, int)) or not str(ttl).isdigit():
+            return None
+        keys = answer.get("keys")
+        return len(keys) if isinstance(keys, list) else 0
+
     def revoke(self, lease: str) -> None:
         """End a lease now: its keys go with it."""
         self._call("/v3/lease/revoke", {"ID": lease})

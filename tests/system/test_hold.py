@@ -333,6 +333,28 @@ def test_a_reload_in_the_maintenance_keeps_the_slot_on_the_hold_lease(tier, sim)
     assert slot_holder(tier) == ["vm-1"], "still held: killed in its maintenance"
 
 
+def test_a_reload_that_changes_etcd_revokes_the_old_hold_lease_once_its_keys_moved(tier, sim):
+    """Reviewed (issue 28, one lease per daemon): vm-1 approved, its daemon reloaded with
+    other `coordination` settings (a new lease and keeper). Was: the new keeper took the slot
+    back under a new hold lease and the old one lingered, with no keys, until hold_max (three
+    leases for one daemon). Now it is revoked once the keys are on the new one."""
+    sim.scenario.start_after_approval = 600
+    cfg1 = held_config(tier, "vm-1")
+    one = tier.start("vm-1", cfg1)
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    wait_for(lambda: lease_count(tier) == 2, 10, "the hold lease granted at the approval")
+    cfg1["coordination"]["etcd"]["timeout"] = 3
+    tier.factories["vm-1"].write_config(cfg1)
+    one.signal(signal.SIGHUP)
+    one.wait_log("config_reloaded")
+    one.wait_log("slot_acquired", event_id=first, taken_back=True, timeout=15)
+    time.sleep(TTL + 2)  # the old daemon lease expires (closed, never renewed)
+    assert slot_holder(tier) == ["vm-1"]
+    assert slot_lease_left(tier.cluster, tier.prefix) > 3000, "on the new hold lease"
+    assert lease_count(tier) == 2, "the daemon's lease and its hold lease, no third"
+
+
 def test_a_reload_adding_a_full_group_keeps_the_slot_a_maintenance_holds(tier, sim, hooks):
     """#3. vm-1 approved holds web's slot; vm-3 holds zone-1's (its drain runs); vm-2 waits for
     web. vm-1 is reloaded with `concurrency: [web: 1, zone-1: 1]`. Was: its new keeper found
