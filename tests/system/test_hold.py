@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import urllib.parse
 import uuid
 
 import pytest
@@ -81,6 +82,33 @@ def test_a_slot_is_held_while_its_vm_is_away_and_handed_on_as_its_undrain_succee
     assert stopped + 3 * TTL <= undrained < started, "vm-2 only after vm-1's undrain"
     assert started - undrained < 2, f"vm-2 started {started - undrained:.2f} s after it"
     wait_for(lambda: sim.approved(second), 15, "vm-2 approved early, holding the slot")
+
+
+@needs_root
+def test_back_on_a_new_boot_a_daemon_killed_before_the_next_document_keeps_its_slot(
+    tier, sim, tmp_path
+):
+    """vm-1 approved and away; back on a new boot, its IMDS not answering yet, so its event
+    waits in `rebooted` for the next document, and its daemon is killed -9 then. Was: the slot
+    was taken back on the daemon's lease of ttl (the hold lease only from its after-hooks on),
+    so it went within ttl and vm-2 drained before vm-1 was back to health. Now it is taken back
+    onto the hold lease at once: vm-2 waits."""
+    cfg1 = held_config(tier, "vm-1")
+    _, boot, wrapper = away_after_approval(tier, sim, tmp_path, cfg1)
+    url = urllib.parse.urlsplit(sim.url)
+    with ProxySet([f"http://{url.netloc}"]) as imds:
+        imds.cut()
+        cfg1["metadata"]["url"] = imds.endpoints[0] + url.path
+        boot.write_text(f"{uuid.uuid4()}\n")  # vm-1 comes back on a new boot
+        back = tier.factories["vm-1"].start(cfg1, prefix=wrapper, ready=False)
+        back.wait_log("slot_acquired", taken_back=True, timeout=15)
+        time.sleep(1)
+        assert not back.logs("reboot_detected"), "no document yet: still `rebooted`"
+        back.proc.send_signal(signal.SIGKILL)
+        back.proc.wait(10)
+        time.sleep(3 * TTL)
+    assert slot_holder(tier) == ["vm-1"], "held: vm-1 is not back to health"
+    assert not stamps(tier, "drain", "vm-2"), "vm-2 waits"
 
 
 def test_a_vm_that_never_returns_lets_the_next_one_go_at_hold_max_not_before(tier, sim, tmp_path):
