@@ -27,12 +27,12 @@ def daemon_command(config: Path) -> list[str]:
     ]
 
 
-def start_daemon(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    """The daemon from this checkout, its warnings appended to `log`."""
+def start_daemon(config: Path, log: Path, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """The daemon from this checkout (or the tree at `root`), its warnings appended to `log`."""
     return subprocess.Popen(
         daemon_command(config),
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        cwd=root,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(root)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),

@@ -17,6 +17,7 @@ and with every daemon watching one shared event that waits for a VM that never c
 
     python -m bench.fleet            # 3, 20 and 100 daemons, 10 events; a chain of 20: ~10 min
     python -m bench.fleet --quick    # 3 daemons, 3 events; a chain of 3 (CI)
+    python -m bench.fleet --versus main  # and main's daemons through etcd, side by side
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +47,8 @@ from tests.etcd_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+GIT = shutil.which("git") or "/usr/bin/git"
+TAR = shutil.which("tar") or "/usr/bin/tar"
 HOOK = """#!/bin/sh
 sleep "$(shuf -i 0-150 -n 1 | awk '{ print $1 / 100 }')"
 date +%s.%N > "$OUT/$SCHEDULED_EVENT_ID.$SCHEDULED_EVENT_VM_NAME"
@@ -70,13 +75,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Contender:
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the bench's own, one call site
         self,
         name: str,
         work: Path,
         sim: Simulator,
         count: int,
         coordination: Callable[[Contender], dict[str, Any]],
+        root: Path = ROOT,
     ) -> None:
         self.name = name
         self.work = work
@@ -102,7 +108,7 @@ class Contender:
                     }
                 )
             )
-            self.procs.append(start_daemon(config, work / f"{vm}.log"))
+            self.procs.append(start_daemon(config, work / f"{vm}.log", root))
 
     def _script(self, name: str, body: str) -> str:
         path = self.work / name
@@ -137,6 +143,28 @@ class Contender:
                 proc.kill()
 
 
+def tree_of(rev: str, tmp: Path) -> Path:
+    """The tree of `rev` (its daemons run from it, as bench/versus.py does), unpacked with
+    `git archive`: no worktree of the repository is made or left behind."""
+    out = tmp / f"tree-{rev_parse(rev)[:12]}"
+    out.mkdir()
+    archive = subprocess.run(
+        [GIT, "-C", str(ROOT), "archive", rev], capture_output=True, check=True, timeout=60
+    ).stdout
+    subprocess.run([TAR, "-x", "-C", str(out)], input=archive, check=True, timeout=60)
+    return out
+
+
+def rev_parse(rev: str) -> str:
+    return subprocess.run(
+        [GIT, "-C", str(ROOT), "rev-parse", rev],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout.strip()
+
+
 def last_ready(cluster: Cluster, prefix: str, event_id: str) -> float:
     """When the last VM wrote its ready, from the keys themselves (read with the daemon's
     own etcd client)."""
@@ -159,19 +187,33 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def measure(
-    name: str, count: int, rounds: int, root: Path, cluster: Cluster, *, rest: float
+    name: str,
+    count: int,
+    rounds: int,
+    root: Path,
+    cluster: Cluster,
+    *,
+    rest: float,
+    trees: dict[str, Path],
 ) -> dict[str, Any]:
+    """`name`: etcd, gate, or etcd@REV (the daemons of the tree of REV, in `trees`)."""
     sim = Simulator(
         Scenario(vm_name="vm-0", start_after_approval=0.2, started_for=0.3), rate_limit=False
     )
     sim.start()
-    prefix = f"/bench-{name}-{count}"
-    work = root / f"{name}-{count}"
+    prefix = f"/bench-{name.replace('@', '-')}-{count}"
+    work = root / f"{name.replace('@', '-')}-{count}"
     work.mkdir()
     etcd = {"etcd": {"endpoints": cluster.endpoints, "prefix": prefix}}
     began = time.monotonic()
+    via_etcd = name.startswith("etcd")
     contender = Contender(
-        name, work, sim, count, (lambda c: etcd) if name == "etcd" else Contender.gate
+        name,
+        work,
+        sim,
+        count,
+        (lambda c: etcd) if via_etcd else Contender.gate,
+        trees.get(name.partition("@")[2], ROOT),
     )
     extra: dict[str, Any] = {}
     try:
@@ -184,11 +226,11 @@ def measure(
         cpu_before = sum(cpu_seconds(p.pid) for p in contender.procs)
         for _ in range(rounds):
             event_id_before = set(sim.event_ids())
-            if name == "etcd":
+            if via_etcd:
                 load_before += etcd_counters(cluster)
             result = contender.round()
             hook_end.append(result["hook_end"])
-            if name == "etcd":
+            if via_etcd:
                 load_after += etcd_counters(cluster)
                 event_id = next(
                     a.event_id
@@ -199,9 +241,9 @@ def measure(
                 ready.append(posted - last_ready(cluster, prefix, event_id))
         cpu = sum(cpu_seconds(p.pid) for p in contender.procs) - cpu_before
         extra["daemon_cpu_ms_per_vm_event"] = round(1000 * cpu / (count * rounds), 1)
-        if name == "etcd":
+        if via_etcd:
             extra["etcd_per_vm_event"] = per_vm_event(load_before, load_after, count * rounds)
-            if rest:
+            if rest and name == "etcd":
                 extra["rest"] = resting(contender, cluster, prefix, rest)
     finally:
         contender.stop()
@@ -309,6 +351,7 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
         procs.append(start_daemon(config, work / f"{vm}.log"))
     try:
         settle(sim, count)
+        before = etcd_counters(cluster)
         began = time.monotonic()
         for vm in vms:
             sim.add_event("Reboot", [vm], not_before_in=3600)
@@ -318,6 +361,10 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
                 raise RuntimeError(f"chain of {count}: not every VM's undrain ran")
             time.sleep(0.1)
         took = time.monotonic() - began
+        time.sleep(2)  # the last slot's release and its hold lease's revoke
+        # What a slot held through a maintenance costs, measured (the daemons' keep-alives
+        # over the whole chain included: LeaseKeepAlive, said apart).
+        cost = per_vm_event(before, etcd_counters(cluster), count)
     finally:
         for proc in procs:
             proc.terminate()
@@ -338,6 +385,7 @@ def chain(count: int, root: Path, cluster: Cluster) -> dict[str, Any]:
         "after_end_to_next_before_s": summary(handoffs),
         "overlapping": sum(1 for h in handoffs if h < 0),
         "whole_chain_s": round(took, 1),
+        "etcd_per_vm_event": cost,
     }
 
 
@@ -353,6 +401,9 @@ def main() -> int:
         "--etcd-tmpfs", action="store_true", help="etcd's data on tmpfs too (no WAL fsync wait)"
     )
     parser.add_argument("--etcd-only", action="store_true", help="no gate contender (profiling)")
+    parser.add_argument(
+        "--versus", metavar="REV", help="also the daemons of REV through etcd, side by side"
+    )
     args = parser.parse_args()
     sizes = args.sizes or ([3] if args.quick else [3, 20, 100])
     rounds = args.rounds or (3 if args.quick else 10)
@@ -360,6 +411,7 @@ def main() -> int:
     chained = args.chain if args.chain is not None else (3 if args.quick else 20)
     random.seed(1)
     results: dict[str, Any] = {}
+    load = [os.getloadavg()]  # the machine is shared: say how busy it was
     began = time.monotonic()
     # The daemons' state directories on a tmpfs unless --disk: on one box, 100 daemons' fsyncs
     # (state on each step that changes it) queue on one disk, which no fleet of VMs shares.
@@ -369,18 +421,30 @@ def main() -> int:
         tempfile.TemporaryDirectory(prefix="sed-fleet-bench-", dir=shm) as state,
     ):
         root = Path(state)
+        trees = {args.versus: tree_of(args.versus, Path(tmp))} if args.versus else {}
+        names = ["etcd", *(f"etcd@{rev}" for rev in trees), *([] if args.etcd_only else ["gate"])]
         with Cluster((root if args.etcd_tmpfs else Path(tmp)) / "etcd") as cluster:
             for count in sizes:
-                for name in ("etcd",) if args.etcd_only else ("etcd", "gate"):
+                for name in names:
                     results[f"{name}-{count}"] = measure(
-                        name, count, rounds, root, cluster, rest=rest if count == max(sizes) else 0
+                        name,
+                        count,
+                        rounds,
+                        root,
+                        cluster,
+                        rest=rest if count == max(sizes) else 0,
+                        trees=trees,
                     )
             if chained:
                 results[f"chain-{chained}"] = chain(chained, root, cluster)
     results["wall_s"] = round(time.monotonic() - began, 1)
+    load.append(os.getloadavg())
+    results["load"] = [[round(x, 2) for x in sample] for sample in load]
     results["state_on"] = "disk" if shm is None else "tmpfs"
     results["etcd_on"] = "tmpfs" if args.etcd_tmpfs and shm else "disk"
-    print(report(results, sizes))
+    if args.versus:
+        results["versus"] = {args.versus: rev_parse(args.versus), "this": rev_parse("HEAD")}
+    print(report(results, sizes, names))
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = RESULTS / f"fleet-{'quick' if args.quick else 'full'}-{stamp}.json"
@@ -389,19 +453,20 @@ def main() -> int:
     return 0
 
 
-def report(results: dict[str, Any], sizes: list[int]) -> str:
+def report(results: dict[str, Any], sizes: list[int], names: list[str]) -> str:
     ms = lambda d: {k: v * 1000 for k, v in d.items()}  # noqa: E731
     lines = [
-        "contender  daemons events  hook end -> POST p50/p99/max (ms)  last ready -> POST p50/p99",
+        "contender      daemons events  hook end -> POST p50/p99/max (ms)"
+        "  last ready -> POST p50/p99",
     ]
     for count in sizes:
-        for name in ("etcd", "gate"):
+        for name in names:
             if f"{name}-{count}" not in results:
                 continue
             r = results[f"{name}-{count}"]
             h = ms(r["hook_end_to_post_s"])
             row = (
-                f"{name:<10} {count:>7} {r['events']:>6}  "
+                f"{name:<14} {count:>7} {r['events']:>6}  "
                 f"{h['p50']:10.1f} / {h['p99']:5.1f} / {h['max']:5.1f}"
                 f"  (daemon CPU {r['daemon_cpu_ms_per_vm_event']} ms per VM and event)"
             )
@@ -419,6 +484,17 @@ def report(results: dict[str, Any], sizes: list[int]) -> str:
             f" POST p99 = {growth:.1f}x {sizes[0]} daemons' for {count / sizes[0]:.1f}x the"
             f" daemons; etcd per VM and event: {e['etcd_per_vm_event']}"
         )
+        for name in names:
+            other = results.get(f"{name}-{count}") if "@" in name else None
+            if other is not None:
+                lo = ms(other["last_ready_to_post_s"])
+                ratio_p99 = e["last_ready_to_post_s"]["p99"] / max(lo["p99"] / 1000, 1e-6)
+                lines.append(
+                    f"{count} daemons: {name} last ready -> POST p50/p99 {lo['p50']:.1f} /"
+                    f" {lo['p99']:.1f} ms, this tree / it (p99) ="
+                    f" {ratio_p99:.3f};"
+                    f" its etcd per VM and event: {other['etcd_per_vm_event']}"
+                )
         if "rest" in e:
             lines.append(f"{count} daemons at rest: {json.dumps(e['rest'])}")
     for key, r in results.items():
@@ -427,9 +503,10 @@ def report(results: dict[str, Any], sizes: list[int]) -> str:
             lines.append(
                 f"slot chain of {r['vms']} (max 1, 1 s undrain): after-hooks end -> next"
                 f" before-hooks p50/p99/max {h['p50']:.0f} / {h['p99']:.0f} / {h['max']:.0f} ms,"
-                f" {r['overlapping']} overlapping, whole chain {r['whole_chain_s']} s"
+                f" {r['overlapping']} overlapping, whole chain {r['whole_chain_s']} s;"
+                f" etcd per VM and event: {r.get('etcd_per_vm_event')}"
             )
-    lines.append(f"wall: {results['wall_s']} s")
+    lines.append(f"wall: {results['wall_s']} s; load average before / after: {results['load']}")
     return "\n".join(lines)
 
 

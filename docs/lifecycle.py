@@ -16,7 +16,7 @@ from pathlib import Path
 
 from generate import between, refresh, report
 
-from scheduledeventsd.engine import lifecycle, machine
+from scheduledeventsd.engine import machine, phase_docs
 from scheduledeventsd.engine.gates import pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ GATES = tuple(gate.table for gate in pipeline.GATES)
 
 def dot() -> str:
     """The phase's graph with each gate's as a cluster of its own."""
-    phases = lifecycle.dot().rstrip().removesuffix("}")
+    phases = phase_docs.dot().rstrip().removesuffix("}")
     return phases + "\n".join(machine.dot(table) for table in GATES) + "\n}"
 
 
@@ -43,12 +43,12 @@ def digest() -> str:
 
 
 def readme(text: str) -> str:
-    tables = [lifecycle.markdown(), *(machine.markdown(table) for table in GATES)]
-    return between(text, lifecycle.MARKDOWN_BEGIN, lifecycle.MARKDOWN_END, "\n\n".join(tables))
+    tables = [phase_docs.markdown(), *(machine.markdown(table) for table in GATES)]
+    return between(text, phase_docs.MARKDOWN_BEGIN, phase_docs.MARKDOWN_END, "\n\n".join(tables))
 
 
 def man(text: str) -> str:
-    tables = [lifecycle.troff(), *(machine.troff(table) for table in GATES)]
+    tables = [phase_docs.troff(), *(machine.troff(table) for table in GATES)]
     return between(text, MAN_BEGIN, MAN_END, "\n".join(tables))
 
 

@@ -342,7 +342,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "coordination.etcd",
         Kind.SECTION,
-        "Each VM writes prefix/events/ID/vm = ready under a lease and watches the event's keys.",
+        "Each VM writes prefix/events/ID/vm = ready under a lease and watches prefix/settled/ID.",
     ),
     Key(
         "coordination.etcd.endpoints",

@@ -14,7 +14,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import requests
 
@@ -31,6 +31,8 @@ _KEY_NOT_FOUND = "key not found"  # a put with ignore_lease on a key that does n
 # group, a few hundred bytes each (etcd itself refuses requests over 1.5 MiB by default); an
 # endless or broken answer must not take the daemon's memory.
 MAX_MESSAGE = 4 << 20
+# A request's body: one JSON message, or several one after the other (a watch stream's creates)
+Body = Union[dict[str, Any], list[dict[str, Any]]]
 
 
 class EtcdError(Exception):
@@ -180,23 +182,26 @@ class EtcdClient:
         _revision(answer)  # an answer without a header is no answer
         return answer.get("succeeded") is True
 
+    def put_and_range(
+        self, key: str, value: bytes, lease: str, prefix: str
+    ) -> tuple[int, list[KeyValue]]:
+        """Put `key` (under `lease`) and read every key under `prefix` in one transaction: what
+        the prefix holds just after the write, as of its revision, with no other read."""
+        put = {"request_put": self._put_body(key, value, lease)}
+        read = {"request_range": {"key": _b64(prefix), "range_end": prefix_end(prefix)}}
+        answer = self._call("/v3/kv/txn", {"compare": [], "success": [put, read]})
+        responses = answer.get("responses")
+        last = responses[-1] if isinstance(responses, list) and len(responses) == 2 else None
+        ranged = last.get("response_range") if isinstance(last, dict) else None
+        if not isinstance(ranged, dict):
+            raise EtcdError("bad_answer", f"txn: no range in {answer!r:.200}")
+        return _revision(answer), _kvs(ranged)
+
     def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
         """Every key under `prefix` and the revision they are as of (a linearizable read: it
         fails without a quorum rather than answering from a stale member)."""
         answer = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
-        kvs = answer.get("kvs", [])
-        if not isinstance(kvs, list):
-            raise EtcdError("bad_answer", "range: kvs is not a list")
-        found = [
-            KeyValue(
-                _unb64(kv.get("key")).decode("utf-8", "replace"),
-                _unb64(kv.get("value")),
-                _lease_id(kv.get("lease")),
-            )
-            for kv in kvs
-            if isinstance(kv, dict)
-        ]
-        return _revision(answer), found
+        return _revision(answer), _kvs(answer)
 
     def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[list[KeyValue]]:
         """The changes under `prefix` from `start_revision` on, a batch per etcd message.
@@ -205,14 +210,28 @@ class EtcdClient:
         cluster still has a quorum (a member cut off from it keeps a watch open but silent).
         Raises EtcdError when the stream breaks or etcd cancels the watch.
         """
-        body = {
-            "create_request": {
-                "key": _b64(prefix),
-                "range_end": prefix_end(prefix),
-                "start_revision": str(start_revision),
+        return self._watch([(prefix, prefix_end(prefix))], start_revision, idle)
+
+    def watch_keys(
+        self, keys: Sequence[str], start_revision: int, idle: float
+    ) -> Iterator[list[KeyValue]]:
+        """As `watch`, for each of `keys` alone, all on one stream (one watcher a key)."""
+        return self._watch([(key, None) for key in keys], start_revision, idle)
+
+    def _watch(
+        self, ranges: Sequence[tuple[str, Optional[str]]], start_revision: int, idle: float
+    ) -> Iterator[list[KeyValue]]:
+        creates = [
+            {
+                "create_request": {
+                    "key": _b64(key),
+                    **({"range_end": end} if end is not None else {}),
+                    "start_revision": str(start_revision),
+                }
             }
-        }
-        response = self._open_stream(body, idle)
+            for key, end in ranges
+        ]
+        response = self._open_stream(creates, idle)
         try:
             for line in _messages(response, MAX_MESSAGE):
                 if not line.strip():
@@ -271,7 +290,7 @@ class EtcdClient:
             raise _error(path, response.status_code, answer)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _open_stream(self, body: dict[str, Any], idle: float) -> requests.Response:
+    def _open_stream(self, body: list[dict[str, Any]], idle: float) -> requests.Response:
         response, _ = self._post("/v3/watch", body, stream=True, read_timeout=idle)
         if response.status_code != 200:
             answer = _decode(_bounded(response) or b"")
@@ -285,7 +304,7 @@ class EtcdClient:
         return response
 
     def _post(
-        self, path: str, body: dict[str, Any], *, stream: bool, read_timeout: float
+        self, path: str, body: Body, *, stream: bool, read_timeout: float
     ) -> tuple[requests.Response, bytes]:
         """POST to the endpoint that answered last, else the next ones in turn; the response
         and its body (b"" for a `stream`, of which only the headers are read here). Each
@@ -317,7 +336,7 @@ class EtcdClient:
         raise EtcdError(kind, "; ".join(problems))
 
     def _post_one(
-        self, endpoint: str, path: str, body: dict[str, Any], stream: bool, read_timeout: float
+        self, endpoint: str, path: str, body: Body, stream: bool, read_timeout: float
     ) -> tuple[requests.Response, bytes]:
         """One endpoint, within one deadline; every failure an EtcdError of its kind."""
         with Watch(self.settings.timeout) as watch:
@@ -326,8 +345,14 @@ class EtcdClient:
                 headers = self._headers(endpoint)
                 response = self._session.post(
                     endpoint + path,
-                    json=body,
-                    headers={**headers, "Accept-Encoding": "identity"},
+                    data="\n".join(
+                        json.dumps(m) for m in (body if isinstance(body, list) else [body])
+                    ),
+                    headers={
+                        **headers,
+                        "Accept-Encoding": "identity",
+                        "Content-Type": "application/json",
+                    },
                     timeout=(watch.left(), read_timeout),
                     stream=True,
                     allow_redirects=False,
@@ -406,6 +431,22 @@ def _messages(response: requests.Response, limit: int) -> Iterator[bytes]:
             raise EtcdError("bad_answer", f"a watch message larger than {limit} bytes")
     if pending:
         yield pending
+
+
+def _kvs(answer: dict[str, Any]) -> list[KeyValue]:
+    """The keys of a range answer (a range's own, or one inside a transaction's)."""
+    kvs = answer.get("kvs", [])
+    if not isinstance(kvs, list):
+        raise EtcdError("bad_answer", "range: kvs is not a list")
+    return [
+        KeyValue(
+            _unb64(kv.get("key")).decode("utf-8", "replace"),
+            _unb64(kv.get("value")),
+            _lease_id(kv.get("lease")),
+        )
+        for kv in kvs
+        if isinstance(kv, dict)
+    ]
 
 
 def _holds(key: str, expected: Optional[bytes]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.
 - `events/<EventId>/<vm>` = `{"state": "ready"|"failed", ...}`: shared events (peers.py).
+- `settled/<EventId>`: written by the VM whose write decided a shared event (peers.py); the
+  other VMs watch it. Not shown.
 """
 
 from __future__ import annotations

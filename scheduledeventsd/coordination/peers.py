@@ -1,13 +1,18 @@
-"""Shared events through etcd: write this VM's state, watch the other VMs', report what they say.
+"""Shared events through etcd: write this VM's state, learn the other VMs', report what they say.
 
 The engine decides (approve once every VM named is ready, never when one failed); this module
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
 (daemon_lease.py, also its slots': a mark lives as long as its daemon, gone within `ttl` of its
-stop; one lost with it is written again), reads the event's keys, then watches them and sends
-every change to the inbox as PeersChanged, until told to stop (a `failed` write reports the
-keys once, and ends). Any failure ends the worker with one CoordinationFailed; the engine's
-backoff decides when to try again.
+stop; one lost with it is written again) and reads the event's keys in the same transaction,
+and sends them to the inbox as PeersChanged. A write that decides the event (the last ready, or
+a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that key (and
+their own mark), and read the event's keys when it changes: each VM is woken once per event,
+not by every other VM's ready (at 100 VMs that fan-out was most of the approval's latency).
+A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed the set
+and died before it settled. Until told to stop (a `failed` write reports the keys once, and
+ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
+when to try again.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ WATCH_CHECK = 30.0
 
 def event_prefix(settings: Etcd, event_id: str) -> str:
     return f"{settings.prefix.rstrip('/')}/events/{_segment(event_id)}/"
+
+
+def settled_key(settings: Etcd, event_id: str) -> str:
+    """Written by the VM whose write decided a shared event (the last ready, or a `failed`):
+    the one key the other VMs watch, then read the event's keys and judge for themselves."""
+    return f"{settings.prefix.rstrip('/')}/settled/{_segment(event_id)}"
 
 
 def _segment(text: str) -> str:
@@ -114,6 +125,8 @@ class _Worker:
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._settling = False
         self._thread = threading.Thread(
             target=self._run, name=f"etcd-{effect.event.event_id[:8]}", daemon=True
         )
@@ -122,8 +135,12 @@ class _Worker:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._client.close()
+        """From any thread; a worker writing the settled key closes its client after it."""
+        with self._lock:
+            self._stopped.set()
+            settling = self._settling
+        if not settling:
+            self._client.close()
 
     def _run(self) -> None:
         event = self.effect.event
@@ -142,45 +159,86 @@ class _Worker:
         effect = self.effect
         prefix = event_prefix(self.settings, effect.event.event_id)
         own = prefix + _segment(effect.vm_name.casefold())
-        self._write(own)
-        if not effect.ready:  # `failed` is written: say what the keys hold now, once
-            self._report({_name(kv.key, prefix): state_of(kv.value) for kv in self._read(prefix)})
+        settled = settled_key(self.settings, effect.event.event_id)
+        revision = self._write_and_report(own, prefix, settled)
+        if not effect.ready:
             return
         while not self._stopped.is_set():
+            # Only the settled key (and our own mark, gone if the lease expired): a VM is woken
+            # once when the event is decided, not by every other VM's ready (N² at 100 VMs).
+            for changes in self._client.watch_keys((own, settled), revision + 1, WATCH_CHECK):
+                if own in {kv.key for kv in changes if kv.value is None}:
+                    self._write_and_report(own, prefix, settled)  # the lease expired: again
+                else:
+                    self._report(_states(self._client.range(prefix)[1], prefix))
+                if self._stopped.is_set():  # (not closed while it settled)
+                    return
+            if self._stopped.is_set():
+                return
+            # Silent for WATCH_CHECK: read again (needs a quorum; it also covers a VM that
+            # completed the set and died before it settled), watch again.
             revision, kvs = self._client.range(prefix)
-            states = {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
-            self._report(states)
-            for changes in self._client.watch(prefix, revision + 1, WATCH_CHECK):
-                for kv in changes:
-                    name = _name(kv.key, prefix)
-                    if kv.value is None:
-                        states.pop(name, None)
-                    else:
-                        states[name] = state_of(kv.value)
-                if own not in {kv.key for kv in changes if kv.value is None}:
-                    self._report(states)
-                    continue
-                self._write(own)  # the daemon's lease expired (a partition): write it again
-            # The watch was silent for WATCH_CHECK: read again (needs a quorum), watch again.
+            self._report(_states(kvs, prefix))
 
-    def _write(self, key: str) -> None:
-        """Under the daemon's one lease, whatever the number of events and restarts of this
-        worker; a lease found expired is granted anew and the key written again, once."""
-        lease, _ = self._lease.get(self._client)
+    def _write_and_report(self, own: str, prefix: str, settled: str) -> int:
+        """Write this VM's mark and report what the write's answer shows; the revision. The
+        VM whose write decides the event knows it from that answer, not from a read or watch
+        event after it: it tells the engine first, then wakes the others (the settled key)."""
+        revision, kvs = self._write(own, prefix)
+        states = _states(kvs, prefix)
+        if not self._decides(states):
+            self._report(states)
+            return revision
+        with self._lock:
+            self._settling = True
+        self._report(states)
+        self._settle(settled)
+        return revision
+
+    def _decides(self, states: dict[str, str]) -> bool:
+        """Whether this VM's write decided the event: its own `failed`, or the last ready."""
+        if not self.effect.ready:
+            return True
+        said = {name.casefold(): state for name, state in states.items()}
+        return all(said.get(n.casefold()) == "ready" for n in self.effect.event.resources)
+
+    def _settle(self, key: str) -> None:
+        """Write the settled key, which the other VMs watch, even if told to stop meanwhile
+        (the engine stops the watch as soon as it heard the set is complete)."""
         try:
-            self._client.put(key, record(self.effect), lease)
+            lease, _ = self._lease.get(self._client)
+            try:
+                self._client.put(key, record(self.effect), lease)
+            except EtcdError as e:
+                if "lease not found" not in e.detail:
+                    raise
+                self._lease.lost(lease)
+                self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
+        finally:
+            with self._lock:
+                self._settling = False
+
+    def _write(self, key: str, prefix: str) -> tuple[int, list[KeyValue]]:
+        """Under the daemon's one lease, whatever the number of events and restarts of this
+        worker; a lease found expired is granted anew and the key written again, once. One
+        transaction that also reads `prefix`: its revision and keys just after the write."""
+        lease, _ = self._lease.get(self._client)
+        value = record(self.effect)
+        try:
+            return self._client.put_and_range(key, value, lease, prefix)
         except EtcdError as e:
             if "lease not found" not in e.detail:
                 raise
             self._lease.lost(lease)
-            self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
-
-    def _read(self, prefix: str) -> list[KeyValue]:
-        return self._client.range(prefix)[1]
+            return self._client.put_and_range(key, value, self._lease.get(self._client)[0], prefix)
 
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():
             self._send(PeersChanged(self.effect.event.event_id, dict(states)))
+
+
+def _states(kvs: list[KeyValue], prefix: str) -> dict[str, str]:
+    return {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
 
 
 def _name(key: str, prefix: str) -> str:

@@ -10,15 +10,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, TypeVar
 
+from ..records import Level, What
 from .lifecycle import On, Phase
 from .machine import Table
-from .state import State, Tracked
+from .notes import _note
+from .state import State, Tracked, _move
 from .vocabulary.effects import Effect
 
 Handler = Callable[[State, Any, float, list[Effect]], State]
 Coupling = Callable[[State, list[Effect]], State]
 # A gate's entry: hold the event (its waiting phase) or hand it on (gates/onward).
 Enter = Callable[[State, Tracked, On, float, list[Effect]], tuple[State, Tracked]]
+# What a gate does for an event it holds after a restart (with the time), or when the event
+# stops waiting there without passing (it left, Started, or lost its rule).
+Restarted = Callable[[State, Tracked, float, list[Effect]], tuple[State, Tracked]]
+Left = Callable[[State, Tracked, list[Effect]], tuple[State, Tracked]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,13 @@ class Gate:
     event, or hand it on), the handlers of the messages it owns (GateMessage), the effects it
     asks for (GateEffect, each carried out by the daemon's executor that declares it), its
     timers (fired in the order of GATES, each gate's in its own order) and its couplings (rules
-    on the state, run after every message)."""
+    on the state, run after every message). A gate that holds events (`wait_at`: the phase
+    `gated`) says what becomes of one it holds beyond its own messages: after a restart
+    (`restarted`: ask again, as the slot and the drain do; its deadline in `start_at` was the
+    old process's clock and is none now), when it stops waiting without passing (`left`:
+    undo what the entry did), and when the wall clock stepped or a reload came (`clock_moved`:
+    place again a deadline taken from the wall clock, such as NotBefore, and read the new
+    settings). events, reload, lifetime and the window's re-placing call them (gates/onward)."""
 
     name: str
     table: Table[Any, Any]
@@ -50,6 +62,23 @@ class Gate:
     effects: tuple[type, ...] = ()
     timers: tuple[Timers, ...] = ()
     couplings: tuple[Coupling, ...] = ()
+    restarted: Optional[Restarted] = None
+    left: Optional[Left] = None
+    clock_moved: Optional[Restarted] = None
+
+
+def wait_at(
+    gate: str,
+    tracked: Tracked,
+    on: On,
+    out: list[Effect],
+    **changes: Any,  # noqa: ANN401
+) -> Tracked:
+    """The event waits at `gate` (the phase `gated`, shown with the gate's name; logged as
+    event_waiting reason=gate) until the gate lets it on (onward.after, with `On.PASSED`);
+    `changes` as for a phase move (`start_at`: its deadline, read by the gate's `due_for`)."""
+    out.append(_note(Level.INFO, What.EVENT_WAITING, tracked.event, reason="gate", gate=gate))
+    return _move(tracked, on, Phase.GATED, gated=gate, **changes)
 
 
 S = TypeVar("S", bound=enum.Enum)

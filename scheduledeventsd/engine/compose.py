@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
 from .component import Coupling, Gate, Handler, Timers
-from .gates import pipeline
+from .gates import pipeline, restore
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
@@ -191,6 +191,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
 # `_timers`: while stopping nothing else does.
 _FIRST_TIMERS = (Timers("lifetime", None, lifetime.due),)
 _LAST_TIMERS = (
+    Timers("restore", restore.fire, None, restore.due_for, restore.DUE_PHASES),
     Timers("peers", peers.fire, None, peers.due_for, peers.DUE_PHASES),
     Timers("approval", approval.fire, None, turns.approval_due, approval.DUE_PHASES),
     Timers("names", names.fire, names.due),

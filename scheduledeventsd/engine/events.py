@@ -10,7 +10,7 @@ from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
 from . import approval, peers, runs, stages
-from .gates import drain, pipeline, slot, window
+from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
@@ -164,6 +164,9 @@ def _resources_changed(
     return state, tracked
 
 
+_WAITED = {Phase.WAITING: "their lead time", Phase.QUEUED: "a concurrency slot"}
+
+
 def _listed(  # noqa: PLR0917 - one call site, in the document loop
     state: State, before: Tracked, event: Event, incarnation: int, now: float, out: list[Effect]
 ) -> tuple[State, Tracked]:
@@ -176,9 +179,12 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
     phase = tracked.phase
-    if phase in (Phase.WAITING, Phase.QUEUED):
+    if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:
-            waited = "their lead time" if phase is Phase.WAITING else "a concurrency slot"
+            state, tracked = onward.left(state, tracked, out)  # a gate holding it lets it go
+            if _prepared(tracked):  # requeued: after-hooks once it is over
+                return state, _move(tracked, on, Phase.DONE)
+            waited = _WAITED.get(phase, f"the {before.gated} gate")
             out.append(
                 _note(
                     Level.WARNING,
@@ -190,7 +196,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
             return state, _move(window._dropped(tracked), on, Phase.MISSED)
         if phase is Phase.WAITING:
             return state, _move(window._still_waiting(tracked, state, now, out), on, phase)
-        return state, _move(tracked, on, phase, start_at=slot._queued_until(tracked, state, now))
+        if phase is Phase.QUEUED:
+            until = slot._queued_until(tracked, state, now)
+            return state, _move(tracked, on, phase, start_at=until)
     if phase is Phase.INTERRUPTED:
         return _resume(state, tracked, on, now, out)
     if phase is Phase.REBOOTED:
@@ -237,6 +245,7 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         return stages._start_stage(state, gone, on, Stage.AFTER, out)
     if phase is Phase.COORDINATING or gone.event.event_id in state.peers:
         state, gone = peers._stop_asking(state, gone, out)
+    state, gone = onward.left(state, gone, out)  # a gate holding it lets it go
     if not _prepared(gone):
         out.append(_note(Level.INFO, What.EVENT_COMPLETED, gone.event, phase=phase.value))
         return state, _move(gone, on, Phase.GONE)
@@ -339,8 +348,10 @@ def _rule(
 
 
 def _prepared(tracked: Tracked) -> bool:
-    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks."""
-    return tracked.phase in PREPARED and tracked.rule is Rule.HOOKS
+    """Its before-hooks started (or it had none to run): it gets after/cancelled hooks. Also
+    when queued again after a restart (QUEUED, then GATED past its slot) before they run again."""
+    requeued = tracked.phase in (Phase.QUEUED, Phase.GATED) and tracked.prepared
+    return (tracked.phase in PREPARED or requeued) and tracked.rule is Rule.HOOKS
 
 
 def _judged_later(tracked: Tracked) -> bool:

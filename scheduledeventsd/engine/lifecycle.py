@@ -3,7 +3,7 @@
 The engine's handlers decide *which* of the allowed next phases applies (a policy, a configured
 hook list) and what to do; every phase change goes through `check`, so a change this table does
 not declare is an error in tests and a logged, ignored message in production. The README, the man
-page and docs/lifecycle.svg are generated from `TABLE` (see `markdown` and `dot`), so the words
+page and docs/lifecycle.svg are generated from `TABLE` (engine/phase_docs), so the words
 cannot drift from the machine. h11's `_state.py` is the model: the whole machine on one screen.
 """
 
@@ -24,6 +24,7 @@ class Phase(str, enum.Enum):
     WAITING = "waiting"  # ours; its before-hooks start later (start_before, a window)
     QUEUED = "queued"  # ours; its before-hooks wait for a concurrency slot (or its deadline)
     DRAINING = "draining"  # ours; the cluster moves this node's resources away first
+    GATED = "gated"  # ours; any other gate holds it (Tracked.gated names it: component.wait_at)
     RUNNING = "running"  # its before-hooks are running
     INTERRUPTED = "interrupted"  # its before-hooks were cut off by a stop: they run again
     REBOOTED = "rebooted"  # prepared, then this VM booted: the next document says if that was it
@@ -51,6 +52,7 @@ class On(str, enum.Enum):
     SLOT_LOST = "its concurrency slot was lost"
     DRAINED = "the cluster moved this node's resources away"
     DRAIN_HELD = "the cluster cannot spare this node"
+    PASSED = "the gate holding it let it on"
     HOOKS_OK = "before-hooks succeeded"
     HOOKS_FAILED = "a before-hook failed"
     HOOKS_CANCELLED = "before-hooks cut off"
@@ -135,7 +137,20 @@ _DECIDE = (P.APPROVING, P.COORDINATING, P.NOT_APPROVED, P.DONE)
 # A new boot proves the maintenance happened only once the event is Started or gone: until the
 # first document says which, a prepared event waits in REBOOTED.
 _REBOOTS = (P.REBOOTED, *_ENDS)
+# A restart queues an event cut off in its before-hooks to take its slot back before they run
+# again: it was prepared (its drain hook may have run), so it is owed its stage.
+_REQUEUED = "queued again after a restart (prepared before it)"
+_UNRUN = "never started, they waited for the node's restore: it is asked again, then they run"
 _HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
+# Any gate but the slot's and the drain's holds an event in GATED (component.wait_at); what a
+# restart or its leaving means for it, its gate declares (component.Gate: restarted, left).
+_RESTARTS = (On.RESTARTED, On.REBOOTED)
+_INTO_GATED = (
+    *((P.NEW, On.SEEN), (P.WAITING, On.LEAD_TIME), (P.QUEUED, On.SLOT), (P.QUEUED, On.LEAD_TIME)),
+    *((P.INTERRUPTED, On.LISTED), (P.REBOOTED, On.LISTED), (P.GATED, On.PASSED)),
+)
+_LET_GO = "its gate lets it go (Gate.left)"
+_REGATED = f"{_REQUEUED}, then gated"  # granted its slot back, held by a gate after it
 
 
 def _t(source: Phase, on: On, targets: Iterable[Phase], does: str) -> Transition:
@@ -204,9 +219,22 @@ _ROWS: list[Transition] = [
     _t(P.QUEUED, On.LISTED, [P.QUEUED], "its deadline placed again (NotBefore, clock)"),
     _t(P.QUEUED, On.STARTED, [P.MISSED], "it started before its hooks: event_missed"),
     _t(P.QUEUED, On.LEFT, [P.GONE], "never prepared: event_completed; forgotten"),
+    _t(P.QUEUED, On.STARTED, [P.DONE], f"{_REQUEUED}: after-hooks once it is over"),
+    _t(P.QUEUED, On.LEFT, _ENDS, f"{_REQUEUED}: the node restored, then cancelled-hooks"),
+    _t(P.QUEUED, On.REBOOTED, [P.REBOOTED], f"{_REQUEUED}: judged by the next document"),
     _t(P.QUEUED, On.TYPE_REMOVED, [P.UNHANDLED], "no rule left for it: event_unhandled"),
     _t(P.QUEUED, On.RESTARTED, [P.QUEUED], "the slot is asked for again"),
     _t(P.QUEUED, On.REBOOTED, [P.QUEUED], "the slot is asked for again"),
+    *[_t(p, on, [P.GATED], "a gate holds it: gated (the gate's name)") for p, on in _INTO_GATED],
+    _t(P.GATED, On.PASSED, [P.RUNNING, P.DRAINING, *_DECIDE], "on: the next gate, or as ever"),
+    _t(P.GATED, On.LISTED, [P.GATED], "nothing: its gate keeps its own timers"),
+    _t(P.GATED, On.STARTED, [P.MISSED], f"it started before its hooks: event_missed; {_LET_GO}"),
+    _t(P.GATED, On.LEFT, [P.GONE], f"never prepared: event_completed, forgotten; {_LET_GO}"),
+    _t(P.GATED, On.STARTED, [P.DONE], f"{_REGATED}: after-hooks once it is over; {_LET_GO}"),
+    _t(P.GATED, On.LEFT, _ENDS, f"{_REGATED}: the node restored, then cancelled-hooks; {_LET_GO}"),
+    _t(P.GATED, On.REBOOTED, [P.REBOOTED], f"{_REGATED}: judged by the next document; {_LET_GO}"),
+    _t(P.GATED, On.TYPE_REMOVED, [P.UNHANDLED], f"no rule left: event_unhandled; {_LET_GO}"),
+    *[_t(P.GATED, on, [P.GATED], "its gate asks again (Gate.restarted)") for on in _RESTARTS],
     _t(P.RUNNING, On.LISTED, [P.RUNNING], "nothing"),
     _t(P.RUNNING, On.STARTED, [P.RUNNING], "its hooks go on"),
     _t(P.RUNNING, On.HOOKS_OK, _DECIDE, "approval per policy (DONE if it already started)"),
@@ -300,7 +328,7 @@ _ROWS: list[Transition] = [
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
-    *[_t(P.AFTER, on, [P.AFTER], _HELD) for on in (On.RESTARTED, On.REBOOTED)],
+    *[_t(P.AFTER, on, [P.AFTER], d) for on in (On.RESTARTED, On.REBOOTED) for d in (_HELD, _UNRUN)],
     _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
     _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),
@@ -333,60 +361,3 @@ def check(source: Phase, on: On, target: Phase) -> None:
         raise IllegalTransitionError(
             f"{source.value} --{on.value}--> {target.value}: only to {allowed}"
         )
-
-
-# ---- what is generated from the table -------------------------------------------------------
-
-MARKDOWN_BEGIN = "<!-- lifecycle table: generated by docs/lifecycle.py -->"
-MARKDOWN_END = "<!-- end of the lifecycle table -->"
-
-
-def markdown() -> str:
-    """The table as the README shows it (between its markers)."""
-    lines = ["| phase | what happened | next | what the daemon does |", "|---|---|---|---|"]
-    for row in ROWS:
-        targets = ", ".join(f"`{t.value}`" for t in row.targets)
-        lines.append(f"| `{row.source.value}` | {row.on.value} | {targets} | {row.does} |")
-    return "\n".join(lines)
-
-
-def troff() -> str:
-    """The table as the man page shows it: a paragraph per phase."""
-    out = []
-    for phase in Phase:
-        rows = [r for r in ROWS if r.source is phase]
-        if not rows:
-            continue
-        out.append(f".TP\n.B {phase.value}")
-        out.append(
-            "\n.br\n".join(
-                f"{r.on.value} \\(-> {', '.join(t.value for t in r.targets)}: {r.does}"
-                for r in rows
-            )
-        )
-    return "\n".join(out)
-
-
-def dot() -> str:
-    """The table as a Graphviz graph, drawn into docs/lifecycle.svg. A row that ends an event
-    (to after, over or gone, by whether hooks are configured and it is listed) is one edge into
-    `after`, so the picture stays readable; the README's table has every target."""
-    lines = [
-        "digraph lifecycle {",
-        "  rankdir=LR; node [shape=box, fontsize=10];",
-        '  label="an edge into after also leads to over (or gone, if it left) when the type has '
-        'no hooks for that stage"; fontsize=9;',
-    ]
-    edges: dict[tuple[Phase, Phase], list[str]] = {}
-    for row in ROWS:
-        targets = row.targets
-        if set(_ENDS) <= set(targets):
-            targets = tuple(t for t in targets if t not in (P.OVER, P.GONE))
-        for target in targets:
-            if target is not row.source:
-                edges.setdefault((row.source, target), []).append(row.on.value)
-    for (source, target), ons in edges.items():
-        label = "\\n".join(dict.fromkeys(ons))
-        lines.append(f'  {source.value} -> {target.value} [label="{label}", fontsize=8];')
-    lines.append("}")
-    return "\n".join(lines)

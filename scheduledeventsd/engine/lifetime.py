@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, reload, runs, stages
-from .gates import drain, hold, slot, through, window
+from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
@@ -74,7 +74,9 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         tracked = replace(loaded, run=None)
         rebooted = bool(tracked.boot_id and msg.boot_id and tracked.boot_id != msg.boot_id)
         state, tracked = _restarted(state, tracked, On.REBOOTED if rebooted else On.RESTARTED, out)
-        tracked = reload._rule_removed(state, tracked, "restarted with", out)
+        state, tracked = reload._rule_removed(state, tracked, "restarted with", out)
+        if tracked.phase is Phase.GATED:  # its gate asks again
+            state, tracked = onward.restarted(state, tracked, now, out)
         if tracked.slot in (Slot.ASKED, Slot.HELD):  # asked for again; a held one taken back
             if tracked.phase in slot._SLOT_ENDS:
                 tracked = slot.move(tracked, slot.SlotOn.OVER_AT_BOOT, Slot.NONE)
@@ -102,6 +104,12 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
 def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
     """What a restart means for an event the state file kept: its runs died with us."""
     phase = tracked.phase
+    if phase is Phase.AFTER and tracked.drain is not Drain.NONE:
+        # They never started: they waited for the node's restore, asked again now (a mark
+        # kept as drained, by the coupling drain._restore_first); not cut off.
+        if tracked.drain is Drain.RESTORING and state.cluster_mark is not None:
+            out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
+        return state, _move(tracked, on, Phase.AFTER, start_at=math.inf)
     if phase is Phase.AFTER and tracked.slot is Slot.HELD and state.config.concurrency:
         # Held until they succeed (gates/hold.py): the stage runs again, its slot taken back.
         out.append(_note(Level.WARNING, What.AFTER_HOOKS_INTERRUPTED, tracked.event, again=True))
@@ -116,12 +124,12 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
                 reason="cut off by a stop; after- and cancelled-hooks run at most once",
             )
         )
-        if tracked.drain is not Drain.NONE and state.cluster_mark is not None:
-            out.append(RestoreNode(tracked.event.event_id, state.cluster_mark))
         return state, _move(tracked, on, Phase.OVER)
     if on is On.REBOOTED and events._prepared(tracked) and events._judged_later(tracked):
         # A crash or an operator's reboot is not the maintenance: only the next document tells
-        # (Started or gone: it was; still Scheduled: prepared again).
+        # (Started or gone: it was; still Scheduled: prepared again). A gate holding it lets
+        # it go (requeued, then gated).
+        state, tracked = onward.left(state, tracked, out)
         return state, _move(tracked, on, Phase.REBOOTED, run=None)
     if on is On.REBOOTED and (events._prepared(tracked) or phase is Phase.ENDING):
         # The maintenance happened (it had Started, or left): after-hooks, whether IMDS
@@ -142,7 +150,7 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
         return state, _move(tracked, on, Phase.INTERRUPTED)
     if phase is Phase.WAITING:
         return state, window._restarted(tracked, on)
-    if phase is Phase.QUEUED:  # its deadline placed again by the next document
+    if phase in (Phase.QUEUED, Phase.GATED):  # its deadline placed again (document, gate)
         return state, _move(tracked, on, phase, start_at=math.inf)
     return state, _move(tracked, on, phase)
 

@@ -108,6 +108,9 @@ def status_text(state: State) -> str:
     queued = [t for t in state.events.values() if t.phase is Phase.QUEUED]
     if queued:
         text += f"; {len(queued)} waiting for a concurrency slot"
+    gated = [t.gated for t in state.events.values() if t.phase is Phase.GATED]
+    if gated:
+        text += f"; {len(gated)} held at a gate ({', '.join(sorted(set(gated)))})"
     coordinating = [t for t in state.events.values() if t.phase is Phase.COORDINATING]
     if coordinating:
         text += f"; {len(coordinating)} waiting for the other VMs"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import peers
-from .gates import drain, slot, window
+from .gates import drain, onward, slot, window
 from .lifecycle import On, Phase
 from .notes import _unhandled
 from .poll import names, timing
@@ -50,7 +50,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     state = drain._cluster_reloaded(state, old, out)
     state = slot._slots_reloaded(state, old, now, out)
     for event_id, t in state.events.items():
-        removed = _rule_removed(state, t, "the reload left", out)
+        state, removed = _rule_removed(state, t, "the reload left", out)
         if removed is not t:
             state = _with(state, event_id, removed)
     state = window._replace_waiting(state, now, out)  # windows, lead times may have changed
@@ -75,19 +75,24 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
     return state
 
 
-def _rule_removed(state: State, tracked: Tracked, by: str, out: list[Effect]) -> Tracked:
-    """A waiting, queued or draining event whose type has no rule any more (`by` a reload, or a
-    restart with a new configuration) is left alone: never an empty run or an early approval
-    by accident, never a timer its gate skips but keeps due (a daemon woken at once, for ever);
-    a drain's mark is given up (drain._release_left_alone)."""
+def _rule_removed(
+    state: State, tracked: Tracked, by: str, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """A waiting, queued, draining or gated event whose type has no rule any more (`by` a
+    reload, or a restart with a new configuration) is left alone: never an empty run or an
+    early approval by accident, never a timer its gate skips but keeps due (a daemon woken at
+    once, for ever); a drain's mark is given up (drain._release_left_alone), any other gate
+    holding it lets it go (onward.left)."""
     event = tracked.event
-    if tracked.phase not in (Phase.WAITING, Phase.QUEUED, Phase.DRAINING) or event.event_type in (
-        state.config.events
-    ):
-        return tracked
+    if tracked.phase not in _HELD or event.event_type in state.config.events:
+        return state, tracked
     reason = f"{by} no hooks configured for {event.event_type}; left alone"
     out.append(_unhandled(event, reason))
-    return _move(window._dropped(tracked), On.TYPE_REMOVED, Phase.UNHANDLED)
+    state, tracked = onward.left(state, tracked, out)
+    return state, _move(window._dropped(tracked), On.TYPE_REMOVED, Phase.UNHANDLED)
+
+
+_HELD = (Phase.WAITING, Phase.QUEUED, Phase.DRAINING, Phase.GATED)
 
 
 def _reload_failed(state: State, msg: ReloadFailed, now: float, out: list[Effect]) -> State:

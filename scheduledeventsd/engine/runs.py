@@ -12,7 +12,7 @@ from ..config import EventRule
 from ..model import SCHEDULED, Event
 from ..records import Level, What
 from . import approval
-from .lifecycle import On, Phase, Rule, Stage
+from .lifecycle import Drain, On, Phase, Rule, Stage
 from .notes import _note
 from .state import State, Tracked, _move
 from .vocabulary.effects import CancelRuns, Effect, SpawnHooks
@@ -113,8 +113,9 @@ def _run_stage(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State
 
 
 def _awaiting_restore(tracked: Tracked) -> bool:
-    """Its after- or cancelled-hooks wait for its node's restore to be answered."""
-    return tracked.phase is Phase.AFTER and tracked.run is None
+    """Its after- or cancelled-hooks wait for its node's restore to be answered (not for their
+    next try, gates/hold: the node restored, or never marked for it)."""
+    return tracked.phase is Phase.AFTER and tracked.run is None and tracked.drain is not Drain.NONE
 
 
 def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..config import Config, DrainMethod, Pacemaker
 from ..model import Event
 from ..retry import Failures
-from .lifecycle import Drain, On, Phase, Rule, Slot, Stage, check
+from .lifecycle import PREPARED, Drain, On, Phase, Rule, Slot, Stage, check
 
 
 class Hold(str, enum.Enum):
@@ -42,9 +42,13 @@ class Tracked:
     slot: Slot = Slot.NONE  # its concurrency slot (QUEUED: asked; until it is over: held)
     drain: Drain = Drain.NONE  # this node in its Pacemaker cluster, for this event
     window: Hold = Hold.NONE  # WAITING: what holds its before-hooks back (never stored)
+    # Its preparation started once (drained, its before-hooks): its after- or cancelled-hooks
+    # are owed also while it waits in a gate again (queued after a restart, its slot taken back).
+    prepared: bool = False
     # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
+    gated: str = ""  # GATED: the name of the gate that holds it (component.wait_at)
 
 
 Known = Mapping[str, Tracked]
@@ -157,8 +161,11 @@ def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool
 
 
 def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # noqa: ANN401
-    """The one place an event's phase changes: only as `lifecycle.TABLE` declares."""
+    """The one place an event's phase changes: only as `lifecycle.TABLE` declares; and the one
+    place it becomes `prepared`, on entering a phase of preparation."""
     check(tracked.phase, on, to)
+    if to in PREPARED and not tracked.prepared:
+        changes["prepared"] = True
     return replace(tracked, phase=to, **changes)
 
 

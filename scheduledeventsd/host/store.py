@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..config import DrainMethod
 from ..engine import ClusterMark, Known, Tracked
-from ..engine.lifecycle import DURABLE, Drain, Phase, Rule, Slot, Stage
+from ..engine.lifecycle import DURABLE, PREPARED, Drain, Phase, Rule, Slot, Stage
 from ..model import parse_event
 
 STATE_FILE = "state.json"
@@ -36,7 +36,9 @@ _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still 
 # reads the same way (`rebooted`: prepared on an older boot, as `interrupted` is), so a rollback
 # to it keeps the state; `newer_phase` beside it gives this release (and the next) the phase
 # back. A daemon reads `newer_phase` only if it knows that phase, else it uses `phase`.
-_WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED}
+# `gated` (a gate added since) is written as `waiting`: that release places it again from the
+# next document and its start instant enters the gates it knows.
+_WRITTEN_AS = {Phase.REBOOTED: Phase.INTERRUPTED, Phase.GATED: Phase.WAITING}
 # A restore asked for (its after-hooks waiting for the answer) reads after a restart as what it
 # means then, a node still marked for an event that is over (asked again): as older versions do.
 _DRAIN_WRITTEN_AS = {Drain.RESTORING: Drain.DONE}
@@ -233,7 +235,9 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "notice": t.event.notice,
                 "vm_name": t.vm_name,
                 "incarnation": t.incarnation,
+                "prepared": t.prepared,
                 **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
+                **({"gated": t.gated} if t.gated else {}),  # the gate that holds it
             }
             for t in known.values()
         ],
@@ -278,11 +282,17 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             isinstance(k, str) and isinstance(v, str) for k, v in gates.items()
         ):
             raise TypeError("gates must map each gate's name to its state")
+        gated = entry.get("gated", "")
+        if not isinstance(gated, str):
+            raise TypeError("gated must be a gate's name")
         newer = entry.get("newer_phase")
         known_phases = {p.value for p in Phase}
         phase = Phase(newer if newer in known_phases else entry["phase"])
         if phase not in DURABLE:
             raise ValueError(f"phase {phase.value} is never stored")
+        prepared = entry.get("prepared", phase in PREPARED)  # older files: as its phase says
+        if not isinstance(prepared, bool):
+            raise TypeError("prepared must be true or false")
         known[event.event_id] = Tracked(
             event,
             phase,
@@ -293,6 +303,8 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             drain=Drain(entry.get("drain", "")),
             vm_name=name,
             incarnation=incarnation,
+            prepared=prepared,
             gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
+            gated=gated,
         )
     return known

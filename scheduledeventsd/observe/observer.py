@@ -27,7 +27,8 @@ MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status wi
 # Phases in which an event of ours is not over: the maintenance is ahead, under way or its
 # after-hooks still run.
 PENDING = frozenset(Phase) - {Phase.NEW, Phase.NOT_OURS, Phase.OVER, Phase.GONE}
-_FROM_HOOKS_STARTED = PENDING - {Phase.WAITING, Phase.QUEUED, Phase.UNHANDLED, Phase.MISSED}
+_NOT_STARTED = {Phase.WAITING, Phase.QUEUED, Phase.GATED, Phase.UNHANDLED, Phase.MISSED}
+_FROM_HOOKS_STARTED = PENDING - _NOT_STARTED
 # A Pacemaker node's drain begins its preparation: its resources are leaving.
 _FROM_HOOKS_DONE = _FROM_HOOKS_STARTED - {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED}
 UNHEALTHY_PHASES: Mapping[HealthFrom, frozenset[Phase]] = {
@@ -200,6 +201,8 @@ def _waiting_for(tracked: Tracked, held: Optional[Held]) -> Optional[str]:
         return "slot"
     if tracked.phase is Phase.DRAINING:
         return "cluster"
+    if tracked.phase is Phase.GATED:  # any other gate: its name
+        return tracked.gated
     return held.reason if held is not None else None
 
 

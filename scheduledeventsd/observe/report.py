@@ -142,7 +142,7 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
             left = seconds - (now - doc.get("written_at_unix", now)) if seconds is not None else 0
             when = f"{e['not_before']} ({_span(left)})"
         lines.append(
-            f"  {e.get('event_type')} {e.get('event_id')}: {e.get('phase')}, "
+            f"  {e.get('event_type')} {e.get('event_id')}: {_phase(e)}, "
             f"{e.get('status')}, NotBefore {when}"
         )
         if e.get("waiting_for"):
@@ -166,6 +166,12 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _phase(event: Mapping[str, Any]) -> str:
+    """An event's phase; a gated one's with the gate that holds it: `gated (cordon)`."""
+    phase = event.get("phase")
+    return f"{phase} ({event['waiting_for']})" if phase == "gated" else str(phase)
+
+
 def _waiting(event: Mapping[str, Any]) -> str:
     """When a waiting event's hooks start and what it waits for, in words: the lead by the
     setting it comes from (start_before unset is the default lead, not "start_before"), a
@@ -185,6 +191,8 @@ def _waiting(event: Mapping[str, Any]) -> str:
         return "when a concurrency slot is free (waiting for: slot)"
     if why == "cluster":
         return "when the cluster has drained this node (waiting for: cluster)"
+    if event.get("phase") == "gated":
+        return f"when the {why} gate lets it on (waiting for: {why})"
     return f"{at or 'later'} (waiting for: {why})"
 
 

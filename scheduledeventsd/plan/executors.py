@@ -1,6 +1,7 @@
 """The planner's executors: one per effect of the engine's vocabulary, as runtime/daemon.py's
 `_do` has one, each carrying it out with the simulated parts (world.py) and sending back the
-message the daemon's own executor sends. A test checks every effect has one here."""
+message the daemon's own executor sends. A test checks every effect has one here; a gate's
+effect that has none is answered as it declares (`GateEffect.planned`), so a new gate adds none."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..engine import (
     Exit,
     Fetch,
     GateAnswered,
+    GateEffect,
     HoldSlot,
     HooksFinished,
     Message,
@@ -126,7 +128,7 @@ def _nothing(plan: Loop, vm: Vm, e: Effect, t: float) -> None:
 
 
 def _coordinate(plan: Loop, vm: Vm, e: Coordinate, t: float) -> None:
-    plan.answer(plan.peers.write(e.event.event_id, vm.name, e.ready), t)
+    plan.answer(plan.peers.write(e.event.event_id, vm.name, e.ready, e.event.resources), t)
 
 
 def _stop_coordinating(plan: Loop, vm: Vm, e: StopCoordinating, t: float) -> None:
@@ -211,3 +213,21 @@ EXECUTORS: Mapping[type, Callable[[Loop, Vm, Any, float], None]] = {
     WakeAt: _wake_at,
     Exit: _exit,
 }
+
+
+def _planned(plan: Loop, vm: Vm, e: GateEffect, t: float) -> None:
+    """A gate's effect with no executor here: the answer its gate declares, at once."""
+    answer = e.planned()
+    if answer is not None:
+        plan.send(vm, answer, t)
+
+
+Executor = Callable[[Loop, Vm, Any, float], None]
+
+
+def executor_of(effect: Effect) -> Optional[Executor]:
+    """The planner's executor of `effect` (None: one the planner cannot carry out)."""
+    found = EXECUTORS.get(type(effect))
+    if found is None and isinstance(effect, GateEffect):
+        return _planned
+    return found

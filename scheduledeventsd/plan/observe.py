@@ -66,7 +66,7 @@ def effect(seen_by: SeenBy, vm: Vm, asked: Effect, t: float) -> None:
         if seen is None:
             return
         if asked.what is What.EVENT_WAITING:
-            seen.waits.append(str(asked.fields.get("reason", "")))
+            _waiting(seen, asked.fields, t)
         elif asked.what is What.SLOT_UNAVAILABLE:
             seen.no_slot = True
         return
@@ -87,6 +87,13 @@ def effect(seen_by: SeenBy, vm: Vm, asked: Effect, t: float) -> None:
         seen = seen_by.get((vm.name, asked.event.event_id))
         if seen is not None and seen.drain_from is None:
             seen.drain_from = t
+
+
+def _waiting(seen: Seen, fields: Mapping[str, object], t: float) -> None:
+    """event_waiting: what holds it back; held at a gate (reason=gate), from when."""
+    seen.waits.append(str(fields.get("reason", "")))
+    if fields.get("gate") and seen.gated_from is None:
+        seen.gated_from = t
 
 
 def done(seen_by: SeenBy, vm: Vm, t: float) -> int:

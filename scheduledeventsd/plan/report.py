@@ -19,7 +19,8 @@ happen:
                "slot_from", "slot_to",
                "flags": [sorted of "late", "no_slot", "cut_off", "no_window", "hooks_failed"],
                "spans": [{"phase", "from", "to"}]}],   # phase: queued (waiting for a slot),
-                   # draining (the cluster), hooks (before-hooks), ready (prepared, waiting
+                   # gated (any other gate holds it), draining (the cluster),
+                   # hooks (before-hooks), ready (prepared, waiting
                    # for approval or NotBefore), down, after (back up, until after-hooks done),
                    # retry (after-hooks failed: the slot held until they run again)
      "windows": [{"vm" or "group", "window" (as configured), "zone", "from", "to",
@@ -185,6 +186,9 @@ def spans(seen: Seen) -> list[tuple[str, float, Optional[float]]]:
     if seen.asked_slot is not None:
         to = seen.slot_from if seen.slot_from is not None else seen.hooks_start
         found.append(("queued", seen.asked_slot, to if to is not None else seen.down))
+    if seen.gated_from is not None:  # until the next gate, its before-hooks, or down
+        ends = (seen.drain_from, seen.hooks_start, seen.down)
+        found.append(("gated", seen.gated_from, next((e for e in ends if e is not None), None)))
     if seen.drain_from is not None:
         found.append(("draining", seen.drain_from, seen.drain_to or seen.hooks_start))
     if seen.hooks_start is not None:

@@ -45,7 +45,7 @@ from ..engine import (
 )
 from ..engine.vocabulary.constants import IMDS_RATE, RATE_WINDOW
 from . import observe
-from .executors import EXECUTORS
+from .executors import executor_of
 from .fleet import Fleet
 from .timeline import Seen
 from .vm import BACK, CANCEL, DOC, EXPIRE, FETCH, KEEP, MSG, START, TICK, Guard, Vm
@@ -230,11 +230,11 @@ class Plan:
 
     def _carry(self, vm: Vm, effects: tuple[Effect, ...], t: float) -> None:
         for effect in effects:
-            executor = EXECUTORS.get(type(effect))
+            executor = executor_of(effect)
             if executor is None:
                 raise PlanError(
                     f"the planner cannot carry out {type(effect).__name__}: give it an "
-                    "executor in plan/run.py EXECUTORS, as runtime/daemon.py has one"
+                    "executor in plan/executors.py EXECUTORS, as runtime/daemon.py has one"
                 )
             executor(self, vm, effect, t)
             if not vm.alive:

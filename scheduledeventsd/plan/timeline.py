@@ -23,6 +23,7 @@ class Seen:
     slot_busy: bool = False  # etcd said every slot was taken while it waited
     waits: list[str] = field(default_factory=list)  # event_waiting's reasons, in order
     no_slot: bool = False  # slot_unavailable: prepared without one
+    gated_from: Optional[float] = None  # event_waiting reason=gate: any other gate holds it
     drain_from: Optional[float] = None
     drain_to: Optional[float] = None
     hooks_start: Optional[float] = None  # its before-hooks (or fast) started

@@ -402,21 +402,24 @@ class EtcdSlots:
 
 
 class Peers:
-    """prefix/events/ID/vm = ready or failed; a VM that wrote ready watches the event's keys
-    and is told them on every change (coordination/peers.py)."""
+    """prefix/events/ID/vm = ready or failed; a VM is told the event's keys by its own write,
+    and, once it wrote ready, again when a write decides the event: the last ready or a
+    failed (the settled key it watches, coordination/peers.py)."""
 
     def __init__(self) -> None:
         self._states: dict[str, dict[str, str]] = {}
         self._watching: dict[str, set[str]] = {}
 
-    def write(self, event_id: str, vm: str, ready: bool) -> list[Answer]:
+    def write(self, event_id: str, vm: str, ready: bool, named: tuple[str, ...]) -> list[Answer]:
         states = self._states.setdefault(event_id, {})
         states[vm.casefold()] = "ready" if ready else "failed"
         watchers = self._watching.setdefault(event_id, set())
         if ready:
             watchers.add(vm)
         shown = dict(sorted(states.items()))
-        answers: list[Answer] = [(w, PeersChanged(event_id, shown)) for w in sorted(watchers)]
+        decided = not ready or all(states.get(n.casefold()) == "ready" for n in named)
+        told = sorted(watchers) if decided else [vm]
+        answers: list[Answer] = [(w, PeersChanged(event_id, shown)) for w in told]
         if not ready:  # a failed write reports the keys once, and ends
             answers.append((vm, PeersChanged(event_id, shown)))
         return answers

@@ -36,6 +36,22 @@ def test_saved_state_loads_back_equal(tmp_path):
     assert StateStore(tmp_path / "state").load() == (known, "")
 
 
+def test_an_event_queued_again_after_a_restart_stays_prepared_across_the_next(tmp_path):
+    """Its before-hooks had started: it is owed its stage, also after another restart; a file
+    without the key (an older release's) reads it from the phase."""
+    store = StateStore(tmp_path)
+    requeued = Tracked(EVENT, Phase.QUEUED, prepared=True)
+    queued = Tracked(dataclasses.replace(EVENT, event_id="E2"), Phase.QUEUED)
+    store.save({"E1": requeued, "E2": queued})
+    assert StateStore(tmp_path).load()[0] == {"E1": requeued, "E2": queued}
+    raw = json.loads(store.path.read_text())
+    raw["events"] = [{k: v for k, v in e.items() if k != "prepared"} for e in raw["events"]]
+    raw["events"][1]["phase"] = "interrupted"
+    store.path.write_text(json.dumps(raw))
+    loaded = StateStore(tmp_path).load()[0]
+    assert (loaded["E1"].prepared, loaded["E2"].prepared) == (False, True)
+
+
 def test_no_file_is_an_empty_first_start(tmp_path):
     assert StateStore(tmp_path).load() == ({}, "")
 
@@ -199,7 +215,9 @@ def test_every_phase_this_release_saves_is_read_by_the_previous_release(tmp_path
     """Review of issue 26: after a rollback the previous release moved the state file aside
     (state_degraded: 'rebooted' is not a valid Phase) and ran before-hooks again. Every phase
     is written in a form it reads (`rebooted` as `interrupted`: prepared on an older boot, so
-    it takes that boot as the maintenance, its own rule), and this release reads it back."""
+    it takes that boot as the maintenance, its own rule; `gated`, held at a gate it may not
+    have, as `waiting`: placed again by the next document, then into the gates it knows), and
+    this release reads it back."""
     known = {
         phase.value: Tracked(dataclasses.replace(EVENT, event_id=phase.value), phase, boot_id="b")
         for phase in DURABLE
@@ -207,7 +225,8 @@ def test_every_phase_this_release_saves_is_read_by_the_previous_release(tmp_path
     StateStore(tmp_path).save(known)
     read = read_by_previous(previous_release, tmp_path)
     assert read["problem"] == ""
-    assert read["phases"] == {p: "interrupted" if p == "rebooted" else p for p in known}
+    written_as = {"rebooted": "interrupted", "gated": "waiting"}
+    assert read["phases"] == {p: written_as.get(p, p) for p in known}
     assert StateStore(tmp_path).load() == (known, ""), "read back as it was"
 
 

@@ -56,6 +56,8 @@ from scheduledeventsd.engine import (
     stages,
 )
 from scheduledeventsd.engine.gates import drain as drain_gate
+from scheduledeventsd.engine.gates import restore as restore_gate
+from scheduledeventsd.engine.vocabulary.constants import RESTORE_TIMEOUT
 from scheduledeventsd.observe.webhooks import kind_of
 from scheduledeventsd.records import Level, Record, What
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
@@ -306,6 +308,21 @@ def test_a_reboot_mid_drain_that_was_not_the_maintenance_watches_the_drain_again
     assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
 
 
+def test_after_hooks_waiting_for_the_restore_start_when_another_restore_takes_the_mark_off():
+    """Found by GatedPromises (random histories): on a new boot an event that had Started is
+    over, so two restores of the one mark are asked, the event's and that of the mark no event
+    wants (""). The "" one answered first cleared the event's drain, its hooks were taken for
+    after-hooks waiting for their next try, and with no slot held it was over without them."""
+    started = due_in(600, status="Started")
+    loaded = {"E1": Tracked(started, Phase.DONE, boot_id="boot-0", drain=Drain.DONE)}
+    m = machine(loaded=loaded, boot="boot-2", mark=MARK)
+    assert set(of(m.effects, RestoreNode)) == {RestoreNode("", MARK), RestoreNode("E1", MARK)}
+    assert not of(m.effects, SpawnHooks), "no hook before the node is restored"
+    (after,) = of(m.send(ClusterRestored("")), SpawnHooks)
+    assert (after.stage.value, after.rebooted) == ("after", True)
+    assert not of(m.send(ClusterRestored("E1")), SpawnHooks), "the after-hooks run once"
+
+
 def test_at_start_with_no_drain_wanted_our_recorded_mark_is_taken_off_and_the_cluster_checked():
     m = machine(mark=MARK)
     assert of(m.effects, CheckCluster)
@@ -326,10 +343,13 @@ def test_at_start_without_a_recorded_mark_nothing_is_taken_off():
 
 
 def test_after_hooks_cut_off_by_a_restart_still_restore_the_node():
-    loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1", drain=Drain.DONE)}
+    """They had started (their restore answered, here failed): cut off, never run again; the
+    mark left on the node is wanted by no event, so it is taken off."""
+    loaded = {"E1": Tracked(due_in(600), Phase.AFTER, boot_id="boot-1")}
     m = machine(loaded=loaded, mark=MARK)
     assert m.phase() is Phase.OVER
-    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    assert logs(m.effects, "after_hooks_interrupted")
+    assert of(m.effects, RestoreNode) == [RestoreNode("", MARK)]
 
 
 def test_a_restore_that_fails_is_reported_and_the_drain_kept_on_record():
@@ -498,11 +518,8 @@ def test_with_slots_too_the_slot_comes_first_then_the_drain_then_the_hooks_and_a
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
 
 
-def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_one_works():
-    """Restore, then release (issue 28): the after-hooks started on a failed restore's answer,
-    their success ended the event and gave its slot back with the node still marked, so the
-    next VM of the group drained its node meanwhile (two nodes out under `max: 1`; found by
-    tests/system/test_slot_drain.py). Holding a slot, they wait for a restore that works."""
+def _over_holding_a_slot() -> Machine:
+    """E1 drained holding a slot, prepared and approved, then over: its restore asked first."""
     etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
     m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
     seen(m, due_in(3 * 86400))
@@ -511,6 +528,15 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
     m.send(ApprovalSent("E1"))
     seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    return m
+
+
+def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_one_works():
+    """Restore, then release (issue 28): the after-hooks started on a failed restore's answer,
+    their success ended the event and gave its slot back with the node still marked, so the
+    next VM of the group drained its node meanwhile (two nodes out under `max: 1`; found by
+    tests/system/test_slot_drain.py). Holding a slot, they wait for a restore that works."""
+    m = _over_holding_a_slot()
     assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
     m.send(ClusterRestored("E1", "crm_attribute: exit 102"), at=MONO0 + 4)
     assert logs(m.effects, "cluster_restore_failed")
@@ -526,18 +552,26 @@ def test_with_a_slot_a_failed_restore_keeps_the_after_hooks_and_the_slot_until_o
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")]
 
 
+def test_with_a_slot_a_restore_never_answered_is_asked_again_at_each_deadline_hooks_held():
+    """Restore, then release, when no answer comes either: at each RESTORE_TIMEOUT the restore
+    counts as failed and is asked again; the after-hooks wait for one that works."""
+    m = _over_holding_a_slot()
+    m.tick(MONO0 + 3)  # its deadline placed
+    for deadline in (MONO0 + 3 + RESTORE_TIMEOUT, MONO0 + 3 + 2 * RESTORE_TIMEOUT):
+        assert m.state.events["E1"].start_at == deadline
+        m.tick(deadline)
+        assert logs(m.effects, "cluster_restore_failed")
+        assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)], "asked again"
+        assert not of(m.effects, (SpawnHooks, ReleaseSlot)), "held while the node is marked"
+    (after,) = of(m.send(ClusterRestored("E1"), at=m.now + 1), SpawnHooks)
+    assert after.stage.value == "after"
+
+
 def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_it_held():
     """The after-hooks wait for a retry of the restore that works; the daemon's stop ends the
     retries, so it does not wait for them (shutdown_grace for nothing): it exits, its slot
     held for hold_max, and the restart asks for the restore again."""
-    etcd = Coordination(etcd=Etcd(endpoints=("http://127.0.0.1:2379",)))
-    m = machine(config={"coordination": etcd, "concurrency": Concurrency("web", 1)})
-    seen(m, due_in(3 * 86400))
-    m.send(SlotGranted("E1"), at=MONO0 + 1)
-    (spawn,) = of(drained(m, "E1"), SpawnHooks)
-    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=MONO0 + 2)
-    m.send(ApprovalSent("E1"))
-    seen(m, incarnation=3, at=MONO0 + 3)  # over: the restore first
+    m = _over_holding_a_slot()
     m.send(ClusterRestored("E1", "crm_attribute: exit 102"), at=MONO0 + 4)
     m.send(StopRequested("SIGTERM"), at=MONO0 + 5)
     assert of(m.effects, Exit)
@@ -546,7 +580,10 @@ def test_a_stop_while_a_failed_restore_holds_the_slot_exits_at_once_and_leaves_i
     again = machine(
         loaded=loaded,
         mark=MARK,
-        config={"coordination": etcd, "concurrency": m.state.config.concurrency},
+        config={
+            "coordination": m.state.config.coordination,
+            "concurrency": m.state.config.concurrency,
+        },
     )
     assert [r.mark for r in of(again.effects, RestoreNode)] == [MARK], "asked again"
     assert not of(again.effects, SpawnHooks), "the after-hooks wait for it"
@@ -609,6 +646,36 @@ def test_the_restore_is_the_engines_effect_from_a_declared_coupling_not_a_part_o
     assert "restore" not in {f.name for f in dataclasses.fields(SpawnHooks)}
 
 
+def test_a_restore_never_answered_counts_as_failed_at_its_deadline():
+    """The drainer's thread hangs: no ClusterRestored ever comes. Before, the after-hooks waited
+    for ever; now at RESTORE_TIMEOUT the restore counts as failed, as on a failed answer: it is
+    logged, asked again (the drainer tries it until it works), and the hooks start, once."""
+    m = machine()
+    seen(m, due_in(600))
+    (spawn,) = of(drained(m, "E1"), SpawnHooks)
+    m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over: the restore is asked for
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    asked_at = m.now
+    assert engine.next_wakeup(m.state, m.now) == m.now, "its deadline is placed at once"
+    m.tick(m.now)
+    deadline = m.state.events["E1"].start_at
+    assert deadline == asked_at + RESTORE_TIMEOUT
+    assert restore_gate.due_for(m.state, "E1", m.state.events["E1"], m.now, m.now) == deadline
+    assert not of(m.tick(deadline - 1), SpawnHooks)
+    m.tick(deadline)
+    (failed,) = logs(m.effects, "cluster_restore_failed")
+    assert failed.fields["error"] == f"no answer in {RESTORE_TIMEOUT:g} s"
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)], "asked again"
+    (after,) = of(m.effects, SpawnHooks)
+    assert after.stage.value == "after"
+    assert (m.state.restore_error, m.state.cluster_mark) == (failed.fields["error"], MARK)
+    m.send(ClusterRestored("E1"), at=deadline + 5)  # the retry works, at last
+    assert not of(m.effects, SpawnHooks), "the after-hooks run once"
+    assert (m.state.cluster_mark, m.state.restore_error) == (None, "")
+
+
 def test_a_failed_restore_still_starts_the_after_hooks_once_and_the_retry_ends_the_mark():
     """As before: the after-hooks run after the first try, whatever it said; the drainer's
     retry that works later takes the mark off and starts nothing again."""
@@ -622,7 +689,8 @@ def test_a_failed_restore_still_starts_the_after_hooks_once_and_the_retry_ends_t
     assert m.phase() is Phase.AFTER
     (after,) = of(m.send(ClusterRestored("E1", "crm_attribute: timed out")), SpawnHooks)
     assert logs(m.effects, "cluster_restore_failed")
-    assert (after.stage.value, m.state.events["E1"].drain) == ("after", Drain.RESTORING)
+    # No longer waited for: the state file says its hooks started (a restart cuts them off).
+    assert (after.stage.value, m.state.events["E1"].drain) == ("after", Drain.NONE)
     m.send(ClusterRestored("E1"))
     assert not of(m.effects, SpawnHooks), "the after-hooks run once"
     assert (m.state.cluster_mark, m.state.events["E1"].drain) == (None, Drain.NONE)
@@ -646,17 +714,43 @@ def test_a_stop_while_the_restore_is_answered_waits_for_the_after_hooks_as_for_a
     assert of(m.effects, Exit)
 
 
-def test_a_restart_while_the_restore_is_answered_asks_again_and_the_hooks_count_as_cut_off():
-    """The after-stage runs at most once, as when a restart cut its run off."""
+def _over_waiting_for_the_restore():
     m = machine()
     seen(m, due_in(30, event_type="Reboot"))
     (spawn,) = of(drained(m, "E1"), SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED))
-    seen(m, incarnation=3)
+    m.send(ApprovalSent("E1"))
+    seen(m, incarnation=3)  # over
+    assert of(m.effects, RestoreNode) == [RestoreNode("E1", MARK)]
+    return m
+
+
+def test_after_hooks_that_waited_for_the_restore_when_the_daemon_was_killed_run_after_it():
+    """They never started: the restarted daemon asks for the restore again, then runs them
+    (before, they were logged as cut off, after_hooks_interrupted, and never ran)."""
+    m = _over_waiting_for_the_restore()
     again = machine(loaded=engine.durable_events(m.state.events), mark=MARK)
-    assert of(again.effects, RestoreNode) == [RestoreNode("E1", MARK)]
-    assert logs(again.effects, "after_hooks_interrupted")
-    assert again.phase() is Phase.OVER
+    assert RestoreNode("E1", MARK) in of(again.effects, RestoreNode)
+    assert not logs(again.effects, "after_hooks_interrupted")
+    assert not of(again.effects, SpawnHooks), "the node first"
+    (after,) = of(again.send(ClusterRestored("E1")), SpawnHooks)
+    assert after.stage.value == "after"
+
+
+def test_after_hooks_that_waited_for_the_restore_through_a_whole_stop_run_after_the_restart():
+    """The stop waits its grace for the restore's answer, which does not come: nothing is
+    logged as cut off (no hook ran), and the restarted daemon restores the node, then runs them."""
+    m = _over_waiting_for_the_restore()
+    m.send(StopRequested("SIGTERM"))
+    m.tick(m.now + m.state.config.shutdown_grace)
+    assert not logs(m.effects, "hooks_cancelled")
+    assert of(m.tick(m.now + engine.KILL_WAIT), Exit)
+    assert not logs(m.effects, "after_hooks_interrupted")
+    (saved,) = of(m.effects, Persist)
+    again = machine(loaded=saved.events, mark=saved.mark)
+    assert not logs(again.effects, "after_hooks_interrupted")
+    (after,) = of(again.send(ClusterRestored("E1")), SpawnHooks)
+    assert after.stage.value == "after"
 
 
 def test_a_waiting_after_stage_whose_mark_is_gone_starts_its_hooks_without_a_restore():

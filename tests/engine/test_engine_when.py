@@ -343,6 +343,50 @@ def test_a_restart_asks_again_for_a_held_slot_and_a_lost_one_is_queued_for_anew(
     assert not of(again.effects, SpawnHooks)
 
 
+def _requeued(**overrides):
+    """E1's before-hooks started holding its slot, then the daemon restarted: it is queued
+    again, taking its slot back before they run again."""
+    events = {**EVENTS, "Reboot": EventRule(("drain",), ("undrain",), ("undrain",))}
+    m = slotted(events=events, **overrides)
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1"), at=MONO0 + 1)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
+    again = Machine(m.state.config, loaded=engine.durable_events(m.state.events), now=MONO0 + 10)
+    seen(again, due_in(3 * 86400), at=MONO0 + 12)
+    assert again.phase() is Phase.QUEUED
+    return again
+
+
+def test_a_requeued_event_that_leaves_gets_its_cancelled_hooks():
+    """Its before-hooks had started: it is owed its cancelled-hooks (before, it was forgotten
+    as never prepared: no undrain ran)."""
+    m = _requeued()
+    seen(m, incarnation=3, at=MONO0 + 13)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["cancelled"]
+    assert logs(m.effects, "event_cancelled")
+
+
+def test_a_requeued_event_that_starts_gets_its_after_hooks_once_over():
+    """Not `missed` (its hooks had started before the restart): done, after-hooks once over."""
+    m = _requeued()
+    started = dataclasses.replace(due_in(3 * 86400), status="Started")
+    seen(m, started, incarnation=3, at=MONO0 + 13)
+    assert m.phase() is Phase.DONE
+    assert not logs(m.effects, "event_missed")
+    seen(m, incarnation=4, at=MONO0 + 14)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["after"]
+
+
+def test_a_requeued_event_granted_its_slot_outside_its_window_goes_on():
+    """Its preparation started in its window: the slot taken back later is not given back to
+    wait for the next window (the node it drained, its hooks cut off, would wait days)."""
+    m = _requeued(windows=(window("11:00", "12:00:05"),))  # open at first sight, closed at 13 s
+    m.send(SlotBusy("E1", ("vm-b",)), at=MONO0 + 13)  # another VM's now: asked for anew
+    m.send(SlotGranted("E1"), at=MONO0 + 14)
+    assert [s.stage.value for s in of(m.effects, SpawnHooks)] == ["before"]
+    assert not of(m.effects, ReleaseSlot)
+
+
 def test_slot_busy_for_a_queued_event_after_a_restart_is_recorded_not_an_internal_error():
     """Issue 26 #14: after a restart a QUEUED event waits for the next document to place its
     deadline (start_at=inf); a SlotBusy then raised OverflowError (internal_error) and the

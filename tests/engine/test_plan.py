@@ -17,7 +17,7 @@ import pytest
 from scheduledeventsd import cli, engine
 from scheduledeventsd.config import ConfigError, Limit
 from scheduledeventsd.engine.gates import pipeline
-from scheduledeventsd.plan import fleet, report, run, scenarios, world
+from scheduledeventsd.plan import executors, fleet, report, run, scenarios, world
 
 START = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)  # a Monday
 START_ISO = "2026-11-23T00:00:00Z"
@@ -326,10 +326,11 @@ def test_durations_and_ranges():
 def test_the_planner_carries_out_every_effect_of_the_vocabulary():
     """A new effect in engine/vocabulary/effects.py without an executor here fails this test
     (and the plan, with a clear error, if it is ever emitted): none is silently ignored. A
-    gate's effects (engine.GateEffect) are those its declaration in gates/pipeline.GATES names."""
+    gate's effects (engine.GateEffect) are those its declaration in gates/pipeline.GATES names;
+    a new gate's need no entry here (answered as GateEffect.planned says: test_engine_gated)."""
     own = {e for e in get_args(engine.Effect) if e is not engine.GateEffect}
     gates = {e for gate in pipeline.GATES for e in gate.effects}
-    assert set(run.EXECUTORS) == own | gates
+    assert set(executors.EXECUTORS) == own | gates
 
 
 def test_an_effect_the_planner_does_not_know_stops_the_plan_with_a_clear_error(tmp_path):

@@ -621,3 +621,33 @@ def test_a_held_slot_whose_lease_expired_is_taken_again_by_the_keeper(cluster):
     finally:
         keeper.stop_all()
         other.close()
+
+
+def test_a_vm_killed_mid_drain_and_queued_for_its_slot_gets_its_cancelled_hooks(tier, sim, hooks):
+    """max 1, ttl 5. vm-1's drain hook is killed -9 mid-run; vm-2 takes the slot meanwhile.
+    Restarted on the same boot, vm-1's event waits in the queue to take a slot back before its
+    drain runs again, and is cancelled there: its drain had run, so its cancelled-hooks (the
+    undrain) run. Before, it was forgotten as never prepared, and nothing undrained vm-1."""
+    stamp = 'echo "$SCHEDULED_EVENT_VM_NAME STEP $SCHEDULED_EVENT_STAGE" >> "$OUT/steps.log"\n'
+    drain = hooks.make("drain-slow", f"{stamp.replace('STEP', 'start')}sleep 5\n")
+    undrain = hooks.make("undrain-steps", stamp.replace("STEP", "end"))
+    cfgs = {}
+    for vm in ("vm-1", "vm-2"):
+        cfgs[vm] = tier.config(vm, ttl=5)
+        cfgs[vm]["hooks"] = {"drain": [{"command": [drain]}], "undrain": [{"command": [undrain]}]}
+        cfgs[vm]["events"] = {"Reboot": {"before": ["drain"], "cancelled": ["undrain"]}}
+    one = tier.start("vm-1", cfgs["vm-1"])
+    two = tier.start("vm-2", cfgs["vm-2"])
+    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    one.wait_log("hook_started", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot")
+    one.proc.kill()
+    one.proc.wait(10)
+    two.wait_log("slot_acquired", event_id=second, timeout=20)
+    again = tier.factories["vm-1"].start(cfgs["vm-1"])
+    again.wait_log("event_waiting", event_id=first, reason="slot", timeout=15)
+    sim.remove_event(first)
+    again.wait_log("event_cancelled", event_id=first, timeout=15)
+    log = tier.out / "steps.log"
+    wait_for(lambda: "vm-1 end cancelled" in log.read_text(), 15, "vm-1's cancelled-hooks")

@@ -38,6 +38,7 @@ class DrainOn(str, enum.Enum):
     REMARK = "a new boot, the event still Scheduled"
     RESTORE = "over: its after- or cancelled-hooks are due"
     RESTORED = "the node is back"
+    RESTORE_FAILED = "its restore failed (or was not answered in time): its hooks start anyway"
     UNMARKED = "over: another event keeps the mark, or it is not ours"
     LEFT_ALONE = "it will never be over for this VM: its type lost its rule, or it was missed"
 
@@ -56,6 +57,7 @@ TABLE = Table(
         row(_MARKED, DrainOn.REMARK, _.ASKED, "DrainNode: watched again (marked once)"),
         row(_MARKED, DrainOn.RESTORE, _.RESTORING, "RestoreNode; the hooks start on its answer"),
         row([*_MARKED, _.RESTORING], DrainOn.RESTORED, _.NONE, "cluster_restored"),
+        row([*_MARKED, _.RESTORING], DrainOn.RESTORE_FAILED, _.NONE, "retried until it works"),
         # restoring: a restart runs its after-hooks again (a held slot) while another event
         # drains the node: that one restores it at its end
         row([*_MARKED, _.RESTORING], DrainOn.UNMARKED, _.NONE, "nothing restored (StopDraining)"),
@@ -206,7 +208,8 @@ def _restore_first(state: State, out: list[Effect]) -> State:
     """A coupling (compose.COUPLINGS): the node is restored before the after-hooks. An event
     whose after- or cancelled-hooks wait (stages._start_stage) with this daemon's mark on the
     node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
-    says (asked again until it works), or holding a slot on the one that says it worked."""
+    says (asked again until it works), or holding a slot on the one that says it worked; or
+    at its deadline (gates/restore: placed by its timer, a coupling has no clock)."""
     for event_id, t in state.events.items():
         if t.drain in _MARKED and runs._awaiting_restore(t):
             if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
@@ -214,7 +217,7 @@ def _restore_first(state: State, out: list[Effect]) -> State:
                 state, tracked = runs._run_stage(state, unmarked, out)
             else:
                 out.append(RestoreNode(event_id, state.cluster_mark))
-                tracked = move(t, DrainOn.RESTORE, Drain.RESTORING)
+                tracked = replace(move(t, DrainOn.RESTORE, Drain.RESTORING), start_at=math.inf)
             state = _with(state, event_id, tracked)
     return state
 
@@ -243,14 +246,22 @@ def _release_left_alone(state: State, out: list[Effect]) -> State:
 
 
 def _cluster_restored(state: State, msg: ClusterRestored, now: float, out: list[Effect]) -> State:
+    """The answer starts the hooks of the event it answers for, whatever it says (holding a
+    slot, only a restore that worked: restore, then release; issue 28); the node back, also
+    those of every other event that waited for it (the restore of the mark no event wanted,
+    asked at a boot beside the event's own, took the same mark off: before, the event's drain
+    was cleared and its hooks, taken for ones waiting for their next try, never ran)."""
+    answered = (msg.event_id,) if msg.error else tuple(state.events)
+    waiting = [k for k in answered if k in state.events and runs._awaiting_restore(state.events[k])]
     state = _restored(state, msg, out)
-    waiting = state.events.get(msg.event_id)
-    # Holding a slot, its after-hooks wait for a restore that works: the slot is never given
-    # back (after them) with the node still marked (restore, then release; issue 28).
-    held = msg.error and waiting is not None and waiting.slot in (Slot.HELD, Slot.ASKED)
-    if waiting is not None and runs._awaiting_restore(waiting) and not held:  # its hooks, now
-        state, tracked = runs._run_stage(state, waiting, out)
-        state = _with(state, msg.event_id, tracked)
+    for event_id in waiting:  # their hooks, now
+        t = state.events[event_id]
+        if t.drain is not Drain.NONE:  # failed
+            if t.slot in (Slot.HELD, Slot.ASKED):
+                continue
+            t = move(t, DrainOn.RESTORE_FAILED, Drain.NONE)  # the state file: no longer waited for
+        state, tracked = runs._run_stage(state, t, out)
+        state = _with(state, event_id, tracked)
     return state
 
 

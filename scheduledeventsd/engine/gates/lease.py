@@ -99,7 +99,8 @@ def _not_approved_without_slot(state: State, t: Tracked, out: list[Effect]) -> S
 
 # Phases in which an event may still be approved early: a slot lost then means it is not.
 _BEFORE_APPROVAL = frozenset(
-    {Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED, Phase.COORDINATING, Phase.APPROVING}
+    {Phase.GATED, Phase.DRAINING, Phase.RUNNING, Phase.INTERRUPTED}
+    | {Phase.COORDINATING, Phase.APPROVING}
 )
 
 

@@ -102,7 +102,8 @@ def _slot_granted(state: State, msg: SlotGranted, now: float, out: list[Effect])
     window closed is given back; any other grant lets the event go on (`_granted`)."""
     tracked = state.events.get(msg.event_id)
     if tracked is not None and tracked.phase is Phase.QUEUED and tracked.slot is Slot.ASKED:
-        held = _window_closed(state, tracked, now)
+        # One queued again after a restart goes on: its preparation started in its window.
+        held = None if tracked.prepared else _window_closed(state, tracked, now)
         if held is not None:
             return _wait_for_window(state, tracked, held, out)
     return _granted(state, msg, now, out)

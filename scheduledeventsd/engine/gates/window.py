@@ -215,7 +215,7 @@ def _replace_waiting(
 ) -> State:
     """The clock moved within one document (by `moved` s), or a reload: every timer taken from
     the wall clock is placed again: WAITING events' lead or window, QUEUED events' slot
-    deadline, and, after a step, a drain's cap at NotBefore."""
+    deadline, and, after a step, a drain's cap at NotBefore; a GATED event's, by its gate."""
     for event_id, t in state.events.items():
         if t.phase is Phase.WAITING:
             state = _with(state, event_id, _still_waiting(t, state, now, out))
@@ -223,6 +223,9 @@ def _replace_waiting(
             state = _with(state, event_id, replace(t, start_at=slot._queued_until(t, state, now)))
         elif t.phase is Phase.DRAINING and moved is not None and t.event.not_before is not None:
             state = _with(state, event_id, replace(t, start_at=drain._drain_moved(state, t, moved)))
+        elif t.phase is Phase.GATED:
+            state, t = onward.clock_moved(state, t, now, out)  # noqa: PLW2901
+            state = _with(state, event_id, t)
     return state
 
 

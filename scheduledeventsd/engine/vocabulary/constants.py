@@ -51,6 +51,10 @@ TAKE_BACK = 0.02  # a poll ordered for sooner than this may be under way: it is 
 CLUSTER_ASK = 2.0
 # Pacemaker: how often the cluster's readiness to drain this node is read again, for `status`.
 CLUSTER_CHECK = 60.0
+# Pacemaker: a restore not answered by then counts as failed (asked again; the after-hooks that
+# waited for it start). The drainer's restore makes at most three tool calls of at most 30 s
+# each (pacemaker.TOOL_TIMEOUT), after a mark being set that it may wait for: 2 min at worst.
+RESTORE_TIMEOUT = 180.0
 # An approval is sent only while its slot's lease is confirmed for this long more, so the POST
 # reaches IMDS before the lease can expire and the slot go to another VM. Renewed every third
 # of its ttl (5 s at least), a healthy lease always has more than 3 s left.

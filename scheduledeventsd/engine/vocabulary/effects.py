@@ -31,12 +31,20 @@ class GateEffect:
     """What a gate asks its executor to do: declared in its gate's modules, carried out by the
     daemon's executor that declares it (runtime/executors). `failed` is the message that
     reports its failure (None: nothing waits for its answer), sent when carrying it out raised,
-    in place of a `FAILURE` entry, so a new gate adds its effects without touching this module.
+    in place of a `FAILURE` entry, and `planned` what the planner answers in the executor's
+    place, so a new gate adds its effects without touching this module or the planner.
     `Effect` includes every one."""
 
     __slots__ = ()
 
     def failed(self, detail: str) -> Optional[GateMessage]:
+        return None
+
+    def planned(self) -> Optional[GateMessage]:
+        """The answer `scheduledeventsd plan` sends at once in its executor's place (None:
+        nothing answers, as for an effect no one waits on; a gate that holds an event until
+        the answer declares it, or the plan holds the event until its gate's own deadline).
+        The planner's own executors (plan/executors) carry out the existing gates' effects."""
         return None
 
 
