@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import structlog
 import yaml
+from hypothesis.internal.conjecture import providers
 
 from scheduledeventsd.config import loader
 from scheduledeventsd.runtime.daemon import Daemon as InProcessDaemon
@@ -28,6 +29,20 @@ from scheduledeventsd.simulators.scenario import Scenario
 
 # The `cluster` fixture: a real 3-member etcd (tests/system/: test_fleet.py, test_slots.py).
 pytest_plugins = ["tests.etcd_cluster", "tests.pacemaker_cluster"]
+
+
+def _hypothesis_draws_no_local_constants() -> None:
+    """Hypothesis now and then draws a constant it found in the source of a local module
+    imported so far, so a derandomized test played other examples depending on which test
+    files were collected with it (a mutant of test_promises was caught alone and missed when
+    test_plan.py, which imports plan/, was collected too). Its pool of them is kept empty: an
+    example depends on its test alone (test_promises' ...does_not_depend_on_the_modules...)."""
+    none = providers.Constants()
+    providers._get_local_constants = lambda: none
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+_hypothesis_draws_no_local_constants()
 
 VM = "test-vm"
 

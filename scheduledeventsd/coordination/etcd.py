@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -50,6 +50,10 @@ class KeyValue:
     key: str
     value: Optional[bytes]  # None: deleted (in a watch)
     lease: str = ""  # the lease it is under ("" for none, or in a watch)
+
+
+# A watch's batches of changes; `close()` ends the stream (a generator, read as it comes)
+Changes = Generator[list[KeyValue], None, None]
 
 
 def _b64(text: str) -> str:
@@ -95,6 +99,7 @@ class EtcdClient:
         self._stream: Optional[requests.Response] = None
         self._lock = threading.Lock()
         self._closed = False
+        self._interrupted = False  # `interrupt`: the watch in progress ends as on `idle`
 
     # ---- the calls ----------------------------------------------------------------------
 
@@ -203,7 +208,7 @@ class EtcdClient:
         answer = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
         return _revision(answer), _kvs(answer)
 
-    def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[list[KeyValue]]:
+    def watch(self, prefix: str, start_revision: int, idle: float) -> Changes:
         """The changes under `prefix` from `start_revision` on, a batch per etcd message.
 
         Ends (returns) when nothing arrived for `idle` seconds, so the caller can check the
@@ -212,15 +217,13 @@ class EtcdClient:
         """
         return self._watch([(prefix, prefix_end(prefix))], start_revision, idle)
 
-    def watch_keys(
-        self, keys: Sequence[str], start_revision: int, idle: float
-    ) -> Iterator[list[KeyValue]]:
+    def watch_keys(self, keys: Sequence[str], start_revision: int, idle: float) -> Changes:
         """As `watch`, for each of `keys` alone, all on one stream (one watcher a key)."""
         return self._watch([(key, None) for key in keys], start_revision, idle)
 
     def _watch(
         self, ranges: Sequence[tuple[str, Optional[str]]], start_revision: int, idle: float
-    ) -> Iterator[list[KeyValue]]:
+    ) -> Changes:
         creates = [
             {
                 "create_request": {
@@ -251,19 +254,29 @@ class EtcdClient:
                     continue  # the "created" message, or a progress notification
                 yield [_change(e) for e in events if isinstance(e, dict)]
         except requests.exceptions.ConnectionError as e:
-            if self._closed:
+            if self._closed or self._interrupted:
                 return
             if "Read timed out" in str(e):
                 return
             raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
         except requests.exceptions.ChunkedEncodingError as e:
-            if self._closed:
+            if self._closed or self._interrupted:
                 return
             raise EtcdError("unreachable", f"watch stream broke: {_short(e)}") from None
         finally:
             response.close()
             with self._lock:
                 self._stream = None
+                self._interrupted = False
+
+    def interrupt(self) -> None:
+        """From any thread: the watch in progress ends (returns, as after `idle`); the client
+        stays open."""
+        with self._lock:
+            self._interrupted = True
+            stream = self._stream
+        if stream is not None:
+            abort(stream)
 
     def close(self) -> None:
         """From any thread: ends a watch in progress and the connections."""
@@ -301,6 +314,9 @@ class EtcdClient:
                 response.close()
                 raise EtcdError("unreachable", "client closed")
             self._stream = response
+            interrupted = self._interrupted  # while it was being opened
+        if interrupted:
+            abort(response)  # read as ended
         return response
 
     def _post(

@@ -12,9 +12,10 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
 - `daemons/<vm>` = `{"vm", "groups": {group: max}, "ttl", "at"}`: the daemon of that VM is
   alive and wants or holds a slot. On the daemon's lease; deleted when it stops, so a held
   slot whose VM has no such key is held by a VM that is down.
-- `waiting/<group>/<vm>` = `{"vm", "event", "why", "holders", "since"}`: that VM's event waits
-  for a slot of the group (why: every slot is held, by `holders`). On the daemon's lease;
-  deleted when it takes a slot or stops.
+- `waiting/<group>/<vm>` = `{"vm", "event", "why", "since"}`: that VM's event waits for a
+  slot of the group (why: every slot is held; who holds them is the group's slots). Written
+  once while it waits for that group, on the daemon's lease; deleted when it takes a slot or
+  stops.
 - `freed/<group>/<vm>` = `{"vm", "event", "key", "by", "at"}`: an operator freed the slot that
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.

@@ -57,9 +57,13 @@ from ..engine import (
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
-from .etcd import EtcdClient, EtcdError, KeyValue
+from .etcd import Changes, EtcdClient, EtcdError, KeyValue
 from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
 from .slotset import holder
+
+# Seconds a waiter not first in line waits for those ahead of it to take a free slot before it
+# tries anyway (one ahead may have died: its mark lasts until its lease ends, `ttl`)
+PATIENCE = 1.0
 
 
 def group_prefix(settings: Etcd, group: str) -> str:
@@ -187,6 +191,11 @@ class _Worker:
         self._lease: Optional[str] = None
         self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
         self._waiting: Optional[tuple[str, bytes]] = None  # the waiting mark (fleet.py)
+        # The VMs whose marks were in its group's line before its own (one group only: with
+        # several, everyone tries); None: not in line. Those seen taking a slot leave it.
+        self._ahead: Optional[set[str]] = None
+        self._marked: Optional[str] = None  # the lease its waiting mark was written under
+        self._waited = False  # room, but not its turn: it waits PATIENCE, then tries anyway
         self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
@@ -292,8 +301,14 @@ class _Worker:
         """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
         if self._announced is not None:
             client.delete(daemon_key(self.settings, self.vm), self._announced)
-        if self._waiting is not None:
-            client.delete(*self._waiting)
+        self._unwait(client)
+
+    def _unwait(self, client: EtcdClient) -> None:
+        """Its events no longer wait: out of line (else the others behind it wait PATIENCE at
+        each release for it) and out of `fleet`'s waiting list."""
+        waiting, self._waiting, self._ahead = self._waiting, None, None
+        if waiting is not None:
+            client.delete(*waiting)
 
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
@@ -302,6 +317,7 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with _Client(self.settings) as client:
+                self._unwait(client)  # released while it waited (its event cancelled)
                 if self._keys:
                     client.delete_all(self._keys, self.value)
                 else:
@@ -377,27 +393,50 @@ class _Worker:
         self._announce()
         if self._freed():
             return
+        while not self._stopped.is_set():
+            if not self._wait_and_take():
+                return
+            self._lease = self._get_lease()  # its lease expired: taken anew under a new one
+            self._announce()  # alive for `fleet` again (its mark went with the lease)
+
+    def _wait_and_take(self) -> bool:
+        """Read the groups' keys once, then follow them on one watch (its events, not a read
+        after each: a release wakes every waiter, and each reading again was a request per
+        waiter per release) until the slots are taken; read again after `renew` without a
+        change. True when its lease expired while held (taken anew, `_hold`)."""
         holders: Optional[tuple[str, ...]] = None
+        again = False
         while not self._stopped.is_set():
             revision, kvs = self._client.range(self.root)
-            taking = self._take(kvs)
-            if taking is None:
-                if self._waiting is not None:
-                    self._client.delete(*self._waiting)
-                    self._waiting = None
-                self._tell(SlotGranted, self._confirmed, held=True)
-                if not self._hold():
-                    return
-                self._lease = self._get_lease()  # its lease expired: taken anew under a new one
-                self._announce()  # alive for `fleet` again (its mark went with the lease)
-                holders = None
-                continue
-            if taking.full and taking.holders != holders:
-                holders = taking.holders
-                self._tell(SlotBusy, taking.holders, taking.full)
-                self._mark_waiting(taking.full[0], taking.holders)
-            self._changed(revision + 1)  # a slot of its groups changed hands: try again
-            self._lease = self._get_lease()  # the same, unless it expired meanwhile
+            seen = {kv.key: kv for kv in kvs}
+            if again:
+                self._recount()
+            changes = self._client.watch(self.root, revision + 1, self.renew)
+            try:
+                while not self._stopped.is_set():
+                    taking = self._take(list(seen.values()), anyway=again)
+                    again = True
+                    if taking is None:
+                        self._unwait(self._client)
+                        self._tell(SlotGranted, self._confirmed, held=True)
+                        return self._hold()
+                    if taking.full and taking.holders != holders:
+                        holders = taking.holders
+                        self._tell(SlotBusy, taking.holders, taking.full)
+                        self._mark_waiting(taking.full[0])
+                    patience = threading.Timer(PATIENCE, self._client.interrupt)
+                    if self._waited:
+                        patience.start()
+                    try:
+                        if not self._changed(changes, seen):
+                            break  # nothing for `renew`, or PATIENCE: read again, try anyway
+                    finally:
+                        patience.cancel()
+                    again = False
+                    self._lease = self._get_lease()  # the same, unless it expired meanwhile
+            finally:
+                changes.close()
+        return False
 
     def _announce(self) -> None:
         """Its daemon is alive (fleet.py's `daemons/<vm>`), on the daemon's lease."""
@@ -406,8 +445,12 @@ class _Worker:
         self._announced = encode(said)
         self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
 
-    def _mark_waiting(self, group: str, holders: tuple[str, ...]) -> None:
-        """Its events wait for a slot of `group`: why, for `fleet` (since: the first mark's)."""
+    def _mark_waiting(self, group: str) -> None:
+        """Its events wait for a slot of `group`: why, for `fleet`. Written once while it
+        waits for that group (who holds it changes at every hand-over; `fleet` shows them)."""
+        key = waiting_key(self.settings, group, self.vm)
+        if self._waiting is not None and self._waiting[0] == key and self._marked == self._lease:
+            return
         since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
         if self._waiting is not None:
             self._client.delete(*self._waiting)
@@ -415,11 +458,34 @@ class _Worker:
             "vm": self.vm,
             "event": self.event_id,
             "since": since,
-            "holders": list(holders),
-            "why": f"every slot of {group} is held, by {', '.join(holders)}",
+            "why": f"every slot of {group} is held",
+            "groups": sorted(self.prefixes),
         }
-        self._waiting = (waiting_key(self.settings, group, self.vm), encode(mark))
-        self._client.put(*self._waiting, self._lease)
+        self._waiting = (key, encode(mark))
+        assert self._lease is not None  # noqa: S101 - granted before
+        if len(self.concurrency.limits) > 1:
+            self._client.put(*self._waiting, self._lease)
+        else:
+            line = waiting_key(self.settings, group, "")
+            _, marks = self._client.put_and_range(*self._waiting, self._lease, line)
+            ahead = (slotset.in_line(kv.value, group) for kv in marks if kv.key != key)
+            self._ahead = {vm for vm in ahead if vm}
+        self._marked = self._lease
+
+    def _recount(self) -> None:
+        """Those ahead whose marks are gone (a daemon died: its lease ended) leave its line."""
+        if self._ahead and self._waiting is not None:
+            line = self._waiting[0].rsplit("/", 1)[0] + "/"
+            here = {holder(kv.value) for kv in self._client.range(line)[1]}
+            self._ahead &= here
+
+    def _turn(self, kvs: list[KeyValue], taking: slotset.Plan) -> bool:
+        """Its turn to try for a free slot (slotset.turn), or not in line."""
+        if self._ahead is None or all(value is not None for _, value in taking.take):
+            return True
+        self._ahead -= {holder(kv.value) for kv in kvs}  # those holding a slot left the line
+        (limit,) = self.concurrency.limits
+        return slotset.turn(kvs, self._ahead, self.prefixes[limit.group], limit.max)
 
     def _freed(self) -> bool:
         """An operator freed the slot one of these events held (`fleet free`): told, never
@@ -449,18 +515,22 @@ class _Worker:
         self._ended.set()
         return False
 
-    def _take(self, kvs: list[KeyValue]) -> Optional[slotset.Plan]:
+    def _take(self, kvs: list[KeyValue], anyway: bool = False) -> Optional[slotset.Plan]:
         """Take a slot in every group at once: the one this VM holds (after a restart: put
         under the new lease), else a free one. None when they are ours; else the plan that
         found a group full, or was beaten by another VM (its change is then watched). A key
         of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
-        it is deleted, never taken back; so are the VM's keys while another group is full."""
+        it is deleted, never taken back; so are the VM's keys while another group is full.
+        A free slot is tried for on its turn in line (`_turn`), or `anyway`."""
         assert self._lease is not None  # noqa: S101 - granted before
         keep = self._keep
         limits = self.concurrency.limits
         taking = slotset.plan(kvs, self.vm, limits, self.prefixes, held_only=bool(keep))
         for kv in taking.stale:
             self._client.delete(kv.key, kv.value or b"")
+        self._waited = bool(taking.take) and not anyway and not self._turn(kvs, taking)
+        if self._waited:
+            return taking
         lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
@@ -468,13 +538,20 @@ class _Worker:
             return None
         return taking
 
-    def _changed(self, start: int) -> bool:
-        """Wait for a change to the keys of this VM's groups from revision `start`; False
-        after `renew` without one (the lease is checked then), also while only other groups'
-        keys change under the same root."""
+    def _changed(self, changes: Changes, seen: dict[str, KeyValue]) -> bool:
+        """Wait for a change to the keys of this VM's groups on `changes` (the watch), applied
+        to `seen`; False after `renew` without one (the keys are read again then), also while
+        only other groups' keys change under the same root."""
         until = time.monotonic() + self.renew
         ours = tuple(self.prefixes.values())
-        for batch in self._client.watch(self.root, start, self.renew):  # closed on leaving
+        for batch in changes:  # closed on leaving
+            for kv in batch:
+                if kv.value is None:
+                    seen.pop(kv.key, None)
+                else:
+                    seen[kv.key] = kv
+                    if self._ahead:
+                        self._ahead.discard(holder(kv.value))  # it took its slot
             if any(kv.key.startswith(ours) for kv in batch):
                 return True
             if time.monotonic() >= until:

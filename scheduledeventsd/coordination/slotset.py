@@ -102,3 +102,23 @@ def plan(
         stale += [KeyValue(key, value) for key, value in take if value is not None]
         return Plan((), tuple(stale), tuple(full), tuple(sorted(holders)))
     return Plan(tuple(take), tuple(stale))
+
+
+def in_line(value: Optional[bytes], group: str) -> str:
+    """The VM of a waiting mark (fleet.py) of a VM that waits for `group` alone, else ""."""
+    try:
+        mark = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(mark, dict) or mark.get("groups") != [group]:
+        return ""
+    vm = mark.get("vm")
+    return vm if isinstance(vm, str) else ""
+
+
+def turn(kvs: list[KeyValue], ahead: set[str], prefix: str, most: int) -> bool:
+    """A VM in a group's line (one group: its keys' `prefix` and `most` slots) tries for a free slot
+    when fewer VMs are ahead of it than slots are free: those take them, and the others wait
+    for the next change instead of sending a transaction each per release that only one wins."""
+    used = {index(kv.key, prefix, most) for kv in kvs if kv.value is not None}
+    return len(ahead) < most - len(used - {None})

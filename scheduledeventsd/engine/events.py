@@ -9,7 +9,7 @@ from typing import Optional
 from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import approval, peers, runs, stages
+from . import approval, peers, returned, runs, stages
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
@@ -89,7 +89,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
     known = state.events
     events: dict[str, Tracked] = {}
     for event in doc.events:
-        before = known.get(event.event_id)
+        before = returned.over_and_back(known.get(event.event_id), On.LISTED)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:
@@ -109,7 +109,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
         if event_id not in listed:
             state, tracked = _left(state, gone, out)
             if tracked.phase is not Phase.GONE:
-                events[event_id] = tracked
+                events[event_id] = tracked = returned.left(tracked)
             else:
                 state = _forget(state, tracked)
             state = _seen_by_the_next(state, gone, tracked)

@@ -318,19 +318,21 @@ _ROWS: list[Transition] = [
         P.AFTER,
         On.STAGE_ENDED,
         [P.GONE],
-        "forgotten if it left; if it came back Scheduled after "
-        "being cancelled, judged anew at the next poll",
+        "forgotten if it left; if it came back (listed again after it left, or Scheduled "
+        "again after being cancelled), judged anew at the next poll, as at first sight",
     ),
     _t(P.AFTER, On.STAGE_ENDED, [P.AFTER], f"failed or cut off {_HELD}"),
     _t(P.AFTER, On.LEAD_TIME, [P.AFTER, P.OVER, P.GONE], "after_retry: again if held, else over"),
-    _t(P.AFTER, On.LISTED, [P.AFTER], "nothing"),
-    _t(P.AFTER, On.STARTED, [P.AFTER], "nothing"),
+    *[
+        _t(P.AFTER, on, [P.AFTER], "nothing until its stage has run (back after it left: news)")
+        for on in (On.LISTED, On.STARTED)
+    ],
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     *[_t(P.AFTER, on, [P.AFTER], d) for on in (On.RESTARTED, On.REBOOTED) for d in (_HELD, _UNRUN)],
-    _t(P.OVER, On.LISTED, [P.OVER], "nothing"),
-    _t(P.OVER, On.STARTED, [P.OVER], "nothing"),
+    *[_t(P.OVER, on, [P.OVER], "nothing") for on in (On.LISTED, On.STARTED)],
+    _t(P.OVER, On.LISTED, [P.GONE], "it left, then came back: a new one, judged anew at once"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),
     _t(P.OVER, On.NAMED, [P.GONE], "it dropped this VM, then named it again: judged anew"),
 ]

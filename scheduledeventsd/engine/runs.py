@@ -9,9 +9,9 @@ from dataclasses import replace
 from typing import Optional
 
 from ..config import EventRule
-from ..model import SCHEDULED, Event
+from ..model import Event
 from ..records import Level, What
-from . import approval
+from . import approval, returned
 from .lifecycle import Drain, On, Phase, Rule, Stage
 from .notes import _note
 from .state import State, Tracked, _move
@@ -119,12 +119,11 @@ def _awaiting_restore(tracked: Tracked) -> bool:
 
 
 def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
-    """Nothing is left to do for it: kept while listed, else forgotten. A cancelled event that
-    came back Scheduled is forgotten too, and judged anew at the next poll: never left
+    """Nothing is left to do for it: kept while listed, else forgotten. One that came back
+    (returned.came_back) is forgotten too, and judged anew at the next poll: never left
     unprepared because it once left the document."""
-    event = tracked.event
-    listed = event.event_id in state.listed
-    back = listed and tracked.stage is Stage.CANCELLED and event.status == SCHEDULED
+    listed = tracked.event.event_id in state.listed
+    back = returned.came_back(state, tracked)
     if back:
         state = replace(state, incarnation=None)
     return state, _move(tracked, on, Phase.OVER if listed and not back else Phase.GONE, run=None)

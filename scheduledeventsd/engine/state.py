@@ -49,6 +49,7 @@ class Tracked:
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
     gated: str = ""  # GATED: the name of the gate that holds it (component.wait_at)
+    left: bool = False  # it left while its stage was owed: listed again, a new one (returned)
 
 
 Known = Mapping[str, Tracked]

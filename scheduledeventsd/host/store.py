@@ -238,6 +238,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 "prepared": t.prepared,
                 **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
                 **({"gated": t.gated} if t.gated else {}),  # the gate that holds it
+                **({"left": True} if t.left else {}),  # left, its stage owed (returned)
             }
             for t in known.values()
         ],
@@ -293,6 +294,9 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
         prepared = entry.get("prepared", phase in PREPARED)  # older files: as its phase says
         if not isinstance(prepared, bool):
             raise TypeError("prepared must be true or false")
+        left = entry.get("left", False)  # absent in older files: it had not left
+        if not isinstance(left, bool):
+            raise TypeError("left must be true or false")
         known[event.event_id] = Tracked(
             event,
             phase,
@@ -306,5 +310,6 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
             prepared=prepared,
             gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
             gated=gated,
+            left=left,
         )
     return known

@@ -313,3 +313,24 @@ def test_a_gates_slice_that_is_not_names_to_states_moves_the_file_aside(tmp_path
     known, problem = StateStore(tmp_path).load()
     assert known == {}
     assert "gates must map each gate's name to its state" in problem
+
+
+def test_an_event_that_left_is_saved_as_such_and_read_by_the_previous_release(
+    tmp_path, previous_release
+):
+    """`left` (engine/returned.py): a restart while its stage is owed still takes its coming
+    back as a new maintenance; the previous release reads the file all the same, and older
+    files (without the key) load it as not left."""
+    known = {"E1": Tracked(EVENT, Phase.AFTER, prepared=True, left=True)}
+    StateStore(tmp_path).save(known)
+    raw = json.loads((tmp_path / STATE_FILE).read_text())
+    assert raw["events"][0]["left"] is True
+    assert StateStore(tmp_path).load() == (known, "")
+    read = read_by_previous(previous_release, tmp_path)
+    assert (read["problem"], read["phases"]) == ("", {"E1": "after"})
+    del raw["events"][0]["left"]
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    assert StateStore(tmp_path).load()[0]["E1"].left is False
+    raw["events"][0]["left"] = "yes"
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    assert "left must be true or false" in StateStore(tmp_path).load()[1]

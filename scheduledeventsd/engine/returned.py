@@ -1,0 +1,38 @@
+"""An event that left the document and came back under the same EventId (Google Cloud's are fixed):
+a new maintenance, judged as first seen once the stage it owes (after- or cancelled-hooks, its
+node's restore) has ended, never cut short."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ..model import SCHEDULED
+from .lifecycle import On, Phase, Stage
+from .state import State, Tracked, _move
+
+
+def left(tracked: Tracked) -> Tracked:
+    """It left while its stage is owed (AFTER, ENDING): remembered (and kept in the state file),
+    so that a document listing it again is taken as news, not as the maintenance just over."""
+    if tracked.phase in (Phase.AFTER, Phase.ENDING) and not tracked.left:
+        return replace(tracked, left=True)
+    return tracked
+
+
+def came_back(state: State, tracked: Tracked) -> bool:
+    """Its stage ends while the document lists it again after it left (or, cancelled, lists it
+    Scheduled again): forgotten, and judged anew as at first sight (before-hooks, drain,
+    approval; Started: missed), not kept over while listed."""
+    if tracked.event.event_id not in state.listed:
+        return False
+    return tracked.left or (tracked.stage is Stage.CANCELLED and tracked.event.status == SCHEDULED)
+
+
+def over_and_back(before: Optional[Tracked], on: On) -> Optional[Tracked]:
+    """Over (its stage cut off by a restart) after it left, and listed again: forgotten (None),
+    so the document's event is judged at once as first seen."""
+    if before is None or before.phase is not Phase.OVER or not before.left:
+        return before
+    _move(before, on, Phase.GONE)
+    return None
