@@ -11,17 +11,12 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
   the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
   `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
-- Once its event is approved (or its after-hooks run: the VM is in its maintenance; HoldSlot
-  `alive`), the key moves in one transaction (put only while it holds the same value) to the
-  daemon's hold lease of `concurrency.hold_max`, renewed with the daemon's lease while it
-  lives (daemon_lease.py). A daemon that stops (HoldSlot: its maintenance, most likely) moves
-  a key not there yet the same way, renews the hold lease one last time, and nothing renews
-  it after: the slot stays held until the VM is back (its daemon takes it back under its hold
-  lease, same value check) and its after-hooks succeeded, or until hold_max if the VM never
-  returns, whether its daemon stopped cleanly or was killed. A Terminate or Preempt deletes
-  it as the VM goes. A key held through a maintenance stays on the hold lease across a
-  reload; the new keeper takes back only the keys the VM holds (a group the reload added is
-  for its next event: taking it now could free the slots it holds).
+- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the key moves, in one
+  transaction (same value check), to the daemon's hold lease of `hold_max`, renewed while it
+  lives (SlotMoved says so, or that the move failed); a stopping daemon moves it the same way
+  and renews it once more: held until the VM is back (taken back there) and its after-hooks
+  succeeded, or hold_max. A Terminate or Preempt deletes it as the VM goes. Across a reload it
+  stays; the new keeper takes back only the VM's keys (an added group is for its next event).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
@@ -44,16 +39,8 @@ import urllib.parse
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
-from ..engine import (
-    AcquireSlot,
-    Message,
-    SlotBusy,
-    SlotFailed,
-    SlotFreed,
-    SlotGranted,
-    SlotKept,
-    SlotMoved,
-)
+from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
+from ..engine import SlotMoved as Moved
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
@@ -210,9 +197,7 @@ class _Worker:
         )
         self._keep = effect.hold  # held through its maintenance: on the hold lease of that
         self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
-        self._on_hold = False  # its keys are on the daemon's hold lease
-        self._said = False  # SlotMoved said for the keys on the hold lease now
-        self._failing = False  # SlotMoved said for a failed move: not again until one works
+        self._on_hold = self._said = self._failing = False  # on the hold lease; said; failing
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
 
@@ -559,35 +544,30 @@ class _Worker:
         return False
 
     def _move_to_hold(self) -> None:
-        """Held through its maintenance (`keep`): the keys move to the hold lease, in one
-        transaction while they are ours; etcd failing, tried again at the next round (the
-        daemon's lease keeps them meanwhile), not ours any more: `_still_ours` says why.
-        SlotMoved says it once they are there (moved, or taken back there), and once at the
-        first failure of a series (the slot is lost within `ttl` if the daemon dies then)."""
+        """Held through its maintenance (`keep`): the keys move to the hold lease in one
+        transaction while ours; etcd failing, tried again next round; not ours: `_still_ours`."""
         if not self._keep or not self._keys:
             return
-        if not self._on_hold:
-            try:
+        try:
+            if not self._on_hold:
                 lease = self._shared.hold(self._client, self._keep, self._token)
                 keys = [(k, self.value) for k in self._keys]
                 self._on_hold = self._client.put_all(keys, self.value, lease)
-            except EtcdError as e:
-                self._client.close()
-                if self._ended.is_set():  # closed on purpose: the worker ends
-                    return
+        except EtcdError as e:
+            self._client.close()
+            if not self._ended.is_set():  # else closed on purpose: the worker ends
                 self._client = EtcdClient(self.settings)
                 self._move_failed(e)
-                return
+            return
         if self._on_hold and not self._said:
             self._said, self._failing = True, False
-            self._tell(SlotMoved, self._keys, self._keep)
+            self._tell(Moved, self._keys, self._keep)
 
     def _move_failed(self, e: EtcdError) -> None:
-        """Said once per series of failures (SlotMoved with etcd's error): until a move works,
-        the keys are on the daemon's lease, lost within `ttl` should the daemon die."""
+        """Said once a series (etcd's error): on the daemon's lease, lost within ttl if it dies."""
         if not self._failing:
             self._failing = True
-            self._tell(SlotMoved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
+            self._tell(Moved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
 
     def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
