@@ -69,6 +69,7 @@ class What(str, enum.Enum):
     SLOT_UNAVAILABLE = "slot_unavailable"
     SLOT_RELEASED = "slot_released"
     SLOT_HELD = "slot_held"
+    SLOT_HELD_THROUGH = "slot_held_through"
     SLOT_LOST = "slot_lost"
     SLOT_FAILED = "slot_failed"
     SLOT_FREED_BY_OPERATOR = "slot_freed_by_operator"

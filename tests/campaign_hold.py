@@ -8,9 +8,11 @@ The invariant, from the hooks' own records at every instant they record: per gro
 more VMs in early maintenance than its `max`. A VM is in early maintenance for an event
 approved early from the start of the before-hooks that led to the approval until its slot is
 released: its after-hooks succeeded; or, as documented, sooner: an operator freed it (the
-free's instant), its VM was not back within `hold_max` of its daemon's stop, or its lease
-could expire after the approval (a kill -9, or a partition from etcd: a lock held through
-that is not promised). And no before-hooks leading to an early approval start while their VM
+free's instant), its VM was not back within `hold_max` of the hold lease's last renewal (its
+daemon's stop, or sooner when etcd was out of reach then), or a fault (a kill -9, a partition
+from etcd, a stop while etcd had no quorum) came after the approval but before its daemon
+said the slot was on the hold lease (`slot_held_through`: after that, none of them costs it
+the slot). And no before-hooks leading to an early approval start while their VM
 holds no slot in one of its groups (the drain hook reads etcd itself as it starts). At rest,
 every daemon up and every event over, no slot is left held.
 
@@ -52,6 +54,8 @@ HOLD_MAX = 25  # s: a VM away longer than this frees its slot (check-config woul
 BACK_IN = (1.5 * GROUP_TTL, 3 * GROUP_TTL)  # a maintenance that returns: well past the ttl
 TAKE_BACK = 5.0  # s from a daemon's start to its slot taken back, at most (else: not back)
 SLOTS = "/campaign/slots/"
+HELD = "slot_held_through"  # the daemon's record: its slot is on the hold lease
+MEMBER_DOWN = 8.0  # s: an etcd member killed is started again within this (GroupCampaign)
 
 
 def places(vms: list[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
@@ -373,7 +377,7 @@ class HoldCampaign(GroupCampaign):
         for start, approved, e in spans:
             ok = [t for t in after_ok.get((e.event_id, e.vm), []) if t >= approved]
             end, why = (min(ok), "after-hooks succeeded") if ok else (math.inf, "")
-            for at, reason in self._cuts(e.vm, start, approved, end):
+            for at, reason in self._cuts(e, start, approved, end):
                 if at < end:
                     end, why = at, reason
             if end == math.inf:
@@ -390,24 +394,55 @@ class HoldCampaign(GroupCampaign):
             self.report.ended = Counter(h.why for h in holds)
         self._check_groups(holds)
 
-    def _cuts(self, vm: str, start: float, approved: float, end: float) -> list[tuple[float, str]]:
-        """What releases `vm`'s slot before its after-hooks succeed, by design: when, why."""
+    def _cuts(
+        self, e: GroupEvent, start: float, approved: float, end: float
+    ) -> list[tuple[float, str]]:
+        """What releases `e.vm`'s slot before its after-hooks succeed, by design: when, why.
+        From its approval on the slot is on the hold lease, so a partition, a kill -9 or a stop
+        without etcd costs it nothing, unless the move had not been made yet (etcd unreachable
+        from the approval on, or a fault in the instant after it): its daemon says when it was
+        made (`slot_held_through`), and only before that may a fault lose it within ttl."""
+        vm = e.vm
+        moved = self._moved(vm, e.event_id, approved)
         cuts = [
             (f.at, "freed by the operator")
             for f in self.frees
             if f.vm == vm and f.status == 0 and start <= f.at < end
         ]
         for kind, began, healed in self.outages[vm]:
-            if healed >= approved and began < end:
-                cuts.append((max(began, approved), f"{kind} after its approval (ttl)"))
+            at = max(began, approved)
+            if healed >= approved and began < end and at < moved:
+                cuts.append((at, f"{kind} after its approval, not on the hold lease yet (ttl)"))
         for stop in self.stops:
             if stop.vm != vm or not approved <= stop.at < end:
                 continue
-            if not stop.quorum:  # the move to the hold lease failed: gone within ttl
-                cuts.append((stop.at, "stopped while etcd had no quorum (ttl)"))
-            elif stop.back is None or stop.back + TAKE_BACK > stop.at + self.hold_max:
-                cuts.append((stop.at + self.hold_max, "not back within hold_max"))
+            if not stop.quorum and stop.at < moved:  # its move failed too: gone within ttl
+                cuts.append((stop.at, "stopped while etcd had no quorum, not moved yet (ttl)"))
+                continue
+            renewed = self._renewed(vm, stop)
+            if stop.back is None or stop.back + TAKE_BACK > renewed + self.hold_max:
+                cuts.append((renewed + self.hold_max, "not back within hold_max"))
         return cuts
+
+    def _moved(self, vm: str, event_id: str, approved: float) -> float:
+        """When `vm`'s slot for `event_id` was first said on the hold lease after its approval
+        (inf: never)."""
+        live = [(v, r) for v, d in self.daemons.items() if d is not None for r in d.names(HELD)]
+        said = [
+            _wall(r.get("timestamp"))
+            for v, r in [*self.records, *live]
+            if v == vm and r.get("event") == HELD and r.get("event_id") == event_id
+        ]
+        return min((t for t in said if t >= approved - 1), default=math.inf)
+
+    def _renewed(self, vm: str, stop: Stop) -> float:
+        """When the hold lease was last renewed before the stop, at the latest: at the stop,
+        unless etcd could not be reached then (a partition of the VM, or no quorum: its member
+        kills last at most MEMBER_DOWN s), then a third of ttl before the reach was lost."""
+        cut = [b for _, b, h in self.outages[vm] if b <= stop.at <= h]
+        if cut:
+            return min(cut) - GROUP_TTL / 3
+        return stop.at if stop.quorum else stop.at - MEMBER_DOWN - GROUP_TTL / 3
 
     def _check_held(self, e: GroupEvent, start: float, reads: list[tuple[float, str]]) -> None:
         """The drain that led to an early approval started with a slot in each of its groups

@@ -9,7 +9,8 @@ held through a maintenance (approved, slots.py), renewed by the same thread at t
 A daemon that goes down (a clean stop for its maintenance, the VM pulled away, a crash) leaves
 that slot held until `hold_max` after the last renewal, or until it is back and takes it again
 (the old one, left with no key, revoked then: slots.py): at most two leases per daemon,
-whatever the number of its events.
+whatever the number of its events. A reload that changes `coordination` makes a new one;
+the old hold lease is revoked once the new keeper has taken its keys back (`retire`).
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
@@ -175,6 +176,37 @@ class DaemonLease:
         self._stopped.set()
         self._wake.set()
         self._client.close()
+
+    def retire(self) -> None:
+        """A reload replaced this lease (`coordination` changed; `close` first): its hold
+        lease, if any, is revoked once no key is on it (the new keeper took them back under
+        its own) or left to expire (gone); checked every third of `ttl` on a thread of its
+        own, until `hold_max` has passed (its keys, if never taken back, expire then)."""
+        with self._lock:
+            lease, seconds, self._hold = self._hold, self._hold_ttl, None
+        if lease is not None:
+            threading.Thread(
+                target=self._retire, args=(lease, seconds), name="etcd-hold-retire", daemon=True
+            ).start()
+
+    def _retire(self, lease: str, seconds: int) -> None:
+        until = time.monotonic() + seconds
+        every = self._every()
+        client = EtcdClient(self.settings)
+        try:
+            while time.monotonic() < until:
+                time.sleep(every)  # the new keeper takes the keys back meanwhile
+                try:
+                    left = client.lease_keys(lease)
+                    if left == []:
+                        client.revoke(lease)
+                    if not left:
+                        return
+                except EtcdError:
+                    client.close()
+                    client = EtcdClient(self.settings)
+        finally:
+            client.close()
 
     def _every(self) -> float:
         """A third of the shortest lease it renews: a hold_max shorter than `ttl` (accepted,

@@ -279,8 +279,14 @@ class EtcdClient:
         if stream is not None:
             abort(stream)
 
+    def __enter__(self) -> EtcdClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """From any thread: ends a watch in progress and the connections."""
+        """From any thread: ends a watch in progress and the connections (and a `with` block)."""
         with self._lock:
             self._closed = True
             stream = self._stream

@@ -11,17 +11,13 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
   the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
   `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
-- Once its event is approved (or its after-hooks run: the VM is in its maintenance; HoldSlot
-  `alive`), the key moves in one transaction (put only while it holds the same value) to the
-  daemon's hold lease of `concurrency.hold_max`, renewed with the daemon's lease while it
-  lives (daemon_lease.py). A daemon that stops (HoldSlot: its maintenance, most likely) moves
-  a key not there yet the same way, renews the hold lease one last time, and nothing renews
-  it after: the slot stays held until the VM is back (its daemon takes it back under its hold
-  lease, same value check, the old one revoked once empty) and its after-hooks succeeded, or
-  until hold_max if the VM never returns, whether its daemon stopped cleanly or was killed.
-  A Terminate or Preempt deletes it as the VM goes. A key held through a maintenance stays on
-  the hold lease across a reload; the new keeper takes back only the keys the VM holds (a
-  group the reload added is for its next event: taking it now could free the slots it holds).
+- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the key moves, in one
+  transaction (same value check), to the daemon's hold lease of `hold_max`, renewed while it
+  lives (SlotMoved says so, or that the move failed); a stopping daemon moves it the same way
+  and renews it once more: held until the VM is back (taken back there, the old one revoked
+  once empty) and its after-hooks succeeded, or hold_max. A Terminate or Preempt deletes it as
+  the VM goes. Across a reload it stays; the new keeper takes back only the VM's keys (an
+  added group is for its next event).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
@@ -45,6 +41,7 @@ from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
 from ..engine import AcquireSlot, Message, SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
+from ..engine import SlotMoved as Moved
 from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
@@ -201,7 +198,7 @@ class _Worker:
         )
         self._keep = effect.hold  # held through its maintenance: on the hold lease of that
         self._token = f"{self.vm} {id(self)}"  # this worker, among the hold lease's holders
-        self._on_hold = False  # its keys are on the daemon's hold lease
+        self._on_hold = self._said = self._failing = False  # on the hold lease; said; failing
         self._lapsed = False  # on the hold lease as etcd went away: kept there, or lost then
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
@@ -262,7 +259,7 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout)
         keys, error = self._keys, ""
         try:
-            with _Client(self.settings) as client:
+            with EtcdClient(self.settings) as client:
                 if hold and keys and self._on_hold and not handover:
                     self._renew_hold(client)
                 elif hold and keys and not self._on_hold:
@@ -275,7 +272,7 @@ class _Worker:
         if handover:
             self._shared.unhold(self._token)  # the new keeper's worker takes them back there
         try:
-            with _Client(self.settings) as client:
+            with EtcdClient(self.settings) as client:
                 self._unmark(client)
         except EtcdError:
             pass  # the marks go with the daemon's lease
@@ -306,7 +303,7 @@ class _Worker:
         left there would hold the next VM up for hold_max. Only while it holds our value."""
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
-            with _Client(self.settings) as client:
+            with EtcdClient(self.settings) as client:
                 self._unwait(client)  # released while it waited (its event cancelled)
                 if self._keys:
                     client.delete_all(self._keys, self.value)
@@ -331,7 +328,9 @@ class _Worker:
                     return
                 if self._lease is not None and "lease not found" in e.detail:
                     self._shared.lost(self._lease)  # expired meanwhile: granted anew
-                if not failures:
+                if self._keep and self._keys and not self._on_hold:
+                    self._move_failed(e)  # its keys were still to move: lost within ttl
+                elif not failures:
                     self._tell(SlotFailed, e.kind, e.detail)
                 failures += 1
                 self._lapsed = self._lapsed or bool(self._on_hold and self._keys)
@@ -527,7 +526,7 @@ class _Worker:
         lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
-            self._on_hold = bool(keep)
+            self._on_hold, self._said = bool(keep), False
             if keep:  # a lease of its daemon before a restart or reload: revoked if empty
                 was = {kv.lease for kv in kvs if (kv.key, kv.value) in taking.take}
                 self._shared.revoke_empty(self._client, was - {lease, self._lease or ""})
@@ -555,19 +554,30 @@ class _Worker:
         return False
 
     def _move_to_hold(self) -> None:
-        """Held through its maintenance (`keep`): the keys move to the hold lease, in one
-        transaction while they are ours; etcd failing, tried again at the next round (the
-        daemon's lease keeps them meanwhile), not ours any more: `_still_ours` says why."""
-        if not self._keep or not self._keys or self._on_hold:
+        """Held through its maintenance (`keep`): the keys move to the hold lease in one
+        transaction while ours; etcd failing, tried again next round; not ours: `_still_ours`."""
+        if not self._keep or not self._keys:
             return
         try:
-            lease = self._shared.hold(self._client, self._keep, self._token)
-            keys = [(k, self.value) for k in self._keys]
-            self._on_hold = self._client.put_all(keys, self.value, lease)
-        except EtcdError:
+            if not self._on_hold:
+                lease = self._shared.hold(self._client, self._keep, self._token)
+                keys = [(k, self.value) for k in self._keys]
+                self._on_hold = self._client.put_all(keys, self.value, lease)
+        except EtcdError as e:
             self._client.close()
             if not self._ended.is_set():  # else closed on purpose: the worker ends
                 self._client = EtcdClient(self.settings)
+                self._move_failed(e)
+            return
+        if self._on_hold and not self._said:
+            self._said, self._failing = True, False
+            self._tell(Moved, self._keys, self._keep)
+
+    def _move_failed(self, e: EtcdError) -> None:
+        """Said once a series (etcd's error): on the daemon's lease, lost within ttl if it dies."""
+        if not self._failing:
+            self._failing = True
+            self._tell(Moved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
 
     def _hold(self) -> bool:
         """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
@@ -588,13 +598,3 @@ class _Worker:
             if again:
                 self._ended.clear()
         return again
-
-
-class _Client(EtcdClient):
-    """An EtcdClient closed on leaving the block."""
-
-    def __enter__(self) -> _Client:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()

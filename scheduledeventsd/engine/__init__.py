@@ -112,6 +112,7 @@ from .vocabulary.messages import (
     SlotFreed,
     SlotGranted,
     SlotKept,
+    SlotMoved,
     StopRequested,
     Tick,
 )
@@ -199,6 +200,7 @@ __all__ = [
     "SlotGranted",
     "SlotKept",
     "SlotLease",
+    "SlotMoved",
     "SpawnHooks",
     "Stage",
     "State",

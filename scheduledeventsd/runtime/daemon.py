@@ -390,11 +390,14 @@ class Daemon:
             self._poller.use(self._polling)
             for lane in (self._approver, self._namer):
                 lane.use(wiring.client_for(new))
+        replaced = None
         if new.coordination != old.coordination:
             if self._coordinator is not None:
                 self._coordinator.stop_all()
-            self._coordinator = wiring.coordinator(new, self.inbox.put)
+            replaced, self._coordinator = self._coordinator, wiring.coordinator(new, self.inbox.put)
         self._executors.reload(old, self._context(new))
+        if replaced is not None:  # its hold lease revoked once the new keeper has the keys
+            replaced.lease.retire()
 
     def _context(self, config: Config) -> Context:
         return Context(config, self.inbox.put, self.runner, self._coordinator, self._do)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from scheduledeventsd.config import Concurrency, EventRule, Limit
+import pytest
+
+from scheduledeventsd.config import ApprovePolicy, Concurrency, EventRule, Limit
 from scheduledeventsd.engine import (
     AcquireSlot,
     ApprovalSent,
@@ -16,13 +18,16 @@ from scheduledeventsd.engine import (
     HooksFinished,
     Outcome,
     Persist,
+    ReleaseSlot,
     Reloaded,
     SlotBusy,
     SlotGranted,
+    SlotMoved,
     SpawnHooks,
     StopRequested,
 )
-from tests.engine.test_engine import Machine, of
+from scheduledeventsd.engine.lifecycle import Phase, Slot
+from tests.engine.test_engine import Machine, logs, of
 from tests.engine.test_engine_fleet import ETCD
 from tests.engine.test_engine_hold import HOLD, approved, over_and_after_hooks
 from tests.engine.test_engine_when import EVENTS, MONO0, due_in, seen
@@ -81,18 +86,62 @@ def test_a_restart_in_the_maintenance_takes_the_slot_back_under_the_hold_lease()
     assert acquire.hold == 900
 
 
-def test_back_on_a_new_boot_the_slot_moves_to_the_hold_lease_once_its_after_hooks_start():
-    """On a new boot the next document says whether that boot was its maintenance: taken back
-    under the daemon's lease until then, on the hold lease from its after-hooks on (a daemon
-    killed while its undrain runs keeps the slot held)."""
+def test_back_on_a_new_boot_the_slot_is_taken_back_under_the_hold_lease_at_once():
+    """Was: on a new boot the slot was taken back under the daemon's lease of ttl while the
+    event waited in REBOOTED for the next document, and moved to the hold lease only once its
+    after-hooks started: a daemon killed in that window lost it within ttl while its VM was
+    still in its maintenance. Now taken back under the hold lease at once, and moved once."""
     m = approved()
     (persist,) = of(m.send(StopRequested("SIGTERM"), at=MONO0 + 3), Persist)
     again = Machine(m.state.config, loaded=persist.events, now=MONO0 + 300, boot="boot-2")
+    assert again.phase() is Phase.REBOOTED
     (acquire,) = of(again.effects, AcquireSlot)
-    assert acquire.hold == 0, "not judged yet: the next document says"
-    again.send(SlotGranted("E1", MONO0 + 300.5), at=MONO0 + 300.5)
-    over_and_after_hooks(again, MONO0 + 301)
+    assert acquire.hold == 900, "in its maintenance until its after-hooks succeed"
     assert kept(again.effects) == [("E1", 900)]
+    moved = again.send(SlotGranted("E1", MONO0 + 300.5), at=MONO0 + 300.5)
+    over_and_after_hooks(again, MONO0 + 301)
+    assert not kept(moved + again.effects), "moved once, not again at its after-hooks"
+
+
+def test_a_vm_that_booted_while_its_before_hooks_ran_takes_its_slot_back_on_the_hold_lease():
+    """Prepared, not approved yet, and its VM booted (the platform may start a prepared event
+    at NotBefore without our approval): until the next document says whether that boot was its
+    maintenance, the tier's availability wins and a daemon killed meanwhile leaves it held."""
+    m = when_machine(concurrency=HOLD, coordination=ETCD)
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1", MONO0 + 1), at=MONO0 + 1)
+    assert m.phase() is Phase.RUNNING
+    again = Machine(m.state.config, loaded=m.state.events, now=MONO0 + 300, boot="boot-2")
+    assert again.phase() is Phase.REBOOTED
+    (acquire,) = of(again.effects, AcquireSlot)
+    assert acquire.hold == 900
+
+
+@pytest.mark.parametrize("outcome", [Outcome.FAILED, Outcome.SUCCEEDED])
+def test_an_event_started_by_the_platform_without_our_approval_is_held_through(outcome):
+    """Its before-hooks failed (hooks_failed), or it was not approved (approve: never): the
+    platform starts it at NotBefore anyway, and those phases stay as they are when it is
+    listed Started. Was: its slot stayed on the daemon's lease (a daemon killed in the
+    maintenance lost it within ttl), and a lease expired in a partition then gave it back."""
+    m = when_machine(concurrency=HOLD, coordination=ETCD)
+    if outcome is Outcome.SUCCEEDED:
+        cfg = dataclasses.replace(m.state.config, approve=ApprovePolicy.NEVER)
+        m = Machine(cfg, now=MONO0)
+    seen(m, due_in(3 * 86400))
+    m.send(SlotGranted("E1", MONO0 + 1), at=MONO0 + 1)
+    (spawn,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(spawn.run, outcome, "exit 1"), at=MONO0 + 2)
+    decided = m.phase()
+    assert decided in (Phase.HOOKS_FAILED, Phase.NOT_APPROVED)
+    assert not kept(m.effects), "not approved, not started: lost within ttl if killed now"
+    assert not kept(seen(m, due_in(3 * 86400), incarnation=3, at=MONO0 + 10))
+    started = dataclasses.replace(due_in(3 * 86400), status="Started")
+    effects = seen(m, started, incarnation=4, at=MONO0 + 20)
+    assert m.phase() is decided
+    assert kept(effects) == [("E1", 900)]
+    effects = m.send(SlotBusy("E1", ("(lease expired)",), (), True), at=MONO0 + 30)
+    assert not of(effects, ReleaseSlot), "asked for again, not given back in its maintenance"
+    assert m.state.events["E1"].slot is Slot.ASKED
 
 
 def test_a_restart_before_the_approval_takes_the_slot_back_under_the_daemons_lease():
@@ -115,3 +164,23 @@ def test_a_reload_in_the_maintenance_takes_the_slot_back_under_the_hold_lease():
     effects = m.send(Reloaded(wider), at=MONO0 + 4)
     (acquire,) = of(effects, AcquireSlot)
     assert acquire.hold == 900
+
+
+def test_the_move_to_the_hold_lease_is_said_once_it_is_there_or_loudly_when_it_fails():
+    """Was: the move was silent (`slot_held` only at a stop) and a move that failed was tried
+    again every third of ttl without a word, so nothing said a daemon that died then lost its
+    slot within ttl. The keeper says each (SlotMoved); the engine logs it."""
+    m = approved()
+    keys = ("/sed/slots/web/0",)
+    effects = m.send(SlotMoved("E1", keys, 900, "unavailable: connection refused"), at=MONO0 + 3)
+    (failed,) = logs(effects, "slot_failed")
+    assert failed.level.value == "warning"
+    assert failed.fields["kind"] == "hold_through"
+    assert failed.fields["slots"] == list(keys)
+    assert failed.fields["error"] == "unavailable: connection refused"
+    assert "lost within ttl" in str(failed.fields["reason"])
+    effects = m.send(SlotMoved("E1", keys, 900), at=MONO0 + 4)
+    (held,) = logs(effects, "slot_held_through")
+    assert held.level.value == "info"
+    assert (held.fields["slots"], held.fields["hold_s"]) == (list(keys), 900)
+    assert not logs(m.send(SlotMoved("gone", keys, 900), at=MONO0 + 5)), "an event forgotten"

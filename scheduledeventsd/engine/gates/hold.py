@@ -18,7 +18,7 @@ from ..state import State, Tracked, _move, _with
 from ..vocabulary.constants import Outcome
 from ..vocabulary.effects import Effect, HoldSlot, ReleaseSlot
 from ..vocabulary.messages import SlotBusy
-from . import slot
+from . import slot, through
 
 # Phases past the before-hooks of an event whose VM then goes for good: the stop is its end.
 _GOES = frozenset({Phase.APPROVED, Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.DONE})
@@ -89,10 +89,6 @@ def _retry_later(state: State, tracked: Tracked, now: float) -> Tracked:
     return replace(tracked, run=None, start_at=now + every)
 
 
-# Phases of an approved event whose VM is in its maintenance, or back and not healthy yet.
-_IN_MAINTENANCE = frozenset({Phase.APPROVED, Phase.DONE, Phase.AFTER})
-
-
 def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> State:
     """The daemon's lease expired (a partition) while its VM is in the maintenance it was
     approved for: the slot is asked for again (the keeper takes it anew), not given back (given
@@ -103,7 +99,8 @@ def _slot_busy(state: State, msg: SlotBusy, now: float, out: list[Effect]) -> St
         tracked is None
         or not msg.expired
         or tracked.slot is not Slot.HELD
-        or tracked.phase not in _IN_MAINTENANCE
+        or not through.in_maintenance(tracked)
+        or tracked.phase is Phase.REBOOTED  # not judged yet: the slot gate asks again
     ):
         return slot._slot_busy(state, msg, now, out)
     out.append(

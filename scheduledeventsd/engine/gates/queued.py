@@ -17,7 +17,14 @@ from ..notes import _note
 from ..state import State, Tracked, _move, _with
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, HoldSlot, ReleaseSlot
-from ..vocabulary.messages import SlotBusy, SlotFailed, SlotFreed, SlotGranted, SlotKept
+from ..vocabulary.messages import (
+    SlotBusy,
+    SlotFailed,
+    SlotFreed,
+    SlotGranted,
+    SlotKept,
+    SlotMoved,
+)
 from . import freed, hold, lease, onward, slot, through, window
 from .slot import (
     SlotOn,
@@ -170,6 +177,7 @@ GATE = Gate(
         SlotBusy: hold._slot_busy,
         SlotFailed: slot._slot_failed,
         SlotFreed: freed._slot_freed,
+        SlotMoved: through._slot_moved,
     },
     effects=(AcquireSlot, ReleaseSlot, HoldSlot),
     timers=(

@@ -232,6 +232,19 @@ class SlotFailed(GateMessage):
 
 
 @dataclass(frozen=True)
+class SlotMoved(GateMessage):
+    """The slot held through its VM's maintenance (HoldSlot `alive`) is on the hold lease now
+    (`error` ""); or the move failed (`error`: etcd's), said at the first failure of a series:
+    the keeper tries again every third of `ttl`, and the slot is on the daemon's lease till
+    then."""
+
+    event_id: str
+    slots: tuple[str, ...]
+    seconds: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Faulted:
     """The daemon caught an exception in a step or an effect (logged with its traceback there)
     and dropped what it was doing; it carries on, and says it is degraded."""
