@@ -21,12 +21,10 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
-The engine decides when to ask, give back and hold (AcquireSlot, ReleaseSlot, HoldSlot); this
-module carries that out, one worker thread per VM (its events share its one slot, given back
-after the last of them), and tells each of those events SlotGranted and SlotKept (with when
-etcd's acknowledged grant or keep-alive of the daemon's lease was sent: the engine counts the
-slot lost `ttl` after that), SlotBusy (who holds them, on change; the lease expired) or
-SlotFailed (etcd could not be asked; the worker asks again on its own, with backoff).
+The engine decides when to ask, give back and hold (AcquireSlot, ReleaseSlot, HoldSlot); one
+worker thread per VM carries it out (its events share one slot, given back after the last) and
+tells them SlotGranted, SlotKept (when etcd's acknowledged keep-alive was sent: lost `ttl`
+after), SlotBusy (holders, on change; lease expired) or SlotFailed (asked again, backoff).
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ from .etcd import Changes, EtcdClient, EtcdError, KeyValue
 from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
 from .slotset import holder
 
-# Seconds a waiter not first in line waits for those ahead of it to take a free slot before it
-# tries anyway (one ahead may have died: its mark lasts until its lease ends, `ttl`)
+# Seconds a waiter waits for those ahead in line to take a free slot (one may be dead: `ttl`)
 PATIENCE = 1.0
 
 
@@ -85,6 +82,7 @@ class SlotKeeper:
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}  # by VM name
         self._vm_of: dict[str, str] = {}  # EventId -> the VM name its worker holds for
+        self._giving_back: list[threading.Thread] = []  # releases, waited for by `stop_all`
 
     def acquire(self, effect: AcquireSlot) -> None:
         event_id, vm = effect.event.event_id, effect.vm_name
@@ -110,7 +108,8 @@ class SlotKeeper:
             if worker is None or not worker.leave(event_id):
                 return  # unknown, or another event of the VM still needs the slot
             del self._workers[vm]  # type: ignore[arg-type]
-        worker.release()
+            self._giving_back = [t for t in self._giving_back if t.is_alive()]
+            self._giving_back.append(worker.release())
 
     def keep(self, event_id: str, seconds: int) -> None:
         """The event's VM is in its maintenance (HoldSlot `alive`): its slot moves to the
@@ -134,13 +133,15 @@ class SlotKeeper:
         return worker.stop(hold=seconds)
 
     def stop_all(self) -> None:
-        """On the daemon's stop (after HoldSlot for the slots to keep), or a reload that
-        replaces this keeper: asking ends; a slot still held moves to a lease of `ttl` of its
-        own, so it is gone within `ttl` unless the new keeper takes it back meanwhile (on the
-        daemon's lease, which lives on, a key in a group the reload left would stay held); one
-        held through a maintenance stays on the hold lease, renewed (taken back from there)."""
+        """The daemon's stop (after HoldSlot) or a reload: slots given back are (a Terminate's
+        went within `ttl`: the daemon exited first); a slot held moves to a `ttl` lease of its
+        own (the new keeper takes it back), one held through a maintenance stays on the hold."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
+            releasing, self._giving_back = self._giving_back, []
+        until = time.monotonic() + 2 * self.settings.timeout + self.concurrency.ttl / 3
+        for thread in releasing:  # each bounded as `_give_back` is: together, at most that
+            thread.join(timeout=max(0.0, until - time.monotonic()))
         for worker in workers:
             worker.stop(hold=self.concurrency.ttl, handover=True)
         if self._own_lease:
@@ -236,21 +237,21 @@ class _Worker:
         self._keep = seconds
         self._wake.set()
 
-    def release(self) -> None:
+    def release(self) -> threading.Thread:
         """Give the slot back now (a thread of its own: never holds up the daemon's loop)."""
         self._stopped.set()
         self._ended.set()
         self._wake.set()
         self._unwatch()
         self._client.close()
-        threading.Thread(target=self._give_back, name="slot-release", daemon=True).start()
+        thread = threading.Thread(target=self._give_back, name="slot-release", daemon=True)
+        thread.start()
+        return thread
 
     def stop(self, hold: int = 0, handover: bool = False) -> tuple[tuple[str, ...], str]:
-        """End this worker; with `hold`, a slot held moves, in one transaction that puts the
-        keys only while they are still ours, to the daemon's hold lease (granted for `hold` if
-        none; renewed one last time if they are there already); `handover` (a reload): a
-        slot not held through a maintenance goes to a lease of its own of `hold` seconds
-        instead, and one that is stays on the hold lease. The keys, and why it failed."""
+        """End this worker; with `hold`, a slot held moves (one transaction, while ours) to the
+        hold lease (renewed once more if there); `handover` (a reload): one not held through a
+        maintenance goes to a lease of its own of `hold` s instead. Its keys, and why it failed."""
         self._stopped.set()
         self._ended.set()
         self._wake.set()
@@ -580,11 +581,10 @@ class _Worker:
             self._tell(Moved, self._keys, self._keep, f"{e.kind}: {e.detail}"[:300])
 
     def _hold(self) -> bool:
-        """Held until released or stopped; the daemon's lease keeps it (`kept` says SlotKept
-        at each renewal), and its expiry loses it (`expired`). Every third of `ttl` the keys
-        are read: an operator may have freed one (`fleet free`, fleet.py). True when its lease
-        expired (a partition): the slot is asked for again (the engine gives it back if its
-        event no longer needs it), not left free while its VM may still be in its maintenance."""
+        """Held until released or stopped; the daemon's lease keeps it (`kept`: SlotKept),
+        its expiry loses it (`expired`); read every third of `ttl` (an operator's `fleet free`).
+        True when its lease expired (a partition): the slot is asked for again, not left free
+        while its VM may still be in its maintenance (the engine gives it back if not needed)."""
         while not self._ended.is_set():
             self._move_to_hold()
             woken = self._wake.wait(self.renew)  # `keep`: moved at once, read at the round
