@@ -44,6 +44,18 @@ def held_config(tier: Tier, vm: str, hold_max: int = 3600, after_retry: float = 
     return cfg
 
 
+def vm2_waits_for_vm1s_approval(tier: Tier, sim, one, kind: str = "Reboot") -> tuple[str, str]:
+    """vm-1 (started) takes the slot for a `kind`, vm-2's Reboot waits for it, and vm-1 is
+    approved: vm-1's event and vm-2's."""
+    two = tier.start("vm-2", held_config(tier, "vm-2"))
+    first = sim.add_event(kind, ["vm-1"], not_before_in=3600)
+    one.wait_log("slot_acquired", event_id=first, timeout=15)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
+    one.wait_log("event_approved", event_id=first, timeout=15)
+    return first, second
+
+
 def away_after_approval(tier: Tier, sim, tmp_path, cfg1):
     """vm-1 takes the slot and is approved, its daemon stopped as for its reboot (the event
     then Starts and leaves the document while it is down); vm-2's Reboot waits for the slot.
@@ -51,12 +63,7 @@ def away_after_approval(tier: Tier, sim, tmp_path, cfg1):
     sim.scenario.start_after_approval = 2.0  # Started, then gone, after vm-1's daemon stopped
     boot, wrapper = boot_wrapper(tmp_path)
     one = tier.factories["vm-1"].start(cfg1, prefix=wrapper)
-    two = tier.start("vm-2", held_config(tier, "vm-2"))
-    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
-    one.wait_log("slot_acquired", event_id=first, timeout=15)
-    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
-    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
-    one.wait_log("event_approved", event_id=first, timeout=15)
+    first, second = vm2_waits_for_vm1s_approval(tier, sim, one)
     assert one.stop() == 0
     assert one.logs("slot_held", event_id=first), "the stop holds the slot"
     wait_for(lambda: sim.approved(first) and first not in sim.event_ids(), 15, "vm-1's event over")
@@ -116,12 +123,7 @@ def test_a_vm_that_never_returns_lets_the_next_one_go_at_hold_max_not_before(tie
     cfg1 = held_config(tier, "vm-1", hold_max=hold_max)
     sim.scenario.start_after_approval = 2.0
     one = tier.start("vm-1", cfg1)
-    two = tier.start("vm-2", held_config(tier, "vm-2"))
-    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
-    one.wait_log("slot_acquired", event_id=first, timeout=15)
-    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
-    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
-    one.wait_log("event_approved", event_id=first, timeout=15)
+    vm2_waits_for_vm1s_approval(tier, sim, one)
     assert one.stop() == 0
     stopped = time.time()
     wait_for(lambda: stamps(tier, "drain", "vm-2"), hold_max + 15, "vm-2's before-hooks")
@@ -137,12 +139,7 @@ def test_a_terminated_vm_frees_its_slot_as_it_goes(tier, sim):
     cfg1["events"] = {"Terminate": {"before": ["drain"], "window": True}}
     sim.scenario.start_after_approval = 600
     one = tier.start("vm-1", cfg1)
-    two = tier.start("vm-2", held_config(tier, "vm-2"))
-    first = sim.add_event("Terminate", ["vm-1"], not_before_in=3600)
-    one.wait_log("slot_acquired", event_id=first, timeout=15)
-    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
-    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
-    one.wait_log("event_approved", event_id=first, timeout=15)
+    first, _ = vm2_waits_for_vm1s_approval(tier, sim, one, "Terminate")
     assert one.stop() == 0
     stopped = time.time()
     assert one.logs("slot_released", event_id=first)
