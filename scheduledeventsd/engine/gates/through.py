@@ -55,6 +55,8 @@ def _hold_through(state: State, out: list[Effect]) -> State:
     """A coupling (compose.COUPLINGS): each slot that comes to be held through a maintenance is
     moved to the hold lease once (`State.kept`: forgotten once it is not held any more, so a
     slot held again after a partition is moved again)."""
+    if state.config.concurrency is None and not state.kept:
+        return state  # no slots: nothing to hold (a scan of every event, at every step, saved)
     kept = frozenset(
         k for k in state.kept if k in state.events and state.events[k].slot is Slot.HELD
     )
