@@ -1,10 +1,10 @@
 """The soak, short (two minutes) for every test run; `make soak` runs an hour (tests/soak.py).
 
-It runs in the parallel stage, not alone with the campaigns: one daemon polling once a second
-uses about 2 % of a core over the two minutes (measured: 2.5 s of CPU for pytest, the daemon
-and its hooks together), so it loads no other test, and nothing it asserts is a time limit that
-load could break (the last two events of ours are not counted, five seconds are left for the
-rest). Marker `soak`: `-m "not soak"` leaves it out.
+It runs beside the campaigns and the Pacemaker cluster (`make test`'s second pytest, a worker
+of its own), not after them: one daemon polling once a second uses about 2 % of a core over
+the two minutes (measured: 2.5 s of CPU for pytest, the daemon and its hooks together), and
+nothing it asserts is a time limit that load could break (the last two events of ours are not
+counted, five seconds are left for the rest). Marker `soak`: `-m "not soak"` leaves it out.
 """
 
 from __future__ import annotations
