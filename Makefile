@@ -25,8 +25,8 @@ docs:
 # times none of those (a cluster beside the deployed tests' booted machine starved both);
 # there three workers: one plays the campaigns one after another (xdist_group campaign), one
 # the cluster's tests (xdist_group pacemaker), one the model's mutants then the two-minute
-# soak. Together they use well under one core (measured with two workers, the soak apart:
-# 126 s of CPU in 336 s, each test as long as alone; 5.6 minutes instead of 10.7).
+# soak. Together they use well under one core (measured on a machine loaded by other work:
+# 132 s of CPU in 271 s, each test about as long as alone; 4.5 minutes instead of 12.9).
 # The deployed tests share one booted machine, so they stay together (xdist_group).
 # The fleet tests start real etcd clusters (Debian's etcd-server; etcdctl reads what they
 # wrote); promtool (Debian's prometheus) checks the shipped alert rules and dashboard queries;
