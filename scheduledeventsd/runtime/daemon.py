@@ -38,6 +38,7 @@ from ..engine import (
     Exit,
     Faulted,
     Fetch,
+    ForgetShared,
     GateAnswered,
     GateEffect,
     HoldSlot,
@@ -92,6 +93,7 @@ Pretended = Union[
     PostApproval,
     Persist,
     Coordinate,
+    ForgetShared,
     AskGate,
     AskCluster,
     AcquireSlot,
@@ -291,7 +293,7 @@ class Daemon:
             self._poller.cancel()
         elif isinstance(effect, SpawnHooks):
             self._spawn(effect)
-        elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
+        elif isinstance(effect, (Coordinate, StopCoordinating, ForgetShared, AskGate)):
             self._coordinate(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
@@ -319,7 +321,9 @@ class Daemon:
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 
-    def _coordinate(self, effect: Union[Coordinate, StopCoordinating, AskGate]) -> None:
+    def _coordinate(
+        self, effect: Union[Coordinate, StopCoordinating, ForgetShared, AskGate]
+    ) -> None:
         if isinstance(effect, AskGate):
             self._ask_gate(effect)
         elif self._coordinator is None:
@@ -328,6 +332,8 @@ class Daemon:
                 self.inbox.put(CoordinationFailed(event_id, "internal", "no etcd configured"))
         elif isinstance(effect, Coordinate):
             self._coordinator.start(effect)
+        elif isinstance(effect, ForgetShared):
+            self._coordinator.forget(effect.event_id, effect.vm_name)
         else:
             self._coordinator.stop(*effect.event_ids, withdraw=True)
 
@@ -344,7 +350,7 @@ class Daemon:
             if effect.event_id:  # its after-hooks wait for the answer
                 self.log.info("would_restore_node", event_id=effect.event_id)
                 self.inbox.put(ClusterRestored(effect.event_id))
-        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining)):
+        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining, ForgetShared)):
             pass
         elif isinstance(effect, Coordinate):
             self.log.info(
