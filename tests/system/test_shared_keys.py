@@ -1,0 +1,86 @@
+"""A shared event leaves no key in etcd once it is over (issue 28): three real daemons, a real
+3-member etcd, one simulator. Each daemon deletes its own mark when it forgets the event, the
+last one the settled key too; a daemon stopped for the maintenance does it once back. Before,
+the marks lived on each daemon's one lease as long as the daemon, and `fleet` listed every
+past shared event for ever."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import cli, wait_for
+from tests.system.test_fleet import VMS, Fleet, approvals, etcd_settings, keys
+
+pytestmark = pytest.mark.xdist_group(name="etcd")
+
+
+@pytest.fixture
+def fleet(tmp_path, sim, hooks, cluster):
+    """test_fleet's three daemons (one each for vm-a, vm-b, vm-c), with etcd's settings."""
+    f = Fleet(tmp_path, sim, hooks)
+    f.coordination = etcd_settings(cluster, f)
+    yield f
+    f.stop()
+
+
+def of_event(cluster, fleet, event_id):
+    """Every key under the fleet's prefix that names the event (marks, settled)."""
+    return sorted(k for k in keys(cluster, fleet.prefix) if event_id in k)
+
+
+def shared_events(fleet, vm="vm-a"):
+    """`scheduledeventsd fleet --json`'s shared events, with that VM's configuration."""
+    path = fleet.factories[vm].write_config(fleet.config(vm, fleet.coordination), "fleet.yaml")
+    answer = cli("fleet", "--config", str(path), "--json", timeout=60)
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)["shared_events"]
+
+
+def test_a_shared_reboot_over_for_three_vms_leaves_no_key_and_fleet_lists_no_past_event(
+    cluster, fleet, sim
+):
+    """Marks and settled are there while the event is decided (the slower VMs read them), and
+    none is left once it is over for every VM; `fleet --json` lists no shared event then."""
+    fleet.start_all(fleet.coordination)
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+    assert len(of_event(cluster, fleet, event_id)) == 4, "three marks and settled, decided"
+    assert [e["event_id"] for e in shared_events(fleet)] == [event_id]
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    for vm in VMS:
+        fleet.daemons[vm].wait_log("event_completed", timeout=10)
+    wait_for(lambda: not of_event(cluster, fleet, event_id), 10, "the event's keys to go")
+    assert shared_events(fleet) == []
+    for vm in VMS:
+        assert fleet.daemons[vm].proc.poll() is None, "deleted by live daemons, not their leases"
+
+
+def test_a_daemon_stopped_for_the_maintenance_deletes_its_mark_once_back_well_before_ttl(
+    cluster, fleet, sim
+):
+    """vm-c's daemon stops once approved and is back after the event is gone: the other two
+    forgot it, vm-c's mark (on its old lease, `ttl` 30 s) and settled are still there; the
+    restarted daemon forgets the event from its state file and deletes both, within seconds."""
+    fleet.start_all(fleet.coordination)
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+    fleet.daemons["vm-c"].wait_log("event_approved", timeout=10)
+    fleet.daemons["vm-c"].stop()
+    wait_for(lambda: event_id not in sim.event_ids(), 20, "the event to be over")
+    for vm in VMS[:2]:
+        fleet.daemons[vm].wait_log("event_completed", timeout=10)
+    left = wait_for(
+        lambda: (found := of_event(cluster, fleet, event_id)) and len(found) == 2 and found,
+        10,
+        "the two others' marks to go",
+    )
+    assert left == sorted(
+        [f"{fleet.prefix}/events/{event_id}/vm-c", f"{fleet.prefix}/settled/{event_id}"]
+    )
+    back = time.monotonic()
+    fleet.start("vm-c", fleet.config("vm-c", fleet.coordination))
+    wait_for(lambda: not of_event(cluster, fleet, event_id), 10, "vm-c's mark and settled")
+    assert time.monotonic() - back < 15, "not the old lease's ttl (30 s) ending"
