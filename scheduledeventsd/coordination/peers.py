@@ -3,8 +3,8 @@
 The engine decides (approve once every VM named is ready, never when one failed); this module
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
-(daemon_lease.py, also its slots': a mark lives as long as its daemon, gone within `ttl` of its
-stop; one lost with it is written again) and reads the event's keys in the same transaction,
+(daemon_lease.py, also its slots': a mark is gone within `ttl` of its daemon's stop if not
+deleted before, below; one lost with it is written again) and reads the event's keys in the same transaction,
 and sends them to the inbox as PeersChanged. A write that decides the event (the last ready, or
 a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that key (and
 their own mark), and read the event's keys when it changes: each VM is woken once per event,
