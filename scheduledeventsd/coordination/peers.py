@@ -4,22 +4,22 @@ The engine decides (approve once every VM named is ready, never when one failed)
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
 (daemon_lease.py, also its slots': a mark is gone within `ttl` of its daemon's stop if not
-deleted before, below; one lost with it is written again) and reads the event's keys in the same transaction,
-and sends them to the inbox as PeersChanged. A write that decides the event (the last ready, or
-a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that key (and
-their own mark), and read the event's keys when it changes: each VM is woken once per event,
-not by every other VM's ready (at 100 VMs that fan-out was most of the approval's latency).
-A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed the set
-and died before it settled. Until told to stop (a `failed` write reports the keys once, and
-ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
+deleted before, below; one lost with it is written again) and reads the event's keys in the same
+transaction, and sends them to the inbox as PeersChanged. A write that decides the event (the
+last ready, or a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that
+key (and their own mark), and read the event's keys when it changes: each VM is woken once per
+event, not by every other VM's ready (at 100 VMs that fan-out was most of the approval's
+latency). A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed
+the set and died before it settled. Until told to stop (a `failed` write reports the keys once,
+and ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
 when to try again. Told to stop before its event was decided (it left the document, or started),
 the worker takes its ready back (deleted while it holds what it wrote): an event back under the
 same EventId is not approved on a ready from before while that VM's hooks run again.
 Once the engine has forgotten the event (ForgetShared: its stage has run and it left, or it is
 judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
-(no other mark left): the daemon's lease lives as long as the daemon, so nothing else would.
-A VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon
-forgets what it knew before (its state file) the same way.
+(no other mark left): the daemon's lease lives as long as the daemon, so nothing else would. A
+VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
+what it knew before (its state file) the same way.
 """
 
 from __future__ import annotations
