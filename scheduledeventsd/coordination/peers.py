@@ -124,7 +124,7 @@ class EtcdCoordinator:
                 target=self._forget, args=(event_id, vm_name), name="etcd-forget", daemon=True
             )
             self._forgetting[event_id] = thread
-        thread.start()
+            thread.start()  # under the lock: stop_all never joins one not started
 
     def _forget(self, event_id: str, vm_name: str) -> None:
         prefix = event_prefix(self.settings, event_id)
