@@ -89,3 +89,31 @@ def test_a_daemon_stopped_for_the_maintenance_deletes_its_mark_once_back_well_be
     fleet.start("vm-c", fleet.config("vm-c", fleet.coordination))
     wait_for(lambda: not of_event(cluster, fleet, event_id), 10, "vm-c's mark and settled")
     assert time.monotonic() - back < 15, "not the old lease's ttl (30 s) ending"
+
+
+def test_an_event_back_under_its_eventid_waits_for_every_vms_new_ready(cluster, fleet, sim):
+    """The same EventId again once the first is over (Google Cloud's are fixed), vm-c's daemon
+    stopped meanwhile: vm-a and vm-b are ready, vm-c never is, so nobody approves. Before, the
+    first event's ready of vm-c (on its daemon's lease, 30 s) approved it as soon as vm-a's
+    hooks ended."""
+    fleet.start_all(fleet.coordination)
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+    sim.remove_event(event_id)
+    for vm in VMS:
+        fleet.daemons[vm].wait_log("event_completed", timeout=10)
+    fleet.daemons["vm-c"].polls_seen(sim)  # forgotten: its after-hooks (none) have run
+    fleet.daemons["vm-c"].stop()
+    first = len(approvals(sim, event_id))
+    waited = {vm: len(fleet.daemons[vm].logs("peers_waiting")) for vm in VMS[:2]}
+    sim.add_event("Reboot", list(VMS), event_id=event_id, not_before_in=600)
+    for vm in VMS[:2]:
+        wait_for(
+            lambda vm=vm: len(fleet.daemons[vm].logs("peers_waiting")) > waited[vm],
+            10,
+            f"{vm} waiting again",
+        )
+    fleet.daemons["vm-a"].polls_seen(sim, count=8)
+    assert len(approvals(sim, event_id)) == first, "not approved on a ready from before"
+    last = fleet.daemons["vm-b"].logs("peers_waiting")[-1]  # vm-b wrote after vm-a
+    assert last["waiting_for"] == "vm-c"
