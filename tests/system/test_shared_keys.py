@@ -72,7 +72,8 @@ def test_a_daemon_stopped_for_the_maintenance_deletes_its_mark_once_back_well_be
     fleet.start_all(fleet.coordination)
     event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
     wait_for(lambda: approvals(sim, event_id), 20, "the approval")
-    fleet.daemons["vm-c"].wait_log("event_approved", timeout=10)
+    for vm in VMS:
+        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
     fleet.daemons["vm-c"].stop()
     sim.remove_event(event_id)  # over
     for vm in VMS[:2]:
@@ -99,6 +100,8 @@ def test_an_event_back_under_its_eventid_waits_for_every_vms_new_ready(cluster, 
     fleet.start_all(fleet.coordination)
     event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
     wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+    for vm in VMS:
+        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
     sim.remove_event(event_id)
     for vm in VMS:
         fleet.daemons[vm].wait_log("event_completed", timeout=10)
