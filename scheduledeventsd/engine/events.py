@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import first_sight, peers, returned, runs, stages
+from . import first_sight, peers, postponed, returned, runs, stages
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
@@ -176,6 +176,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
         )
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
+    moved = postponed.moved_later(state, before, event, now)
+    if moved is not None:  # not kept drained for days: prepared again at its new lead
+        return postponed.put_back(state, tracked, moved, now, out)
     phase = tracked.phase
     if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:
