@@ -164,6 +164,7 @@ class Daemon:
                     boot.boot_id(),
                     store.cluster_mark,
                     mark_unrecorded=store.mark_unrecorded,
+                    repaired=store.repaired,
                 )
             )
             while self._exit is None:
