@@ -18,8 +18,8 @@ from .notes import _iso_wall, _note
 from .state import State, Tracked
 from .vocabulary.effects import Effect
 
-# Prepared and left to proceed at NotBefore: nothing is under way for it (no hook, no approval
-# being posted, no peer asked) and nothing is promised to anyone.
+# Prepared and left to proceed at NotBefore: no hook runs for it, no approval is posted, no peer
+# waits on its answer (a failure it still tells them is stopped: put_back).
 POSTPONABLE = frozenset({Phase.NOT_APPROVED, Phase.HOOKS_FAILED})
 
 
