@@ -157,6 +157,9 @@ class State:
     # Shared events forgotten in this step whose etcd mark this VM may have written: peers
     # asks for it to be deleted (ForgetShared), then they are gone for good.
     unmarked: tuple[Tracked, ...] = ()
+    # The incarnation of the last document refused whole (transition_refused), said once: the
+    # same one served again (the poll after a refusal reads it) is refused quietly.
+    refused_document: Optional[int] = None
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:
