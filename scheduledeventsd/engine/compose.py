@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Callable, Optional
 
 from ..records import Level, Record, What
@@ -94,13 +95,16 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     except IllegalTransitionError as e:
         if state.strict:
             raise
+        document = _document_of(message)
         out = [
             Record(
                 Level.ERROR,
                 What.TRANSITION_REFUSED,
-                {"message": type(message).__name__, "error": str(e)},
+                {"message": type(message).__name__, "error": str(e), **document},
             )
         ]
+        if document and document["incarnation"] == state.refused_document:
+            out = []  # said once for this document: refused again quietly (counted: faults)
         new = _refused(state, message, now, out)
         refused = True
     _persist_on_change(state, new, out)
@@ -116,10 +120,12 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     return new, tuple(out)
 
 
-# Couplings between the machines: rules on the state alone, each declared by its gate, run after
-# every message until none changes anything (h11's state-triggered transitions).
+# Couplings between the machines: rules on the state alone, each declared by its gate (and the
+# peers' own, first: a forgotten shared event's mark deleted), run after every message until
+# none changes anything (h11's state-triggered transitions).
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
+_OWN_COUPLINGS = (peers._forget_marks,)
 
 
 def _couple(state: State, out: list[Effect]) -> State:
@@ -156,9 +162,18 @@ def _refused(state: State, message: Message, now: float, out: list[Effect]) -> S
     poll was ordered again (issue 26 #16). The next poll is ordered here, not by `_timers`,
     whose own due timer may be what raised."""
     state = lifetime._faulted(state, Faulted("transition", "", message), now, out)
+    if isinstance(message, DocumentFetched):  # served again every poll: said once (full_step)
+        state = replace(state, refused_document=message.document.incarnation)
     if state.ready and state.stopping is None and state.poll.in_flight_since is None:
         state = timing._order_poll(state, state.poll, now, out)
     return state
+
+
+def _document_of(message: Message) -> dict[str, int]:
+    """The refused document's incarnation, as its record says it (none for other messages)."""
+    if isinstance(message, DocumentFetched):
+        return {"incarnation": message.document.incarnation}
+    return {}
 
 
 # The messages of the components that are not gates; the gates' come from their declarations.
@@ -217,7 +232,7 @@ def composed(gates: Sequence[Gate]) -> Composed:
                 raise ValueError(f"{message.__name__}: handled twice ({gate.name})")
             handlers[message] = handler
     timers = (*_FIRST_TIMERS, *(t for gate in gates for t in gate.timers), *_LAST_TIMERS)
-    couplings = tuple(c for gate in gates for c in gate.couplings)
+    couplings = (*_OWN_COUPLINGS, *(c for gate in gates for c in gate.couplings))
     due = tuple(t.due for t in timers if t.due is not None)
     by_phase = {
         phase: tuple(t.due_for for t in timers if t.due_for is not None and phase in t.phases)
