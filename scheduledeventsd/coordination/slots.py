@@ -44,7 +44,8 @@ from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
 from .etcd import Changes, EtcdClient, EtcdError, KeyValue
-from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
+from .fleet import daemon_key, encode, freed_mark, stamp
+from .slot_line import Line
 from .slotset import holder
 
 # Seconds a waiter waits for those ahead in line to take a free slot (one may be dead: `ttl`)
@@ -179,12 +180,7 @@ class _Worker:
         self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
         self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
-        self._waiting: Optional[tuple[str, bytes]] = None  # the waiting mark (fleet.py)
-        # The VMs whose marks were in its group's line before its own (one group only: with
-        # several, everyone tries); None: not in line. Those seen taking a slot leave it.
-        self._ahead: Optional[set[str]] = None
-        self._marked: Optional[str] = None  # the lease its waiting mark was written under
-        self._waited = False  # room, but not its turn: it waits PATIENCE, then tries anyway
+        self._line = Line(settings, concurrency, self.vm, self.event_id, self.prefixes)
         self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
@@ -289,14 +285,7 @@ class _Worker:
         """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
         if self._announced is not None:
             client.delete(daemon_key(self.settings, self.vm), self._announced)
-        self._unwait(client)
-
-    def _unwait(self, client: EtcdClient) -> None:
-        """Its events no longer wait: out of line (else the others behind it wait PATIENCE at
-        each release for it) and out of `fleet`'s waiting list."""
-        waiting, self._waiting, self._ahead = self._waiting, None, None
-        if waiting is not None:
-            client.delete(*waiting)
+        self._line.leave(client)
 
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
@@ -305,7 +294,7 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with EtcdClient(self.settings) as client:
-                self._unwait(client)  # released while it waited (its event cancelled)
+                self._line.leave(client)  # released while it waited (its event cancelled)
                 if self._keys:
                     client.delete_all(self._keys, self.value)
                 else:
@@ -400,14 +389,14 @@ class _Worker:
             revision, kvs = self._client.range(self.root)
             seen = {kv.key: kv for kv in kvs}
             if again:
-                self._recount()
+                self._line.recount(self._client)
             changes = self._client.watch(self.root, revision + 1, self.renew)
             try:
                 while not self._stopped.is_set():
                     taking = self._take(list(seen.values()), anyway=again)
                     again = True
                     if taking is None:
-                        self._unwait(self._client)
+                        self._line.leave(self._client)
                         self._tell(SlotGranted, self._confirmed, held=True)
                         self._lapsed = False
                         return self._hold()
@@ -416,9 +405,10 @@ class _Worker:
                         self._lapsed, self._on_hold = False, self._on_hold and not lost
                         self._keys, held = ((), False) if lost else (self._keys, None)
                         self._tell(SlotBusy, holders, taking.full, lost, held=held)
-                        self._mark_waiting(taking.full[0])
+                        assert self._lease is not None  # noqa: S101 - granted before
+                        self._line.mark(self._client, taking.full[0], self._lease)
                     patience = threading.Timer(PATIENCE, self._client.interrupt)
-                    if self._waited:
+                    if self._line.waited:
                         patience.start()
                     try:
                         if not self._changed(changes, seen):
@@ -437,48 +427,6 @@ class _Worker:
         said = {"vm": self.vm, "groups": groups, "ttl": self.concurrency.ttl, "at": stamp()}
         self._announced = encode(said)
         self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
-
-    def _mark_waiting(self, group: str) -> None:
-        """Its events wait for a slot of `group`: why, for `fleet`. Written once while it
-        waits for that group (who holds it changes at every hand-over; `fleet` shows them)."""
-        key = waiting_key(self.settings, group, self.vm)
-        if self._waiting is not None and self._waiting[0] == key and self._marked == self._lease:
-            return
-        since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
-        if self._waiting is not None:
-            self._client.delete(*self._waiting)
-        mark = {
-            "vm": self.vm,
-            "event": self.event_id,
-            "since": since,
-            "why": f"every slot of {group} is held",
-            "groups": sorted(self.prefixes),
-        }
-        self._waiting = (key, encode(mark))
-        assert self._lease is not None  # noqa: S101 - granted before
-        if len(self.concurrency.limits) > 1:
-            self._client.put(*self._waiting, self._lease)
-        else:
-            line = waiting_key(self.settings, group, "")
-            _, marks = self._client.put_and_range(*self._waiting, self._lease, line)
-            ahead = (slotset.in_line(kv.value, group) for kv in marks if kv.key != key)
-            self._ahead = {vm for vm in ahead if vm}
-        self._marked = self._lease
-
-    def _recount(self) -> None:
-        """Those ahead whose marks are gone (a daemon died: its lease ended) leave its line."""
-        if self._ahead and self._waiting is not None:
-            line = self._waiting[0].rsplit("/", 1)[0] + "/"
-            here = {holder(kv.value) for kv in self._client.range(line)[1]}
-            self._ahead &= here
-
-    def _turn(self, kvs: list[KeyValue], taking: slotset.Plan) -> bool:
-        """Its turn to try for a free slot (slotset.turn), or not in line."""
-        if self._ahead is None or all(value is not None for _, value in taking.take):
-            return True
-        self._ahead -= {holder(kv.value) for kv in kvs}  # those holding a slot left the line
-        (limit,) = self.concurrency.limits
-        return slotset.turn(kvs, self._ahead, self.prefixes[limit.group], limit.max)
 
     def _freed(self) -> bool:
         """An operator freed the slot one of these events held (`fleet free`): told, never
@@ -514,15 +462,16 @@ class _Worker:
         found a group full, or was beaten by another VM (its change is then watched). A key
         of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
         it is deleted, never taken back; so are the VM's keys while another group is full.
-        A free slot is tried for on its turn in line (`_turn`), or `anyway`."""
+        A free slot is tried for on its turn in line (slot_line.py), or `anyway`."""
         assert self._lease is not None  # noqa: S101 - granted before
         keep = self._keep
         limits = self.concurrency.limits
         taking = slotset.plan(kvs, self.vm, limits, self.prefixes, held_only=bool(keep))
         for kv in taking.stale:
             self._client.delete(kv.key, kv.value or b"")
-        self._waited = bool(taking.take) and not anyway and not self._turn(kvs, taking)
-        if self._waited:
+        line = self._line
+        line.waited = bool(taking.take) and not anyway and not line.turn(kvs, taking)
+        if line.waited:
             return taking
         lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
@@ -546,8 +495,7 @@ class _Worker:
                     seen.pop(kv.key, None)
                 else:
                     seen[kv.key] = kv
-                    if self._ahead:
-                        self._ahead.discard(holder(kv.value))  # it took its slot
+                    self._line.took(kv.value)
             if any(kv.key.startswith(ours) for kv in batch):
                 return True
             if time.monotonic() >= until:
