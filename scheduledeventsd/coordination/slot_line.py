@@ -6,12 +6,13 @@ line (their marks gone); with several groups, everyone tries (no line)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Optional
 
 from ..config import Concurrency, Etcd
 from . import slotset
 from .etcd import EtcdClient, KeyValue
-from .fleet import encode, stamp, waiting_key
+from .fleet import encode, silent, stamp, waiting_key
 from .slotset import holder
 
 
@@ -71,11 +72,18 @@ class Line:
             self.ahead = {vm for vm in ahead if vm}
         self.marked = lease
 
-    def recount(self, client: EtcdClient) -> None:
-        """Those ahead whose marks are gone (a daemon died: its lease ended) leave its line."""
+    def recount(self, client: EtcdClient, slots: Iterable[KeyValue]) -> None:
+        """Those ahead whose marks are gone (a daemon died: its lease ended) leave its line; so
+        do those whose mark is on a lease that also holds a slot (`slots`: the groups' keys)
+        and is silent: a daemon killed in its maintenance, whose lease of `hold_max` keeps its
+        marks long after it (the only leases longer than `ttl`; asked only for those)."""
         if self.ahead and self.waiting is not None:
             line = self.waiting[0].rsplit("/", 1)[0] + "/"
-            here = {holder(kv.value) for kv in client.range(line)[1]}
+            marks = client.range(line)[1]
+            held = {kv.lease for kv in slots if kv.lease}
+            times = {lease: client.lease_times(lease) for lease in {m.lease for m in marks} & held}
+            ttl = self.concurrency.ttl
+            here = {holder(m.value) for m in marks if not silent(*times.get(m.lease, (0, 0)), ttl)}
             self.ahead &= here
 
     def turn(self, kvs: list[KeyValue], taking: slotset.Plan) -> bool:

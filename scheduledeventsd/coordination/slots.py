@@ -11,13 +11,14 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
   the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
   `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
-- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the key moves, in one
-  transaction (same value check), to the daemon's hold lease of `hold_max`, renewed while it
-  lives (SlotMoved says so, or that the move failed); a stopping daemon moves it the same way
-  and renews it once more: held until the VM is back (taken back there, the old one revoked
-  once empty) and its after-hooks succeeded, or hold_max. A Terminate or Preempt deletes it as
-  the VM goes. Across a reload it stays; the new keeper takes back only the VM's keys (an
-  added group is for its next event).
+- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the daemon's lease
+  itself is swapped for one of `hold_max` (daemon_lease.py `hold`: all its keys moved in one
+  transaction), renewed while it lives (SlotMoved says so, or that the move failed); a
+  stopping daemon swaps it the same way and renews it once more: held until the VM is back
+  (taken back there, the old lease revoked once no slot is on it) and its after-hooks
+  succeeded, or hold_max; given back, the lease is swapped back to `ttl`. A Terminate or
+  Preempt deletes it as the VM goes. Across a reload it stays on the daemon's lease; the new
+  keeper takes back only the VM's keys (an added group is for its next event).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
@@ -113,8 +114,8 @@ class SlotKeeper:
             self._giving_back.append(worker.release())
 
     def keep(self, event_id: str, seconds: int) -> None:
-        """The event's VM is in its maintenance (HoldSlot `alive`): its slot moves to the
-        daemon's hold lease of `seconds` (on the worker's thread: never holds up the loop)."""
+        """The event's VM is in its maintenance (HoldSlot `alive`): the daemon's lease becomes
+        one of `seconds`, its slot on it (on the worker's thread: never holds up the loop)."""
         with self._lock:
             vm = self._vm_of.get(event_id)
             worker = self._workers.get(vm) if vm is not None else None
@@ -122,9 +123,9 @@ class SlotKeeper:
             worker.keep(seconds)
 
     def hold(self, event_id: str, seconds: int) -> tuple[tuple[str, ...], str]:
-        """The daemon stops while this event holds the VM's slot (HoldSlot): the slot key moves
-        to the daemon's hold lease of `seconds` in one transaction (if not there yet), renewed
-        one last time; the VM's worker ends. The slot's keys, and why that failed ("": held)."""
+        """The daemon stops while this event holds the VM's slot (HoldSlot): the daemon's lease
+        becomes one of `seconds` with the slot key on it (if not yet), renewed one last time;
+        the VM's worker ends. The slot's keys, and why that failed ("": held)."""
         with self._lock:
             vm = self._vm_of.get(event_id)
             worker = self._workers.pop(vm, None) if vm is not None else None
@@ -135,8 +136,8 @@ class SlotKeeper:
 
     def stop_all(self) -> None:
         """The daemon's stop (after HoldSlot) or a reload: slots given back are (a Terminate's
-        went within `ttl`: the daemon exited first); a slot held moves to a `ttl` lease of its
-        own (the new keeper takes it back), one held through a maintenance stays on the hold."""
+        went within `ttl`: the daemon exited first); a slot held stays on the daemon's lease (the
+        new keeper takes it back; a lease closed by the reload is revoked once it has)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
             releasing, self._giving_back = self._giving_back, []
@@ -245,9 +246,9 @@ class _Worker:
         return thread
 
     def stop(self, hold: int = 0, handover: bool = False) -> tuple[tuple[str, ...], str]:
-        """End this worker; with `hold`, a slot held moves (one transaction, while ours) to the
-        hold lease (renewed once more if there); `handover` (a reload): one not held through a
-        maintenance goes to a lease of its own of `hold` s instead. Its keys, and why it failed."""
+        """End this worker; with `hold`, the daemon's lease becomes one of `hold` s with a slot
+        held on it (moved while ours; renewed once more if it was already); `handover` (a
+        reload): the keys stay on the daemon's lease as they are. Its keys, and why it failed."""
         self._stopped.set()
         self._ended.set()
         self._wake.set()
@@ -259,15 +260,15 @@ class _Worker:
             with EtcdClient(self.settings) as client:
                 if hold and keys and self._on_hold and not handover:
                     self._renew_hold(client)
-                elif hold and keys and not self._on_hold:
-                    shared, token = self._shared, self._token
-                    lease = client.grant(hold) if handover else shared.hold(client, hold, token)
-                    if not client.put_all([(k, self.value) for k in keys], self.value, lease):
+                elif hold and keys and not self._on_hold and not handover:
+                    lease, moved = self._shared.hold(client, hold, self._token)
+                    put = [(k, self.value) for k in keys]
+                    if not set(keys) <= moved and not client.put_all(put, self.value, lease):
                         error = "the slot is not this VM's any more (freed or lost meanwhile)"
         except EtcdError as e:
             error = f"{e.kind}: {e.detail}"[:300]
-        if handover:
-            self._shared.unhold(self._token)  # the new keeper's worker takes them back there
+        if handover:  # on the daemon's lease still: the new keeper's worker takes them back
+            self._shared.unhold(self._token)
         try:
             with EtcdClient(self.settings) as client:
                 self._unmark(client)
@@ -303,7 +304,7 @@ class _Worker:
                         if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
                             client.delete(kv.key, kv.value)
                 if self._keep or self._on_hold:
-                    self._shared.unhold(self._token, client)  # revoked once nothing is on it
+                    self._shared.unhold(self._token, client)  # back to ttl once nobody holds
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
 
@@ -389,7 +390,7 @@ class _Worker:
             revision, kvs = self._client.range(self.root)
             seen = {kv.key: kv for kv in kvs}
             if again:
-                self._line.recount(self._client)
+                self._line.recount(self._client, kvs)
             changes = self._client.watch(self.root, revision + 1, self.renew)
             try:
                 while not self._stopped.is_set():
@@ -473,13 +474,14 @@ class _Worker:
         line.waited = bool(taking.take) and not anyway and not line.turn(kvs, taking)
         if line.waited:
             return taking
-        lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
+        lease = self._shared.hold(self._client, keep, self._token)[0] if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold, self._said = bool(keep), False
-            if keep:  # a lease of its daemon before a restart or reload: revoked if empty
+            if keep:  # its daemon's lease before a restart or reload: revoked once slot-free
                 was = {kv.lease for kv in kvs if (kv.key, kv.value) in taking.take}
                 self._shared.revoke_empty(self._client, was - {lease, self._lease or ""})
+                self._lease = lease
             return None
         return taking
 
@@ -509,9 +511,11 @@ class _Worker:
             return
         try:
             if not self._on_hold:
-                lease = self._shared.hold(self._client, self._keep, self._token)
+                lease, moved = self._shared.hold(self._client, self._keep, self._token)
                 keys = [(k, self.value) for k in self._keys]
-                self._on_hold = self._client.put_all(keys, self.value, lease)
+                self._lease = lease  # the daemon's lease, swapped for one of hold_max
+                on = set(self._keys) <= moved or self._client.put_all(keys, self.value, lease)
+                self._on_hold = on
         except EtcdError as e:
             self._client.close()
             if not self._ended.is_set():  # else closed on purpose: the worker ends
