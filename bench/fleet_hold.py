@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import requests
+
 from bench import daemon_command
 from bench.fleet_load import etcd_counters, per_vm_event
 from scheduledeventsd.simulators.azure import Simulator
@@ -34,6 +36,13 @@ def _until(what: str, done: Callable[[], object], timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"reboot hold: timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def _leases(cluster: Cluster) -> set[str]:
+    with requests.Session() as session:
+        session.trust_env = False
+        found = session.post(f"{cluster.endpoints[0]}/v3/lease/leases", json={}, timeout=5)
+        return {lease["ID"] for lease in found.json().get("leases", [])}
 
 
 def reboot_hold(name: str, work: Path, cluster: Cluster, tree: Path) -> dict[str, Any]:
@@ -88,6 +97,7 @@ def reboot_hold(name: str, work: Path, cluster: Cluster, tree: Path) -> dict[str
     try:
         gets = sim.gets()
         _until("the daemon's polls", lambda: sim.gets() - gets >= 3)
+        earlier = _leases(cluster)  # another run's, left to expire
         before = etcd_counters(cluster)
         began = time.monotonic()
         event_id = sim.add_event("Reboot", ["vm-0"], not_before_in=3600)
@@ -102,6 +112,7 @@ def reboot_hold(name: str, work: Path, cluster: Cluster, tree: Path) -> dict[str
         time.sleep(2)  # the release (and the lease's swap back)
         after = etcd_counters(cluster)
         took = time.monotonic() - began
+        leases = len(_leases(cluster) - earlier)
     finally:
         proc.terminate()
         try:
@@ -109,4 +120,6 @@ def reboot_hold(name: str, work: Path, cluster: Cluster, tree: Path) -> dict[str
         except subprocess.TimeoutExpired:
             proc.kill()
         sim.stop()
-    return {"seconds": round(took, 1), "etcd": per_vm_event(before, after, 1)}
+    # leases: granted during the run and still in etcd once the slot was given back (the
+    # live daemon's: one)
+    return {"seconds": round(took, 1), "leases": leases, "etcd": per_vm_event(before, after, 1)}

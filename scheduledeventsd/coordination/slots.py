@@ -298,11 +298,13 @@ class _Worker:
                 self._line.leave(client)  # released while it waited (its event cancelled)
                 if self._keys:
                     client.delete_all(self._keys, self.value)
-                else:
-                    ours = tuple(self.prefixes.values())
+                else:  # the lease it was on (its daemon's before the restart) revoked too
+                    ours, was = tuple(self.prefixes.values()), set()
                     for kv in client.range(self.root)[1]:
-                        if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
-                            client.delete(kv.key, kv.value)
+                        mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
+                        if mine and client.delete(kv.key, kv.value or b""):
+                            was.add(kv.lease)
+                    self._shared.revoke_empty(client, was)
                 if self._keep or self._on_hold:
                     self._shared.unhold(self._token, client)  # back to ttl once nobody holds
         except EtcdError:
@@ -368,6 +370,8 @@ class _Worker:
             self._wake.set()
 
     def _work(self) -> None:
+        if self._keep:  # taken back held through (a restart): of hold_max from the start
+            self._shared.hold(self._client, self._keep, self._token)
         self._lease = self._get_lease()
         self._announce()
         if self._freed():
