@@ -13,11 +13,15 @@ import json
 import signal
 import time
 import urllib.parse
+import uuid
 
 import pytest
 
+from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination import fleet as fleet_keys
-from scheduledeventsd.coordination.etcd import KeyValue
+from scheduledeventsd.coordination.etcd import EtcdClient, KeyValue
+from scheduledeventsd.coordination.slot_line import Line
+from scheduledeventsd.coordination.slots import group_prefix
 from tests.conftest import cli, wait_for
 from tests.system.test_hold import TTL, held_config, lease_count, slot_holder, stamps
 from tests.system.test_slots import Tier
@@ -260,3 +264,34 @@ def test_a_silent_daemons_keys_no_longer_speak_for_it():
     assert [(g, h.vm) for g, h in view.down()] == [("db", "vm-2")]
     assert fleet_keys.silent(-1, 30, 30)
     assert not fleet_keys.silent(20, 30, 30)
+
+
+def test_the_line_passes_a_waiting_mark_on_a_silent_lease_that_holds_a_slot(cluster):
+    """The waiters' line against real etcd (slot_line.Line): a daemon killed in its
+    maintenance leaves its waiting mark on its lease of hold_max (here another VM of that
+    daemon waits while one holds a slot), so the mark outlives it. Once that lease is silent
+    (not renewed for more than ttl) the waiter behind it recounts it out of its line; a live
+    waiter's mark, renewed, stays ahead. (On main the recount kept every mark still there:
+    whoever was behind a dead daemon's mark waited PATIENCE at each release until hold_max.)"""
+    ttl = 2
+    settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    client = EtcdClient(settings)
+    try:
+        dead, live, mine = client.grant(60), client.grant(ttl * 3), client.grant(ttl * 3)
+        slot = group_prefix(settings, "web") + "0"
+        client.put(slot, fleet_keys.encode({"vm": "vm-dead-a", "event": "E1"}), dead)
+        for vm, lease in (("vm-dead-b", dead), ("vm-live", live)):
+            mark = {"vm": vm, "event": f"E-{vm}", "since": "", "why": "", "groups": ["web"]}
+            client.put(fleet_keys.waiting_key(settings, "web", vm), fleet_keys.encode(mark), lease)
+        line = Line(settings, Concurrency("web", 1, ttl), "vm-me", "E-me", {"web": slot[:-1]})
+        line.mark(client, "web", mine)
+        assert line.ahead == {"vm-dead-b", "vm-live"}
+        line.recount(client, client.range(slot)[1])
+        assert line.ahead == {"vm-dead-b", "vm-live"}, "not silent yet"
+        time.sleep(ttl + 1.5)  # the dead lease not renewed meanwhile; the others are
+        client.keep_alive(live)
+        client.keep_alive(mine)
+        line.recount(client, client.range(slot)[1])
+        assert line.ahead == {"vm-live"}
+    finally:
+        client.close()
