@@ -20,8 +20,6 @@ import pytest
 from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination import fleet as fleet_keys
 from scheduledeventsd.coordination.etcd import EtcdClient, KeyValue
-from scheduledeventsd.coordination.slot_line import Line
-from scheduledeventsd.coordination.slots import group_prefix
 from tests.conftest import cli, wait_for
 from tests.system.test_hold import TTL, held_config, lease_count, slot_holder, stamps
 from tests.system.test_slots import Tier
@@ -276,6 +274,9 @@ def test_the_line_passes_a_waiting_mark_on_a_silent_lease_that_holds_a_slot(clus
     (not renewed for more than ttl) the waiter behind it recounts it out of its line; a live
     waiter's mark, renewed, stays ahead. (On main the recount kept every mark still there:
     whoever was behind a dead daemon's mark waited PATIENCE at each release until hold_max.)"""
+    from scheduledeventsd.coordination.slot_line import Line  # noqa: PLC0415 - not on main
+    from scheduledeventsd.coordination.slots import group_prefix  # noqa: PLC0415
+
     ttl = 2
     settings = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
     client = EtcdClient(settings)
