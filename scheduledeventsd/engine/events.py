@@ -87,7 +87,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
     known = state.events
     events: dict[str, Tracked] = {}
     for event in doc.events:
-        before = returned.over_and_back(known.get(event.event_id), On.LISTED)
+        state, before = returned.over_and_back(state, known.get(event.event_id), On.LISTED)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:
