@@ -77,13 +77,13 @@ def test_a_group_under_etcd_partitions_kills_long_maintenances_and_frees_keeps_e
 @pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and bind mounts need root")
 def test_the_hold_campaign_catches_a_slot_keeper_that_drops_the_hold_max_move_at_stop(tmp_path):
     """The invariant can fail: daemons whose slot keeper leaves a stopping daemon's slot on
-    a lease gone within `ttl` instead of holding it for `hold_max` (planted: the hold lease,
-    where the approval and the stop put the slot, granted for `ttl`). One group of the mapping
+    a lease gone within `ttl` instead of holding it for `hold_max` (planted: the daemon's lease
+    swapped at the approval and the stop, granted for `ttl`). One group of the mapping
     form, every early approval followed by a stop of 1.5-3x `ttl`: the next VM drains while
     the first is still away, and the run stops at the first overlap."""
     seed = int.from_bytes(os.urandom(2), "big")
-    hold, ttl = "lease = client.grant(seconds)", "lease = client.grant(self.ttl)"
-    root = planted(tmp_path, "coordination/daemon_lease.py", hold, ttl)  # DaemonLease.hold
+    hold, ttl = "new = client.grant(seconds)", "new = client.grant(self.ttl)"
+    root = planted(tmp_path, "coordination/daemon_lease.py", hold, ttl)  # DaemonLease._swap
     (tmp_path / "run").mkdir()
     with Cluster(tmp_path / "etcd") as cluster:
         campaign = HoldCampaign(
