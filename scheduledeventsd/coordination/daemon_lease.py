@@ -19,6 +19,10 @@ The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
 after that) and `expired()` when etcd says the lease is gone (its keys with it); the next `get`
 grants a new one.
+
+Every key is written `using` the lease: never while a swap is under way (a key put under the
+old lease after the swap's last read of it was revoked with it: a slot the daemon then thought
+it held, gone from etcd, taken by the next VM), and under the lease it is at that instant.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Callable, Optional, Protocol
 
 from ..config import Etcd
@@ -49,6 +54,9 @@ class DaemonLease:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._granting = threading.Lock()  # one grant or swap at a time, outside `_lock`
+        self._idle = threading.Condition(self._lock)  # writes under way and swaps wait on it
+        self._writing = 0  # writes `using` the lease under way: a swap waits for them
+        self._swapping = False  # a swap under way: writes wait for it
         self._client = EtcdClient(settings)  # the keep-alive thread's own
         self._id: Optional[str] = None
         self._confirmed = 0.0  # monotonic: when the last acknowledged grant or keep-alive was sent
@@ -83,6 +91,26 @@ class DaemonLease:
             lease = client.grant(ttl)
             self._adopt(lease, sent, ttl)
             return lease, sent
+
+    @contextlib.contextmanager
+    def using(self, client: EtcdClient) -> Iterator[str]:
+        """The lease to write a key under (`get`), not swapped until the write is done: a
+        write waits for a swap under way, and a swap for the writes. Never `get`, `hold` or
+        `unhold` inside (the swap waits for this write). Raises EtcdError."""
+        while True:
+            lease, _ = self.get(client)
+            with self._idle:
+                while self._swapping:
+                    self._idle.wait()
+                if self._id == lease:  # else swapped (or lost) meanwhile: the new one
+                    self._writing += 1
+                    break
+        try:
+            yield lease
+        finally:
+            with self._idle:
+                self._writing -= 1
+                self._idle.notify_all()
 
     def hold(self, client: EtcdClient, seconds: int, holder: str) -> tuple[str, frozenset[str]]:
         """The lease, swapped for one of `seconds` (every key moved onto it) unless it is held
@@ -221,7 +249,22 @@ class DaemonLease:
         self, client: EtcdClient, seconds: int, drop_slots: bool = False
     ) -> tuple[str, frozenset[str]]:
         """With `_granting` held: a new lease of `seconds`, every key of the current one moved
-        onto it (`drop_slots`: but the slot keys), the old one revoked. Its ID, the keys moved."""
+        onto it (`drop_slots`: but the slot keys), the old one revoked. Its ID, the keys moved.
+        No write `using` the lease meanwhile (after the last read, it would go with the old)."""
+        with self._idle:
+            self._swapping = True
+            while self._writing:
+                self._idle.wait()
+        try:
+            return self._swap_alone(client, seconds, drop_slots)
+        finally:
+            with self._idle:
+                self._swapping = False
+                self._idle.notify_all()
+
+    def _swap_alone(
+        self, client: EtcdClient, seconds: int, drop_slots: bool
+    ) -> tuple[str, frozenset[str]]:
         with self._lock:
             old = self._id
         sent = time.monotonic()
