@@ -11,14 +11,16 @@ import queue
 import threading
 import time
 import uuid
+from typing import Callable
 
 import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination.daemon_lease import DaemonLease
 from scheduledeventsd.coordination.etcd import EtcdClient
+from scheduledeventsd.coordination.peers import EtcdCoordinator, event_prefix
 from scheduledeventsd.coordination.slots import SlotKeeper
-from scheduledeventsd.engine import AcquireSlot, SlotGranted
+from scheduledeventsd.engine import AcquireSlot, Coordinate, Message, PeersChanged, SlotGranted
 from tests.conftest import wait_for
 from tests.engine.test_engine import event
 from tests.tcp_proxy import ProxySet
@@ -47,11 +49,47 @@ class RevokeLater(EtcdClient):
         super().revoke(lease)
 
 
-def granted(inbox: queue.SimpleQueue, event_id: str) -> SlotGranted:
+def said(inbox: queue.SimpleQueue, kind: type, event_id: str) -> Message:
     while True:
         message = inbox.get(timeout=20)
-        if isinstance(message, SlotGranted) and message.event_id == event_id:
-            return message
+        if isinstance(message, kind) and message.event_id == event_id:  # type: ignore[attr-defined]
+            return message  # type: ignore[no-any-return]
+
+
+def swapped_while_written(
+    cluster, lease: DaemonLease, path: ProxySet, write: Callable[[], None], written: str
+) -> str:
+    """`write` starts a writer of the daemon whose etcd path is `path`, its first write
+    stalled (cut) with the daemon's lease in hand; meanwhile another holder swaps the lease
+    for one of hold_max, held before its revoke until a key under `written` appears (at most
+    WINDOW), then the path is restored. The old lease's ID."""
+    direct = lease.settings
+    with EtcdClient(direct) as reader, EtcdClient(direct) as looker:
+        old, _ = lease.get(reader)  # granted: the writer needs no grant, only its write
+        swap = RevokeLater(direct, old, lambda: bool(looker.range(written)[1]))
+        swapping = threading.Thread(target=lease.hold, args=(swap, 600, "another"))
+        try:
+            path.cut()
+            write()
+            wait_for(lambda: path.accepted > 0, 5, "the writer's first write under way")
+            swapping.start()
+            swap.at_revoke.wait(1.5)  # main: there at once; now: waits for that write
+        finally:
+            path.restore()
+        swapping.join(WINDOW + 10)
+        swap.close()
+        return old
+
+
+def on_the_lease(cluster, lease: DaemonLease, old: str, prefix: str) -> list[str]:
+    """The keys under `prefix`, asserted on the daemon's lease now (not `old`, revoked)."""
+    with EtcdClient(lease.settings) as reader:
+        now, _ = lease.get(reader)
+        assert now != old, "swapped for one of hold_max"
+        assert reader.lease_keys(old) is None, "the old lease revoked"
+        found = reader.range(prefix)[1]
+        assert all(kv.lease == now for kv in found), "on the daemon's lease as it is now"
+        return [kv.key for kv in found]
 
 
 def test_a_slot_taken_while_the_daemons_lease_is_swapped_is_on_the_new_lease_not_revoked(cluster):
@@ -64,35 +102,40 @@ def test_a_slot_taken_while_the_daemons_lease_is_swapped_is_on_the_new_lease_not
     slots = f"{direct.prefix}/slots/web/"
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     lease = DaemonLease(direct, TTL)
-    reader = EtcdClient(direct)
-    old, _ = lease.get(reader)  # the daemon's lease, granted: the worker needs no grant
     with ProxySet(cluster.endpoints, host="127.0.0.7") as path:
         slow = Etcd(endpoints=tuple(path.endpoints), prefix=direct.prefix, timeout=direct.timeout)
         keeper = SlotKeeper(slow, Concurrency("web", 1, TTL, hold_max=600), inbox.put, lease)
-        looker = EtcdClient(direct)  # the swap's thread's own
-        swap = RevokeLater(direct, old, lambda: bool(looker.range(slots)[1]))
-        swapping = threading.Thread(target=lease.hold, args=(swap, 600, "another"))
         try:
-            path.cut()  # the worker's writes hang until restored, its lease in hand
-            keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
-            wait_for(lambda: path.accepted > 0, 5, "the worker's first write under way")
-            swapping.start()
-            swap.at_revoke.wait(1.5)  # main: there at once; now: waits for that write
-            path.restore()
-            granted(inbox, "R1")
-            swapping.join(WINDOW + 10)
-            now, _ = lease.get(reader)
-            assert now != old, "swapped for one of hold_max"
-            held = reader.range(slots)[1]
-            assert [kv.key for kv in held] == [f"{slots}0"], (
+            take = lambda: keeper.acquire(AcquireSlot(event("R1"), "vm-a"))  # noqa: E731
+            old = swapped_while_written(cluster, lease, path, take, slots)
+            said(inbox, SlotGranted, "R1")
+            assert on_the_lease(cluster, lease, old, slots) == [f"{slots}0"], (
                 "SlotGranted said: the key must be in etcd (main: revoked with the old lease)"
             )
-            assert held[0].lease == now, "on the daemon's lease as it is now"
-            assert reader.lease_keys(old) is None, "the old lease revoked"
         finally:
-            path.restore()
             keeper.stop_all()
             lease.close()
-            swap.close()
-            looker.close()
-            reader.close()
+
+
+def test_a_shared_events_mark_written_while_the_lease_is_swapped_is_not_revoked(cluster):
+    """The same with a shared event's ready mark (peers.py): written under the old lease after
+    the swap's last read, it went with the revoke on main (the VM said ready, its peers never
+    saw it: the event waited for it until NotBefore)."""
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    shared = event(resources=("vm-a", "vm-b"))
+    marks = event_prefix(direct, shared.event_id)
+    with ProxySet(cluster.endpoints, host="127.0.0.7") as path:
+        slow = Etcd(endpoints=tuple(path.endpoints), prefix=direct.prefix, timeout=direct.timeout)
+        coordinator = EtcdCoordinator(slow, inbox.put, TTL)
+        lease = coordinator.lease
+        lease.settings = direct  # its keep-alive and the test's reads: not through the cut
+        try:
+            ready = lambda: coordinator.start(Coordinate(shared, "vm-a", True, 7))  # noqa: E731
+            old = swapped_while_written(cluster, lease, path, ready, marks)
+            said(inbox, PeersChanged, shared.event_id)
+            assert on_the_lease(cluster, lease, old, marks) == [f"{marks}vm-a"], (
+                "its ready must stay in etcd (main: revoked with the old lease)"
+            )
+        finally:
+            coordinator.stop_all()
