@@ -10,7 +10,8 @@ is still on the old one, the old one revoked), so a daemon that goes down then (
 for its maintenance, the VM pulled away, a crash) leaves its slot held until `hold_max` after
 the last renewal, or until it is back and takes it again. Once no slot is held through any more
 (`unhold`) it is swapped back to a `ttl` one the same way. One lease per running daemon at every
-instant, two only inside a swap, whatever the number of its events. Kept alive every third of
+instant, two only inside a swap (or after a swap whose move etcd did not answer: its new lease,
+renewed, until the next swap moves its keys), whatever the number of its events. Kept alive every third of
 `ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted belongs to a
 silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon killed in its
 maintenance from a live one, though its keys stay.
@@ -57,6 +58,9 @@ class DaemonLease:
         self._idle = threading.Condition(self._lock)  # writes under way and swaps wait on it
         self._writing = 0  # writes `using` the lease under way: a swap waits for them
         self._swapping = False  # a swap under way: writes wait for it
+        # Leases a swap granted and did not adopt, its move unanswered (applied, perhaps, its
+        # answer lost): renewed, and their keys moved by the next swap, then revoked.
+        self._strays: list[str] = []
         self._client = EtcdClient(settings)  # the keep-alive thread's own
         self._id: Optional[str] = None
         self._confirmed = 0.0  # monotonic: when the last acknowledged grant or keep-alive was sent
@@ -265,23 +269,28 @@ class DaemonLease:
     def _swap_alone(
         self, client: EtcdClient, seconds: int, drop_slots: bool
     ) -> tuple[str, frozenset[str]]:
+        """A move etcd did not answer may have been applied (a leader change, a partition
+        just after the request): the new lease, never revoked then (its keys would go with
+        it), is a stray until a swap moves its keys and revokes it."""
         with self._lock:
-            old = self._id
+            old, strays = self._id, list(self._strays)
         sent = time.monotonic()
         new = client.grant(seconds)
-        moved: frozenset[str] = frozenset()
-        if old is not None:
-            try:
-                moved = self._move(client, old, new, drop_slots)
-            except EtcdError:
-                with contextlib.suppress(EtcdError):
-                    client.revoke(new)
-                raise
+        moved: set[str] = set()
+        try:
+            for source in (lease for lease in (old, *strays) if lease is not None):
+                moved |= self._move(client, source, new, drop_slots)
+        except EtcdError:
+            with self._lock:
+                self._strays.append(new)
+            raise
         self._adopt(new, sent, seconds)
-        if old is not None:
+        with self._lock:
+            self._strays = [lease for lease in self._strays if lease not in strays]
+        for source in (lease for lease in (old, *strays) if lease is not None):
             with contextlib.suppress(EtcdError):  # empty; else gone at its end, never renewed
-                client.revoke(old)
-        return new, moved
+                client.revoke(source)
+        return new, frozenset(moved)
 
     def _move(self, client: EtcdClient, old: str, new: str, drop_slots: bool) -> frozenset[str]:
         """The keys on `old`, moved onto `new` in one transaction while each is still on `old`;
@@ -308,6 +317,14 @@ class DaemonLease:
             self._swap(client, ttl, drop)
             with self._lock:
                 self._holding, self._back, self._drop_slots = 0, False, False
+
+    def _renew_strays(self, strays: list[str]) -> None:
+        """Keys a failed swap may have left on its new lease live until a swap moves them."""
+        for stray in strays:
+            with contextlib.suppress(EtcdError):
+                if self._client.keep_alive(stray) == 0:
+                    with self._lock:
+                        self._strays = [lease for lease in self._strays if lease != stray]
 
     def _every(self) -> float:
         """A third of `ttl` (a hold_max shorter than `ttl`, accepted with a warning: of that):
@@ -350,6 +367,8 @@ class DaemonLease:
                 if self._id == lease:
                     self._confirmed = sent
                 listeners = list(self._listeners)
+                strays = list(self._strays)
+            self._renew_strays(strays)
             for listener in listeners:
                 listener.kept(sent)
             if back:  # an `unhold` or `drop_unheld` etcd refused: tried at each renewal

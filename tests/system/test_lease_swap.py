@@ -17,7 +17,7 @@ import pytest
 
 from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination.daemon_lease import DaemonLease
-from scheduledeventsd.coordination.etcd import EtcdClient
+from scheduledeventsd.coordination.etcd import EtcdClient, EtcdError
 from scheduledeventsd.coordination.peers import EtcdCoordinator, event_prefix
 from scheduledeventsd.coordination.slots import SlotKeeper
 from scheduledeventsd.engine import AcquireSlot, Coordinate, Message, PeersChanged, SlotGranted
@@ -139,3 +139,68 @@ def test_a_shared_events_mark_written_while_the_lease_is_swapped_is_not_revoked(
             )
         finally:
             coordinator.stop_all()
+
+
+class AnswerLost(EtcdClient):
+    """A swap's client whose move is applied by etcd and its answer lost (a leader change, a
+    partition just after the request): EtcdError, as the daemon's client says then."""
+
+    def move_keys(self, keys, old: str, new: str) -> bool:  # type: ignore[no-untyped-def]
+        super().move_keys(keys, old, new)
+        raise EtcdError("timeout", "no whole answer within the timeout")
+
+
+def leases(reader: EtcdClient, prefix: str) -> set[str]:
+    return {kv.lease for kv in reader.range(prefix)[1]}
+
+
+def test_a_swap_whose_move_was_applied_but_not_answered_keeps_the_keys_and_ends_on_one_lease(
+    cluster,
+):
+    """The daemon's lease swapped for one of hold_max (its VM approved), etcd applied the move
+    of its keys but the answer never came: on main the swap revoked the new lease, and the
+    slot key with it (gone while its VM went into its maintenance). The keys stay, and the
+    next swap (tried again every third of ttl) ends on one lease with every key."""
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slot = f"{direct.prefix}/slots/web/0"
+    lease = DaemonLease(direct, TTL)
+    with EtcdClient(direct) as reader, AnswerLost(direct) as lossy:
+        try:
+            old, _ = lease.get(reader)
+            reader.put(slot, b'{"vm": "vm-a"}', old)
+            with pytest.raises(EtcdError):
+                lease.hold(lossy, 600, "vm-a")
+            assert reader.range(slot)[1], "the slot key is still in etcd (main: revoked)"
+            now, moved = lease.hold(reader, 600, "vm-a")
+            assert slot in moved
+            assert leases(reader, direct.prefix) == {now}
+            assert reader.lease_keys(old) is None, "the old lease revoked"
+            assert reader.time_to_live(now) > 500
+        finally:
+            lease.close()
+
+
+def test_a_swap_back_whose_move_was_applied_but_not_answered_keeps_the_keys_on_one_lease(
+    cluster,
+):
+    """The same on the swap back to `ttl` (the slot given back, a shared event's mark left):
+    on main the mark went with the revoked new lease. It stays; the keep-alive thread swaps
+    back again at its next renewal and the daemon ends on one lease of `ttl` with it."""
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    mark = f"{direct.prefix}/events/E1/vm-a"
+    lease = DaemonLease(direct, TTL)
+    with EtcdClient(direct) as reader, AnswerLost(direct) as lossy:
+        try:
+            held, _ = lease.hold(reader, 600, "vm-a")
+            reader.put(mark, b'{"state": "ready"}', held)
+            lease.unhold("vm-a", lossy)  # the error is the keep-alive thread's to try again
+            assert reader.range(mark)[1], "the mark is still in etcd (main: revoked)"
+            wait_for(lambda: lease.get(reader)[0] != held, 2 * TTL, "swapped back")
+            back, _ = lease.get(reader)
+            time.sleep(TTL + 1)  # longer than the lost swap's lease would live unrenewed
+            assert reader.range(mark)[1], "the mark is still in etcd"
+            assert leases(reader, direct.prefix) == {back}
+            assert reader.lease_keys(held) is None, "the hold lease revoked"
+            assert 0 < reader.time_to_live(back) <= TTL
+        finally:
+            lease.close()
