@@ -11,10 +11,10 @@ for its maintenance, the VM pulled away, a crash) leaves its slot held until `ho
 the last renewal, or until it is back and takes it again. Once no slot is held through any more
 (`unhold`) it is swapped back to a `ttl` one the same way. One lease per running daemon at every
 instant, two only inside a swap (or after a swap whose move etcd did not answer: its new lease,
-renewed, until the next swap moves its keys), whatever the number of its events. Kept alive every third of
-`ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted belongs to a
-silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon killed in its
-maintenance from a live one, though its keys stay.
+renewed, until the next swap moves its keys), whatever the number of its events. Kept alive
+every third of `ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted
+belongs to a silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon
+killed in its maintenance from a live one, though its keys stay.
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
