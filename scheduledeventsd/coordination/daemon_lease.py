@@ -160,10 +160,11 @@ class DaemonLease:
         """Leases a slot was taken back from (this daemon's before a restart or a reload),
         revoked once no slot key is left on them: not left to etcd until hold_max. What else
         they carry (the alive mark, shared-event marks) was the gone process's: the new one
-        writes again what it still means. Never its own lease."""
+        writes again what it still means. Never its own lease, nor a stray of its own (its
+        marks on it, if a swap's unanswered move was applied: moved by the next swap)."""
         with self._lock:
-            own = self._id
-        for old in sorted(lease for lease in leases if lease and lease != own):
+            own = {self._id, *self._strays}
+        for old in sorted(lease for lease in leases if lease and lease not in own):
             with contextlib.suppress(EtcdError):
                 left = client.lease_keys(old)
                 if left is not None and not any(self._is_slot(key) for key in left):

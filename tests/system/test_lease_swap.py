@@ -204,3 +204,26 @@ def test_a_swap_back_whose_move_was_applied_but_not_answered_keeps_the_keys_on_o
             assert 0 < reader.time_to_live(back) <= TTL
         finally:
             lease.close()
+
+
+def test_a_stray_of_a_swap_unanswered_is_not_revoked_as_a_previous_processs_lease(cluster):
+    """A slot given back with its keys on a swap's stray lease (its move applied, unanswered)
+    names that lease to `revoke_empty`, meant for a previous process's: its marks (a shared
+    event's ready) went with it. The stray is the daemon's own: kept for the next swap."""
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    mark = f"{direct.prefix}/events/E1/vm-a"
+    lease = DaemonLease(direct, TTL)
+    with EtcdClient(direct) as reader, AnswerLost(direct) as lossy:
+        try:
+            old, _ = lease.get(reader)
+            reader.put(mark, b'{"state": "ready"}', old)
+            with pytest.raises(EtcdError):
+                lease.hold(lossy, 600, "vm-a")
+            (stray,) = leases(reader, direct.prefix)
+            lease.revoke_empty(reader, {stray})
+            assert reader.range(mark)[1], "the mark is still in etcd (was: revoked)"
+            now, moved = lease.hold(reader, 600, "vm-a")
+            assert moved == {mark}
+            assert leases(reader, direct.prefix) == {now}
+        finally:
+            lease.close()
