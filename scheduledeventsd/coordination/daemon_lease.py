@@ -123,13 +123,13 @@ class DaemonLease:
             with self._lock:
                 if self._id is not None and self._holding:
                     self._holders.add(holder)
-                    self._back = False
+                    self._back = self._drop_slots = False  # held again: nothing to drop
                     return self._id, frozenset()
             lease, moved = self._swap(client, seconds)
             with self._lock:
                 self._holding = seconds
                 self._holders.add(holder)
-                self._back = False
+                self._back = self._drop_slots = False
             return lease, moved
 
     def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
@@ -312,7 +312,7 @@ class DaemonLease:
         with self._granting:
             with self._lock:
                 if not self._back or self._holders or not self._holding or self._id is None:
-                    self._back = False
+                    self._back = self._drop_slots = False
                     return
                 drop, ttl = self._drop_slots, self.ttl
             self._swap(client, ttl, drop)

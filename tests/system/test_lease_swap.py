@@ -227,3 +227,28 @@ def test_a_stray_of_a_swap_unanswered_is_not_revoked_as_a_previous_processs_leas
             assert leases(reader, direct.prefix) == {now}
         finally:
             lease.close()
+
+
+def test_a_slot_held_again_after_a_reload_dropped_one_is_moved_by_the_next_swap_back(cluster):
+    """A reload removed `concurrency` while a slot was held through (`drop_unheld`: swapped back
+    without the slot keys), then another put it back and a slot was held through again before
+    that swap back ran. The drop stayed asked for: the swap back after that slot's release
+    dropped every slot key on the lease, another VM's event's too (its worker still saying it
+    held it). Held again, the drop is forgotten."""
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slot = f"{direct.prefix}/slots/web/0"
+    lease = DaemonLease(direct, TTL)
+    with EtcdClient(direct) as reader:
+        try:
+            lease.hold(reader, 600, "old keeper")
+            lease.unhold("old keeper")  # handed over by the reload, to a keeper never coming
+            lease.drop_unheld()  # the keep-alive thread's to do, at its next renewal
+            held, _ = lease.hold(reader, 600, "new keeper")  # before it did
+            reader.put(slot, b'{"vm": "vm-a"}', held)
+            lease.unhold("new keeper", reader)
+            back, _ = lease.get(reader)
+            assert back != held, "swapped back"
+            assert reader.range(slot)[1], "the slot key moved, not dropped (was: revoked)"
+            assert leases(reader, direct.prefix) == {back}
+        finally:
+            lease.close()
