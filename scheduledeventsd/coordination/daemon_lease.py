@@ -200,6 +200,10 @@ class DaemonLease:
 
         return unwatch
 
+    def wait_closed(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if the lease is closed meanwhile: whether it is."""
+        return self._stopped.wait(seconds)
+
     def close(self) -> None:
         """Stop renewing (never revoked: its keys expire within its TTL, as for a daemon killed)."""
         self._stopped.set()

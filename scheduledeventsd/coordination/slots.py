@@ -296,24 +296,36 @@ class _Worker:
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
         a restart (after-hooks quicker than etcd), the one its hold lease still keeps: a key
-        left there would hold the next VM up for hold_max. Only while it holds our value."""
+        left there would hold the next VM up for hold_max. Only while it holds our value.
+        Tried again until etcd answers: on the daemon's one lease, renewed, a key left would
+        hold the group up for as long as the daemon lives (or the lease, closed, is gone)."""
         self._thread.join(timeout=self.settings.timeout + self.renew)
-        try:
-            with EtcdClient(self.settings) as client:
-                self._line.leave(client)  # released while it waited (its event cancelled)
-                if self._keys:
-                    client.delete_all(self._keys, self.value)
-                else:  # the lease it was on (its daemon's before the restart) revoked too
-                    ours, was = tuple(self.prefixes.values()), set()
-                    for kv in client.range(self.root)[1]:
-                        mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
-                        if mine and client.delete(kv.key, kv.value or b""):
-                            was.add(kv.lease)
-                    self._shared.revoke_empty(client, was)
-                if self._keep or self._on_hold:
-                    self._shared.unhold(self._token, client)  # back to ttl once nobody holds
-        except EtcdError:
-            pass  # on the daemon's lease, it goes with it; under a hold, at its end
+        backoff = Backoff(first=1.0, cap=self.renew)
+        failures = 0
+        while True:
+            try:
+                with EtcdClient(self.settings) as client:
+                    self._return(client)
+            except EtcdError:
+                failures += 1
+                if self._shared.wait_closed(backoff.delay(failures)):
+                    return  # the daemon stops: its keys go with its lease (a hold's at its end)
+            else:
+                return
+
+    def _return(self, client: EtcdClient) -> None:
+        self._line.leave(client)  # released while it waited (its event cancelled)
+        if self._keys:
+            client.delete_all(self._keys, self.value)
+        else:  # the lease it was on (its daemon's before the restart) revoked too
+            ours, was = tuple(self.prefixes.values()), set()
+            for kv in client.range(self.root)[1]:
+                mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
+                if mine and client.delete(kv.key, kv.value or b""):
+                    was.add(kv.lease)
+            self._shared.revoke_empty(client, was)
+        if self._keep or self._on_hold:
+            self._shared.unhold(self._token, client)  # back to ttl once nobody holds
 
     def _run(self) -> None:
         backoff = Backoff(first=1.0, cap=self.renew)

@@ -252,3 +252,29 @@ def test_a_slot_held_again_after_a_reload_dropped_one_is_moved_by_the_next_swap_
             assert leases(reader, direct.prefix) == {back}
         finally:
             lease.close()
+
+
+def test_a_slot_given_back_while_etcd_was_out_of_reach_is_deleted_once_it_answers(cluster):
+    """vm-a's event released while its daemon was cut from etcd for less than `ttl`: the
+    delete failed and was never tried again, and the key stayed on the daemon's one lease,
+    renewed for as long as the daemon lives (before the one lease it went with the worker's
+    own within ttl): every other VM of the group waited for good. It is deleted once etcd
+    answers."""
+    ttl = 9  # renewed every 3 s: cut for 3.5 s, it is never lost
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slots = f"{direct.prefix}/slots/web/"
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    with ProxySet(cluster.endpoints, host="127.0.0.7") as path, EtcdClient(direct) as reader:
+        daemon = Etcd(endpoints=tuple(path.endpoints), prefix=direct.prefix, timeout=1.0)
+        keeper = SlotKeeper(daemon, Concurrency("web", 1, ttl), inbox.put)
+        try:
+            keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+            said(inbox, SlotGranted, "R1")
+            path.cut(reset=True)
+            keeper.release("R1")  # its delete refused by every member
+            time.sleep(3.5)
+            path.restore()
+            wait_for(lambda: not reader.range(slots)[1], 3 * ttl, "the slot given back")
+        finally:
+            path.restore()
+            keeper.stop_all()
