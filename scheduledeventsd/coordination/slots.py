@@ -298,14 +298,16 @@ class _Worker:
         a restart (after-hooks quicker than etcd), the one its hold lease still keeps: a key
         left there would hold the next VM up for hold_max. Only while it holds our value.
         Tried again until etcd answers: on the daemon's one lease, renewed, a key left would
-        hold the group up for as long as the daemon lives (or the lease, closed, is gone)."""
+        hold the group up for as long as the daemon lives (or the lease, closed, is gone). Then
+        only the keys it wrote itself: any other of its VM's could be the VM's next event's,
+        taken meanwhile (its previous process's, if left, goes at the end of that one's lease)."""
         self._thread.join(timeout=self.settings.timeout + self.renew)
         backoff = Backoff(first=1.0, cap=self.renew)
         failures = 0
         while True:
             try:
                 with EtcdClient(self.settings) as client:
-                    self._return(client)
+                    self._return(client, looked=failures > 0)
             except EtcdError:
                 failures += 1
                 if self._shared.wait_closed(backoff.delay(failures)):
@@ -313,7 +315,7 @@ class _Worker:
             else:
                 return
 
-    def _return(self, client: EtcdClient) -> None:
+    def _return(self, client: EtcdClient, looked: bool) -> None:
         self._line.leave(client)  # released while it waited (its event cancelled)
         if self._keys:
             client.delete_all(self._keys, self.value)
@@ -321,6 +323,7 @@ class _Worker:
             ours, was = tuple(self.prefixes.values()), set()
             for kv in client.range(self.root)[1]:
                 mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
+                mine = mine and (not looked or kv.value == self.value)
                 if mine and client.delete(kv.key, kv.value or b""):
                     was.add(kv.lease)
             self._shared.revoke_empty(client, was)

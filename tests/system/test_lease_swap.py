@@ -20,7 +20,14 @@ from scheduledeventsd.coordination.daemon_lease import DaemonLease
 from scheduledeventsd.coordination.etcd import EtcdClient, EtcdError
 from scheduledeventsd.coordination.peers import EtcdCoordinator, event_prefix
 from scheduledeventsd.coordination.slots import SlotKeeper
-from scheduledeventsd.engine import AcquireSlot, Coordinate, Message, PeersChanged, SlotGranted
+from scheduledeventsd.engine import (
+    AcquireSlot,
+    Coordinate,
+    Message,
+    PeersChanged,
+    SlotFailed,
+    SlotGranted,
+)
 from tests.conftest import wait_for
 from tests.engine.test_engine import event
 from tests.tcp_proxy import ProxySet
@@ -278,3 +285,33 @@ def test_a_slot_given_back_while_etcd_was_out_of_reach_is_deleted_once_it_answer
         finally:
             path.restore()
             keeper.stop_all()
+
+
+def test_a_slot_whose_worker_lost_track_of_it_given_back_in_a_partition_is_deleted_after(
+    cluster,
+):
+    """The same when the worker had lost track of its key first (its read every third of
+    `ttl` failed: SlotFailed, the key no longer counted as its own) and the event was released
+    before etcd answered again: the key it wrote is looked for again and deleted once etcd
+    answers (here only the worker's path to etcd is cut: the daemon's lease is renewed)."""
+    ttl = 6
+    direct = Etcd(endpoints=tuple(cluster.endpoints), prefix=f"/sed-{uuid.uuid4().hex[:8]}")
+    slots = f"{direct.prefix}/slots/web/"
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    lease = DaemonLease(direct, ttl)
+    with ProxySet(cluster.endpoints, host="127.0.0.7") as path, EtcdClient(direct) as reader:
+        worker = Etcd(endpoints=tuple(path.endpoints), prefix=direct.prefix, timeout=1.0)
+        keeper = SlotKeeper(worker, Concurrency("web", 1, ttl), inbox.put, lease)
+        try:
+            keeper.acquire(AcquireSlot(event("R1"), "vm-a"))
+            said(inbox, SlotGranted, "R1")
+            path.cut(reset=True)
+            said(inbox, SlotFailed, "R1")  # its read failed: its keys forgotten
+            keeper.release("R1")  # its delete refused by every member
+            time.sleep(2)
+            path.restore()
+            wait_for(lambda: not reader.range(slots)[1], 3 * ttl, "the slot given back")
+        finally:
+            path.restore()
+            keeper.stop_all()
+            lease.close()
