@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..config import ApprovePolicy
 from ..model import SCHEDULED, Event
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
+from .frozen import replace
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
 from .poll import rate, timing, turns

@@ -3,13 +3,13 @@ before any hook runs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
 from . import approval, peers, returned, runs, stages
+from .frozen import replace
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
 from typing import Optional
 
 from ..model import Event, iso_utc
 from ..records import Level, Record, What
+from .frozen import replace
 from .lifecycle import DURABLE, Phase
 from .state import Hold, Known, State
 from .vocabulary.effects import Effect, Notify, Persist, SpawnHooks

@@ -6,12 +6,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..config import Config, DrainMethod, Pacemaker
 from ..model import Event
 from ..retry import Failures
+from .frozen import replace
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Slot, Stage, check
 
 

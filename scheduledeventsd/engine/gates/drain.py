@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import replace
 from typing import Optional
 
 from ...config import Config, Pacemaker
@@ -13,6 +12,7 @@ from ...model import Event
 from ...records import Level, Record, What
 from .. import runs
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import Drain, On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _note, event_fields

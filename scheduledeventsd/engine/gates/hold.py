@@ -6,12 +6,12 @@ every `after_retry` until they succeed (or an operator frees the slot)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...config import NOT_BACK
 from ...records import Level, What
 from .. import runs
+from ..frozen import replace
 from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move, _with

@@ -4,11 +4,11 @@ approval that waits for that: poll/turns."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...records import Cause, Level, What
 from .. import peers
+from ..frozen import replace
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
 from ..state import NO_FAILURES, SlotLease, State, Tracked, _move, _with

@@ -6,12 +6,12 @@ the window closed is given back here."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...config import EventRule
 from ...records import Level, What
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked, _move, _with

@@ -5,10 +5,10 @@ comes (the drainer's thread hangs). The drain gate itself: gates/drain."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Optional
 
 from .. import runs
+from ..frozen import replace
 from ..lifecycle import Drain, Phase
 from ..state import State, Tracked, _with
 from ..vocabulary.constants import RESTORE_TIMEOUT

@@ -4,12 +4,12 @@ the before-hooks until the event is over. Its entry, the grant and the deadline:
 from __future__ import annotations
 
 import enum
-from dataclasses import replace
 from typing import Optional
 
 from ...config import Config, EventRule
 from ...model import Event
 from ...records import Level, Record, What
+from ..frozen import replace
 from ..lifecycle import Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note

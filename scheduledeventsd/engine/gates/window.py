@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from ...config import EventRule
@@ -15,6 +15,7 @@ from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import On, Phase
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
