@@ -14,7 +14,7 @@ from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
-from .state import State, Tracked, _forget, _move
+from .state import Events, State, Tracked, _forget, _move
 from .vocabulary.constants import CLOCK_STEP
 from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import DocumentFetched
@@ -113,7 +113,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             else:
                 state = _forget(state, tracked)
             state = _seen_by_the_next(state, gone, tracked)
-    state = replace(state, events=events)
+    state = replace(state, events=Events(events))
     failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
     return replace(state, approvals=replace(state.approvals, failures=failures))
 
@@ -124,7 +124,7 @@ def _seen_by_the_next(state: State, was: Optional[Tracked], tracked: Tracked) ->
     and the node stayed marked for good (found by test_promises' GatedPromises)."""
     if was is None or was.drain is tracked.drain:
         return state
-    return replace(state, events={**state.events, tracked.event.event_id: tracked})
+    return replace(state, events=Events({**state.events, tracked.event.event_id: tracked}))
 
 
 def _resources_changed(
