@@ -76,6 +76,9 @@ class Events(dict[str, Tracked]):
     __setitem__ = __delitem__ = __ior__ = _changed
     clear = pop = popitem = setdefault = update = _changed
 
+    def __reduce__(self) -> tuple[type[Events], tuple[dict[str, Tracked]]]:
+        return Events, (dict(self),)  # copied or pickled whole, never item by item
+
 
 def ours(events: Known) -> Sequence[Item]:
     """The events of this VM, in their order: all that a timer or a coupling looks at, and what

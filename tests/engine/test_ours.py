@@ -6,6 +6,7 @@ refused. And `Events`, which keeps `ours` once derived, can never change under i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 
@@ -114,3 +115,12 @@ def test_a_timer_for_another_vms_event_is_refused_at_composition():
     with pytest.raises(ValueError, match="another VM's event"):
         composed((dataclasses.replace(window, timers=timers),))
     composed((window,))
+
+
+def test_events_copy_whole():
+    """copy and deepcopy (and pickle) rebuild them whole, not item by item, which they refuse."""
+    events = Events({"E1": Tracked(event("E1"), Phase.WAITING)})
+    for again in (copy.copy(events), copy.deepcopy(events)):
+        assert type(again) is Events
+        assert again == events
+        assert again.ours() == events.ours()
