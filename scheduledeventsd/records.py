@@ -27,6 +27,7 @@ class What(str, enum.Enum):
     DAEMON_STOPPED = "daemon_stopped"
     STATE_DEGRADED = "state_degraded"
     STATE_RECOVERED = "state_recovered"
+    STATE_REPAIRED = "state_repaired"
     VM_NAME = "vm_name"
     VM_NAME_FALLBACK = "vm_name_fallback"
     DOCUMENT_CHANGED = "document_changed"

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 from ..records import Level, Record, What
 from . import approval, events, lifetime, peers, reload, stages
 from .component import Coupling, Gate, Handler, Timers
+from .frozen import replace
 from .gates import pipeline, restore
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
@@ -94,13 +95,16 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     except IllegalTransitionError as e:
         if state.strict:
             raise
+        document = _document_of(message)
         out = [
             Record(
                 Level.ERROR,
                 What.TRANSITION_REFUSED,
-                {"message": type(message).__name__, "error": str(e)},
+                {"message": type(message).__name__, "error": str(e), **document},
             )
         ]
+        if document and document["incarnation"] == state.refused_document:
+            out = []  # said once for this document: refused again quietly (counted: faults)
         new = _refused(state, message, now, out)
         refused = True
     _persist_on_change(state, new, out)
@@ -156,9 +160,18 @@ def _refused(state: State, message: Message, now: float, out: list[Effect]) -> S
     poll was ordered again (issue 26 #16). The next poll is ordered here, not by `_timers`,
     whose own due timer may be what raised."""
     state = lifetime._faulted(state, Faulted("transition", "", message), now, out)
+    if isinstance(message, DocumentFetched):  # served again every poll: said once (full_step)
+        state = replace(state, refused_document=message.document.incarnation)
     if state.ready and state.stopping is None and state.poll.in_flight_since is None:
         state = timing._order_poll(state, state.poll, now, out)
     return state
+
+
+def _document_of(message: Message) -> dict[str, int]:
+    """The refused document's incarnation, as its record says it (none for other messages)."""
+    if isinstance(message, DocumentFetched):
+        return {"incarnation": message.document.incarnation}
+    return {}
 
 
 # The messages of the components that are not gates; the gates' come from their declarations.

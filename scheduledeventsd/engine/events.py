@@ -1,14 +1,12 @@
-"""The events of a document: what is new, listed again, or gone, and the rules that decide an event
-before any hook runs."""
+"""The events of a document: what is new (engine/first_sight), listed again, or gone."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ..config import EventRule, UserEvents
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import approval, peers, returned, runs, stages
+from . import first_sight, peers, postponed, returned, runs, stages
 from .frozen import replace
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
@@ -93,7 +91,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:
-            state, tracked = _first_sight(event, state, doc.incarnation, now, out)
+            state, tracked = first_sight.first_sight(event, state, doc.incarnation, now, out)
         elif before.phase is Phase.NOT_OURS:
             tracked = before if before.event == event else replace(before, event=event)
         elif not event.names(before.vm_name or state.vm_name):
@@ -178,6 +176,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
         )
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
+    moved = postponed.moved_later(state, before, event, now)
+    if moved is not None:  # not kept drained for days: prepared again at its new lead
+        return postponed.put_back(state, tracked, moved, now, out)
     phase = tracked.phase
     if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:
@@ -269,82 +270,6 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
         return state, _move(gone, on, Phase.ENDING, stage=stage)
     out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))
     return stages._start_stage(state, gone, on, stage, out)
-
-
-def _first_sight(
-    event: Event, state: State, incarnation: int, now: float, out: list[Effect]
-) -> tuple[State, Tracked]:
-    new = Tracked(
-        event, Phase.NEW, boot_id=state.boot_id, vm_name=state.vm_name, incarnation=incarnation
-    )
-    on = On.SEEN
-    vm_name = state.vm_name
-    if not event.names(vm_name):
-        out.append(
-            _note(Level.INFO, What.EVENT_IGNORED, event, reason="not for this VM", vm_name=vm_name)
-        )
-        return state, _move(new, on, Phase.NOT_OURS)
-    out.append(_note(Level.INFO, What.EVENT_DETECTED, event))
-    if event.status == STARTED:
-        out.append(
-            _note(
-                Level.WARNING,
-                What.EVENT_MISSED,
-                event,
-                reason="first seen already Started; no hooks run",
-            )
-        )
-        return state, _move(new, on, Phase.MISSED)
-    if event.status != SCHEDULED:
-        out.append(_unhandled(event, f"unknown status {event.status!r}"))
-        return state, _move(new, on, Phase.UNHANDLED)
-    rule = state.config.events.get(event.event_type)
-    if rule is None:
-        out.append(_unhandled(event, f"no hooks configured for {event.event_type}; left alone"))
-        return state, _move(new, on, Phase.UNHANDLED)
-    decided = _rule(event, rule, state, out)
-    if decided is not None:
-        phase, why = decided
-        return state, _move(new, on, phase, rule=why)
-    return pipeline.enter(state, new, on, now, out)
-
-
-def _rule(
-    event: Event, rule: EventRule, state: State, out: list[Effect]
-) -> Optional[tuple[Phase, Rule]]:
-    """Rules that decide before any hook runs: events a person asked for, short Freezes."""
-    user = state.config.user_events
-    if event.source.casefold() == "user" and user is not UserEvents.HOOKS:
-        out.append(
-            _note(
-                Level.INFO,
-                What.EVENT_RULE,
-                event,
-                rule=Rule.USER.value,
-                decision=user.value,
-                reason=f"EventSource User and user_events: {user.value}",
-            )
-        )
-        if user is UserEvents.IGNORE:
-            return Phase.UNHANDLED, Rule.USER
-        return Phase.APPROVING, Rule.USER
-    duration = event.duration_seconds
-    short = rule.short_seconds
-    if short is not None and duration is not None and 0 <= duration <= short:
-        out.append(
-            _note(
-                Level.INFO,
-                What.EVENT_RULE,
-                event,
-                rule=Rule.SHORT.value,
-                reason=f"DurationInSeconds {duration} <= short_seconds {short}: no hooks",
-            )
-        )
-        phase, note = approval._approval(event, state)
-        if note is not None:
-            out.append(note)
-        return phase, Rule.SHORT
-    return None
 
 
 def _prepared(tracked: Tracked) -> bool:

@@ -150,6 +150,8 @@ _INTO_GATED = (
     *((P.INTERRUPTED, On.LISTED), (P.REBOOTED, On.LISTED), (P.GATED, On.PASSED)),
 )
 _LET_GO = "its gate lets it go (Gate.left)"
+# engine/postponed: a node is not kept prepared for days when NotBefore moves that far away.
+_POSTPONED = "NotBefore moved later by more than its lead, and start_before or a window holds it"
 _REGATED = f"{_REQUEUED}, then gated"  # granted its slot back, held by a gate after it
 
 
@@ -305,6 +307,10 @@ _ROWS: list[Transition] = [
     *[
         _t(p, On.LEFT, _ENDS, "after-hooks if it started or we approved it, else cancelled-hooks")
         for p in (P.COORDINATING, P.APPROVING, P.APPROVED, P.NOT_APPROVED, P.HOOKS_FAILED, P.DONE)
+    ],
+    *[
+        _t(p, On.LISTED, _ENDS, f"{_POSTPONED}: cancelled-hooks, then judged anew (it waits)")
+        for p in (P.NOT_APPROVED, P.HOOKS_FAILED)
     ],
     *[_t(p, On.RESTARTED, [p], "carries on") for p in _KEPT],
     *[

@@ -58,6 +58,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
     )
     if msg.state_problem:
         out.append(_state_warning(msg.state_problem))
+    for repair in msg.repaired:  # read all the same, without what no step could use
+        out.append(Record(Level.WARNING, What.STATE_REPAIRED, {"error": repair}))
     state = replace(
         state,
         state_problem=msg.state_problem,

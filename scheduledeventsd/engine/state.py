@@ -190,6 +190,9 @@ class State:
     # Events forgotten in this step that still asked for or held a concurrency slot: the slot
     # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
     forgotten: tuple[Tracked, ...] = ()
+    # The incarnation of the last document refused whole (transition_refused), said once: the
+    # same one served again (the poll after a refusal reads it) is refused quietly.
+    refused_document: Optional[int] = None
 
 
 def initial(config: Config, watchdog_usec: Optional[int] = None, *, strict: bool = False) -> State:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from ..config import DrainMethod
 from ..engine import ClusterMark, Known, Tracked
+from ..engine.gates import onward
 from ..engine.lifecycle import DURABLE, PREPARED, Drain, Phase, Rule, Slot, Stage
 from ..model import parse_event
 
@@ -77,6 +78,7 @@ class StateStore:
         self._saved: tuple[Known, Optional[ClusterMark]] | None = None
         self.cluster_mark: Optional[ClusterMark] = None  # as `load` found it
         self.mark_unrecorded = False  # an older file, with a node drained for an event
+        self.repaired: tuple[str, ...] = ()  # what `load` dropped to read the file (state_repaired)
 
     def lock(self) -> None:
         """Two daemons on one state directory would both run every hook: refuse the second.
@@ -121,12 +123,15 @@ class StateStore:
         except OSError as e:
             # Unreadable is not absent: the first save must not overwrite what it may hold.
             return {}, self._move_aside(f"cannot read: {e.strerror or e}")
+        repairs: list[str] = []
         try:
             raw = json.loads(text)
-            known, mark = _decode(raw), _decode_mark(raw)
+            known, mark = _decode(raw, repairs), _decode_mark(raw)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             return {}, self._move_aside(str(e) or type(e).__name__)
-        self._saved, self.cluster_mark = (known, mark), mark
+        # Repaired: the next save writes what was read, not the file as it was.
+        self._saved = (known, mark) if not repairs else None
+        self.cluster_mark, self.repaired = mark, tuple(repairs)
         self.mark_unrecorded = "cluster_mark" not in raw and any(
             t.drain in (Drain.ASKED, Drain.DONE) for t in known.values()
         )
@@ -256,7 +261,31 @@ def _decode_mark(raw: dict[str, Any]) -> Optional[ClusterMark]:
     return ClusterMark(DrainMethod(entry["method"]), attribute)
 
 
-def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
+def _readable_gates(
+    event_id: str, gates: dict[str, str], phase: Phase, gated: str, repairs: list[str]
+) -> tuple[dict[str, str], Phase, str]:
+    """A gate's slice in a state no step can read (a gate the engine knows, a state its table
+    does not have: hand-edited, or another release's) is dropped here, at the edge, and said in
+    `repairs`, never raised in a step; an event that gate held waits again, placed by the next
+    document, as a release without the gate reads it (_WRITTEN_AS). Unknown gates are kept."""
+    kept = dict(gates)
+    for name, value in gates.items():
+        states = onward.states_of(name)
+        if states is None or value in states:
+            continue
+        del kept[name]
+        shown = ", ".join(repr(s) for s in sorted(states) if s)
+        repair = f"{event_id}: gates.{name}: {value[:40]!r} is not a state of that gate ({shown})"
+        if phase is Phase.GATED and gated == name:
+            phase, gated = Phase.WAITING, ""
+            repair += "; the event it held waits again, placed by the next document"
+        repairs.append(f"{repair}; dropped")
+    return kept, phase, gated
+
+
+def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: ANN401 - file contents
+    """The events saved; what had to be repaired to read them is added to `repairs`."""
+    repairs = [] if repairs is None else repairs
     version = raw.get("version") if isinstance(raw, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version > _VERSION:
         raise ValueError(
@@ -291,6 +320,7 @@ def _decode(raw: Any) -> Known:  # noqa: ANN401 - file contents
         phase = Phase(newer if newer in known_phases else entry["phase"])
         if phase not in DURABLE:
             raise ValueError(f"phase {phase.value} is never stored")
+        gates, phase, gated = _readable_gates(event.event_id, gates, phase, gated, repairs)
         prepared = entry.get("prepared", phase in PREPARED)  # older files: as its phase says
         if not isinstance(prepared, bool):
             raise TypeError("prepared must be true or false")

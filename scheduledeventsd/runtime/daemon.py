@@ -33,6 +33,7 @@ from ..engine import (
     ClusterRestored,
     Coordinate,
     CoordinationFailed,
+    DocumentFetched,
     DrainNode,
     Effect,
     Exit,
@@ -126,6 +127,9 @@ class Daemon:
         self._wake_at = 0.0
         self._exit: Optional[int] = None
         self._faults_seen: set[tuple[str, str, str]] = set()
+        # The incarnation of the last document whose step raised, said once: served again
+        # at every poll, it is refused quietly (counted: internal_errors).
+        self._refused_document: Optional[int] = None
 
     # ---- control from outside -------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Daemon:
                     boot.boot_id(),
                     store.cluster_mark,
                     mark_unrecorded=store.mark_unrecorded,
+                    repaired=store.repaired,
                 )
             )
             while self._exit is None:
@@ -256,20 +261,29 @@ class Daemon:
             self.inbox.put(Persisted(detail))
 
     def _fault(self, where: str, error: Exception, message: Optional[Message]) -> None:
-        """Logged once per distinct failure with its traceback, counted, shown as degraded;
-        `message`: the one a step dropped (what it held is released), None for an effect."""
+        """Logged with its traceback once per distinct failure (a document once per document:
+        served again, it is dropped quietly), counted, shown as degraded; `message`: the one a
+        step dropped (what it held is released), None for an effect."""
         key = (where, type(error).__name__, str(error)[:200])
         first = key not in self._faults_seen
         if first and len(self._faults_seen) < 100:
             self._faults_seen.add(key)
-        self.log.error(
-            "internal_error",
-            where=where,
-            error=repr(error)[:2000],
-            dropped=type(message).__name__ if message is not None else None,
-            traceback=_traceback(error) if first else None,
-            reason="a defect: the message was dropped and the daemon carries on",
-        )
+        document = message.document.incarnation if isinstance(message, DocumentFetched) else None
+        said = document is not None and document == self._refused_document
+        if document is not None:  # served again at every poll: said once, refused quietly
+            self._refused_document = document
+        if not said:
+            self.log.error(
+                "internal_error",
+                where=where,
+                error=repr(error)[:2000],
+                dropped=type(message).__name__ if message is not None else None,
+                traceback=_traceback(error) if first else None,
+                reason="a defect: the message was dropped and the daemon carries on"
+                if document is None
+                else _DOCUMENT_DROPPED,
+                **({} if document is None else {"incarnation": document}),
+            )
         if isinstance(message, Faulted):
             return  # the report of a fault failed itself: never recurse
         self._feed(Faulted(where, repr(error)[:500], message))
@@ -507,6 +521,12 @@ class Daemon:
             threading.Thread(target=work, name=f"hooks-{run}", daemon=True).start()
         except RuntimeError as e:  # "can't start new thread"
             self.inbox.put(finish(None, f"cannot start a thread: {e}"))
+
+
+_DOCUMENT_DROPPED = (
+    "a defect: this document was dropped and the daemon carries on; served again, it is dropped "
+    "quietly (scheduledeventsd_internal_errors_total counts each time)"
+)
 
 
 def _traceback(error: Exception) -> str:

@@ -334,3 +334,65 @@ def test_an_event_that_left_is_saved_as_such_and_read_by_the_previous_release(
     raw["events"][0]["left"] = "yes"
     (tmp_path / STATE_FILE).write_text(json.dumps(raw))
     assert "left must be true or false" in StateStore(tmp_path).load()[1]
+
+
+@pytest.fixture
+def toy_gate(monkeypatch):
+    """The pipeline with tests/engine's holding gate, which keeps its slice in Tracked.gates."""
+    from scheduledeventsd.engine.gates import onward, pipeline  # noqa: PLC0415
+    from tests.engine.test_engine_gated import composed_with, holding_gate  # noqa: PLC0415
+
+    composed_with(monkeypatch, holding_gate([]))
+    try:
+        yield
+    finally:
+        onward.link(pipeline.GATES)
+
+
+def test_a_gate_slice_in_a_state_its_gate_does_not_have_is_dropped_at_load_not_raised_in_a_step(
+    tmp_path, toy_gate
+):
+    """A hand-edited state file: the event held by a known gate, its slice in a state that gate
+    has not. Before: loaded as it was, and the first step (the gate asks again at the boot)
+    raised ValueError. Now: dropped at load and said (state_repaired); the event waits again,
+    placed by the next document, and no step raises (a strict engine would)."""
+    from scheduledeventsd.engine import Boot, DocumentFetched, initial, step  # noqa: PLC0415
+    from scheduledeventsd.records import Record  # noqa: PLC0415
+    from tests.engine.test_engine import config, doc  # noqa: PLC0415
+    from tests.engine.test_engine_gated import NAME  # noqa: PLC0415
+
+    entry = {"phase": "waiting", "newer_phase": "gated", "event": EVENT.to_json(),
+             "boot_id": "boot-1", "rule": "", "stage": "before", "slot": "", "drain": "",
+             "vm_name": "vm", "incarnation": 2, "prepared": False, "gated": NAME,
+             "gates": {NAME: "bogus", "other": "kept"}}  # fmt: skip
+    (tmp_path / STATE_FILE).write_text(json.dumps({"version": 2, "events": [entry]}))
+    store = StateStore(tmp_path)
+    known, problem = store.load()
+    assert problem == ""
+    tracked = known["E1"]
+    assert tracked.gates == (("other", "kept"),), "an unknown gate's slice is kept as it is"
+    assert (tracked.phase, tracked.gated) == (Phase.WAITING, "")
+    (repair,) = store.repaired
+    assert "gates.toyhold: 'bogus' is not a state of that gate ('asked', 'passed')" in repair
+    state = initial(config(vm_name="vm"), strict=True)
+    state, effects = step(state, Boot(known, problem, "boot-1", repaired=store.repaired), 100.0)
+    (said,) = [e for e in effects if isinstance(e, Record) and e.name == "state_repaired"]
+    assert said.fields["error"] == repair
+    fetched = DocumentFetched(doc(EVENT, incarnation=3), EVENT.not_before.timestamp() - 3600)
+    state, _ = step(state, fetched, 101.0)
+    assert state.events["E1"].gated == NAME, "the gate holds it again, asked anew"
+
+
+def test_a_known_gates_slice_in_an_unknown_state_is_dropped_for_an_event_it_does_not_hold(
+    tmp_path,
+):
+    """The pipeline's own gates (window, queued, drain) are known too: a slice under one of
+    their names in a state it has not is dropped; the event is otherwise read as it was."""
+    StateStore(tmp_path).save({"E1": Tracked(EVENT, Phase.RUNNING)})
+    raw = json.loads((tmp_path / STATE_FILE).read_text())
+    raw["events"][0]["gates"] = {"drain": "sideways"}
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    store = StateStore(tmp_path)
+    assert store.load() == ({"E1": Tracked(EVENT, Phase.RUNNING)}, "")
+    (repair,) = store.repaired
+    assert repair.startswith("E1: gates.drain: 'sideways' is not a state of that gate (")

@@ -150,3 +150,44 @@ def test_a_refused_transition_in_production_drops_the_message_and_says_so():
     refused = [e for e in effects if isinstance(e, engine.Record)]
     assert [r.name for r in refused] == ["transition_refused"]
     assert "running: nothing is declared for 'approval accepted'" in str(refused[0].fields["error"])
+
+
+def test_a_document_refused_whole_is_said_once_and_refused_quietly_when_served_again():
+    """The poll after a refusal (2 s) reads the same document: refused again, counted each
+    time (faults), said once per incarnation; another document is said, and handled if it
+    can be. Before: transition_refused at every poll for as long as IMDS served it."""
+    from tests.engine.test_engine import config, doc, event  # noqa: PLC0415
+
+    handled = engine._HANDLERS[engine.DocumentFetched]
+
+    def approve_before_hooks(state, msg, now, out):
+        state = handled(state, msg, now, out)
+        if "BAD" not in {e.event_id for e in msg.document.events}:
+            return state
+        tracked = state.events["BAD"]
+        return engine._with(state, "BAD", engine._move(tracked, On.ACCEPTED, Phase.APPROVED))
+
+    def said(effects):
+        return [e.fields for e in effects if isinstance(e, engine.Record)
+                and e.name == "transition_refused"]  # fmt: skip
+
+    state = engine.initial(config())
+    state, _ = engine.step(state, engine.Boot({}, "", "b"), 0.0)
+    engine._HANDLERS[engine.DocumentFetched] = approve_before_hooks  # type: ignore[index]
+    try:
+        bad = engine.DocumentFetched(doc(event("BAD"), incarnation=7))
+        state, effects = engine.step(state, bad, 1.0)
+        assert [f["incarnation"] for f in said(effects)] == [7]
+        for at in (3.0, 5.0, 7.0):
+            state, effects = engine.step(state, bad, at)
+            assert not said(effects), "the same document: refused quietly"
+        assert state.faults == 4, "each refusal counted: status says DEGRADED"
+        assert "BAD" not in state.events
+        other = engine.DocumentFetched(doc(event("BAD"), event("E2"), incarnation=8))
+        state, effects = engine.step(state, other, 9.0)
+        assert [f["incarnation"] for f in said(effects)] == [8], "another document: said"
+        state, effects = engine.step(state, engine.DocumentFetched(doc(incarnation=9)), 11.0)
+        assert not said(effects)
+        assert state.incarnation == 9, "a document that can be handled is"
+    finally:
+        engine._HANDLERS[engine.DocumentFetched] = handled  # type: ignore[index]

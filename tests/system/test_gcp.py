@@ -213,6 +213,38 @@ def test_a_moved_maintenance_window_is_the_same_event_with_a_new_not_before(daem
     assert hooks.order() == []
 
 
+def test_a_window_moved_days_later_after_the_drain_undrains_and_drains_again_at_its_new_lead(
+    daemons, gce, hooks
+):
+    """Google moves the upcoming window 3 days later after the before-hook (drain) ran: the
+    cancelled-hook (undrain) runs now and the event waits for its new lead. Before: nothing
+    happened, and the node stayed drained for the 3 days until the maintenance."""
+    cfg = gcp_config(daemons, gce, hooks)
+    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "cancelled": ["cancelled"],
+                                 "start_before": 3600}  # fmt: skip
+    daemon = daemons.start(cfg)
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    gce.upcoming((now + dt.timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "1")
+    daemon.wait_log("hook_finished", hook="redeploy", timeout=10)
+    daemon.wait_log("approval_skipped", timeout=10)
+    moved = now + dt.timedelta(days=3)
+    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "2")
+    cancelled = daemon.wait_log("event_cancelled", timeout=10)
+    assert cancelled["hooks_start_at"] == (moved - dt.timedelta(hours=1)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    daemon.wait_log("hook_finished", hook="cancelled", timeout=10)
+    assert env_of(hooks, "cancelled")["SCHEDULED_EVENT_STAGE"] == "cancelled"
+    assert not_before_of(stdin_of(hooks, "cancelled")) == moved.timestamp()
+    gce.attribute("nudge", "3")  # the next answer: judged anew, it waits for its new lead
+    waiting = daemon.wait_log("event_waiting", timeout=10)
+    assert waiting["event_id"] == gcp.UPCOMING_ID
+    assert waiting["hooks_start_at"] == cancelled["hooks_start_at"]
+    assert hooks.order() == ["redeploy", "cancelled"], "not drained again before its new lead"
+
+
 def instance_requests(gce: GcpSimulator) -> list[Any]:
     return [r for r in list(gce.requests) if r.path.endswith("/instance/")]
 

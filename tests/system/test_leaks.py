@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
 import structlog
 
 from scheduledeventsd import engine
-from scheduledeventsd.engine import PollFailed
+from scheduledeventsd.engine import DocumentFetched, Phase, PollFailed
+from scheduledeventsd.engine.lifecycle import On
 from scheduledeventsd.simulators.azure import Fault
 from tests.conftest import VM, logging_fails_on, receive, wait_for
 
@@ -66,6 +68,58 @@ def test_any_exception_in_a_step_is_logged_once_counted_and_survived(in_process,
         lambda: "scheduledeventsd_internal_errors_total 2.0" in textfile.read_text(),
         what="the counter in the metrics textfile",
     )
+
+
+def refusing(kind: str, refuse: str):
+    """The document handler, with a defect for any document listing the event `refuse`: it
+    raises (internal_error), or makes a move the lifecycle table does not declare
+    (transition_refused). Other documents are handled as ever."""
+    original = engine._HANDLERS[DocumentFetched]
+
+    def handler(state, msg, now, out):
+        state = original(state, msg, now, out)
+        if refuse not in {e.event_id for e in msg.document.events}:
+            return state
+        if kind == "raises":
+            raise RuntimeError("a defect in the document rule")
+        tracked = state.events[refuse]  # approved before its hooks ran: not declared
+        return engine._with(state, refuse, engine._move(tracked, On.ACCEPTED, Phase.APPROVED))
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"), [("raises", "internal_error"), ("refused", "transition_refused")]
+)
+def test_a_refused_document_is_said_once_and_refused_quietly_at_every_poll_after(
+    in_process, sim, monkeypatch, kind, said
+):
+    """A document whose step raises (or that the lifecycle table refuses) is dropped, and
+    polled again 2 s later: the same document is refused again, each time. Said once per
+    document (its incarnation), counted each time (DEGRADED, the internal errors metric);
+    another document is said again; one that can be handled is. Before: said at every poll,
+    every 2 s, for as long as IMDS served it."""
+    daemon, thread, capture, _ = in_process
+    monkeypatch.setitem(engine._HANDLERS, DocumentFetched, refusing(kind, "E-BAD"))
+    sim.add_from_spec({"EventType": "Freeze", "EventId": "E-BAD", "Resources": [VM]})
+    thread.start()
+
+    def said_for() -> list[dict]:
+        return [e for e in capture.entries if e["event"] == said]
+
+    (first,) = wait_for(said_for, what=f"{said} for the bad document")
+    assert first["incarnation"] == sim.incarnation
+    polls = sim.gets()
+    wait_for(lambda: sim.gets() >= polls + 3, timeout=15, what="three more polls of it")
+    assert len(said_for()) == 1, "refused again at each poll, quietly"
+    assert daemon.state.faults >= 4, "each refusal counted: status says DEGRADED"
+    other = sim.add_event("Freeze", ["another-vm"])  # a new document, still listing E-BAD
+    wait_for(lambda: len(said_for()) == 2, what="the new document said once")
+    assert said_for()[1]["incarnation"] == sim.incarnation
+    sim.remove_event("E-BAD")
+    wait_for(lambda: any(e["event"] == "event_ignored" and e.get("event_id") == other
+                         for e in capture.entries), what="a good document handled")  # fmt: skip
+    assert len(said_for()) == 2
 
 
 def test_an_effect_that_raises_ends_as_its_failure_and_polling_goes_on(in_process, sim):

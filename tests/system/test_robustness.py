@@ -4,6 +4,7 @@ IMDS bodies, huge event text), reproduced against the real daemon process."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -142,6 +143,34 @@ def test_a_state_file_that_is_a_directory_is_moved_aside_and_events_are_handled(
     daemon.wait_log("state_recovered")
     assert (daemons.state_dir / "state.json").is_file()
     assert list(daemons.state_dir.glob("state.json.corrupt-*"))
+    assert daemon.stop() == 0
+
+
+def test_a_hand_edited_gate_state_in_the_state_file_is_said_once_and_the_rest_is_read(
+    daemons, sim, hooks
+):
+    """A state file whose event has a known gate's slice (`drain`) in a state that gate does
+    not have: the daemon says `state_repaired` (which event, which gate, which value), keeps
+    the event, and handles events as usual. Before: read without a word."""
+    event_id = sim.add_event("Reboot", [VM])
+    entry = {"phase": "approved", "rule": "", "stage": "before", "slot": "", "drain": "",
+             "boot_id": "", "vm_name": VM, "incarnation": 1, "prepared": True,
+             "event": {"EventId": event_id, "EventType": "Reboot", "EventStatus": "Scheduled",
+                       "ResourceType": "VirtualMachine", "Resources": [VM],
+                       "NotBefore": "Mon, 19 Sep 2039 18:29:47 GMT"},
+             "gates": {"drain": "sideways"}}  # fmt: skip
+    daemons.state_dir.mkdir(parents=True, exist_ok=True)
+    (daemons.state_dir / "state.json").write_text(json.dumps({"version": 2, "events": [entry]}))
+    daemon = daemons.start(one_hook(daemons, hooks))
+    repaired = daemon.wait_log("state_repaired")
+    assert repaired["level"] == "warning"
+    assert repaired["error"].startswith(f"{event_id}: gates.drain: 'sideways' is not a state")
+    assert not daemon.logs("state_degraded"), "the file is read, not moved aside"
+    assert not list(daemons.state_dir.glob("state.json.corrupt-*"))
+    other = sim.add_event("Reboot", [VM])
+    daemon.wait_log("event_approved", event_id=other)
+    assert len(daemon.logs("state_repaired")) == 1
+    assert not daemon.logs("event_detected", event_id=event_id), "kept: approved already"
     assert daemon.stop() == 0
 
 

@@ -8,6 +8,7 @@ gate declares it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 from .. import runs
 from ..component import Enter, Gate
@@ -82,3 +83,14 @@ def clock_moved(
     if gate is not None and gate.clock_moved is not None:
         return gate.clock_moved(state, tracked, now, out)
     return state, tracked
+
+
+def states_of(gate: str) -> Optional[frozenset[str]]:
+    """The states `gate`'s slice in `Tracked.gates` can take (its table's), None for a gate not
+    in the pipeline (kept as it is: "a gate no longer in the pipeline keeps it"): the state
+    file's edge (host/store) drops a slice no step could read (component.gate_state raises)."""
+    declared = _GATES.get(gate)
+    if declared is None or not declared.table.rows:
+        return None
+    kind = type(declared.table.rows[0].target)
+    return frozenset(str(state.value) for state in kind)

@@ -31,6 +31,7 @@ class Boot:
     # A state file written before marks were recorded, with an event that had the node drained:
     # that daemon marked it (it took off whatever it found at the end); it is taken as ours.
     mark_unrecorded: bool = False
+    repaired: tuple[str, ...] = ()  # what the state file's edge dropped to read it (host/store)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""A prepared event whose NotBefore moved later by more than its lead (Google Cloud moves its
+upcoming window by days): the node is not kept drained for the whole delay. Its cancelled-hooks
+run (the node restored first), then it is judged anew, as first seen, and waits for its new lead
+as an event that far away waits."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config import EventRule
+from ..model import SCHEDULED, Event
+from ..records import Level, What
+from . import peers, stages
+from .gates import window
+from .gates.lead import lead
+from .lifecycle import On, Phase, Rule, Stage
+from .notes import _iso_wall, _note
+from .state import State, Tracked
+from .vocabulary.effects import Effect
+
+# Prepared and left to proceed at NotBefore: no hook runs for it, no approval is posted, no peer
+# waits on its answer (a failure it still tells them is stopped: put_back).
+POSTPONABLE = frozenset({Phase.NOT_APPROVED, Phase.HOOKS_FAILED})
+
+
+def moved_later(state: State, before: Tracked, event: Event, now: float) -> Optional[float]:
+    """The seconds NotBefore moved later by, when that undoes a preparation: a prepared event
+    (POSTPONABLE, still Scheduled) whose NotBefore moved later by more than its lead, and whose
+    before-hooks a lead or a window would now hold back (an event first seen now would wait)."""
+    rule = state.config.events.get(event.event_type)
+    was, new = before.event.not_before, event.not_before
+    if (
+        before.phase not in POSTPONABLE
+        or before.rule is not Rule.HOOKS
+        or event.status != SCHEDULED
+        or rule is None
+        or was is None
+        or new is None
+    ):
+        return None
+    moved = new.timestamp() - was.timestamp()
+    if moved <= lead(rule) or window._start_at(event, rule, state, now) is None:
+        return None
+    return moved
+
+
+def put_back(
+    state: State, tracked: Tracked, moved: float, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Undo its preparation: event_cancelled (its hooks_start_at, the new wait), then its
+    cancelled-hooks after the node's restore; their end forgets it and the next poll judges it
+    anew (returned.came_back: listed, cancelled, Scheduled)."""
+    event = tracked.event
+    rule = state.config.events.get(event.event_type, EventRule())
+    held = window._start_at(event, rule, state, now)
+    fields: dict[str, object] = {"phase": tracked.phase.value, "stage": Stage.CANCELLED.value}
+    if held is not None:
+        fields["hooks_start_at"] = _iso_wall(held.at + (state.wall_offset or 0.0))
+    out.append(
+        _note(
+            Level.WARNING,
+            What.EVENT_CANCELLED,
+            event,
+            **fields,
+            moved_s=round(moved),
+            reason=f"its NotBefore moved {moved:.0f} s later, more than its lead "
+            f"({lead(rule):.0f} s): its node is not kept prepared meanwhile; its cancelled-hooks "
+            "run, then it waits for its new lead and is prepared again",
+        )
+    )
+    if event.event_id in state.peers:  # HOOKS_FAILED told its peers so: that is over too
+        state, tracked = peers._stop_asking(state, tracked, out)
+    return stages._start_stage(state, tracked, On.LISTED, Stage.CANCELLED, out)
