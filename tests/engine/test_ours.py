@@ -20,7 +20,7 @@ from scheduledeventsd.engine.compose import composed
 from scheduledeventsd.engine.gates import pipeline
 from scheduledeventsd.engine.lifecycle import Drain, Stage
 from scheduledeventsd.engine.state import Events, ours
-from tests.engine.test_engine import Machine, event
+from tests.engine.test_engine import VM, Machine, doc, event, logs
 from tests.engine.test_engine_cluster import MONO0, _over_holding_a_slot, due_in, machine, seen
 
 SLOTS = {
@@ -124,3 +124,22 @@ def test_events_copy_whole():
         assert type(again) is Events
         assert again == events
         assert again.ours() == events.ours()
+
+
+def test_another_vms_event_listed_again_as_it_was_is_kept_and_a_change_is_still_judged():
+    """The document's loop keeps another VM's event listed again unchanged as it was, at once
+    (events._on_document); a new status is taken, and Resources now naming this VM judge it
+    anew, as at first sight."""
+    m = Machine()
+    m.fetched(doc(event("E1", resources=("other-vm",))), at=101.0)
+    kept = m.state.events["E1"]
+    assert kept.phase is Phase.NOT_OURS
+    m.fetched(doc(event("E1", resources=("other-vm",)), incarnation=3), at=102.0)
+    assert m.state.events["E1"] is kept
+    started = event("E1", status="Started", resources=("other-vm",))
+    m.fetched(doc(started, incarnation=4), at=103.0)
+    assert m.state.events["E1"].event == started
+    assert m.state.events["E1"].phase is Phase.NOT_OURS
+    m.fetched(doc(event("E1", resources=("other-vm", VM)), incarnation=5), at=104.0)
+    assert m.state.events["E1"].phase is not Phase.NOT_OURS
+    assert "event_detected" in logs(m.effects)
