@@ -152,6 +152,23 @@ class EtcdClient:
         compares = [_holds(key, expected) for key in keys]
         return self._txn_all(compares, [{"request_delete_range": {"key": _b64(k)}} for k in keys])
 
+    def delete_last(self, key: str, prefix: str, also: str) -> bool:
+        """Delete `key` (under `prefix`), and `also` with it when no other key is left under
+        `prefix`, in one transaction; whether `also` was (the last key under `prefix`)."""
+        others = [  # every key under `prefix` but `key`: none (a range compare, etcd >= 3.3)
+            {"target": "CREATE", "key": _b64(prefix), "range_end": _b64(key)},
+            {"target": "CREATE", "key": _b64(key + "\0"), "range_end": prefix_end(prefix)},
+        ]
+        mine = {"request_delete_range": {"key": _b64(key)}}
+        body = {
+            "compare": [{**c, "create_revision": "0"} for c in others],
+            "success": [mine, {"request_delete_range": {"key": _b64(also)}}],
+            "failure": [mine],
+        }
+        answer = self._call("/v3/kv/txn", body)
+        _revision(answer)  # an answer without a header is no answer
+        return answer.get("succeeded") is True
+
     def keep_alive(self, lease: str) -> int:
         """Renew a lease; its remaining TTL, 0 when it has expired (its keys are gone)."""
         result = self._call("/v3/lease/keepalive", {"ID": lease}).get("result")

@@ -19,9 +19,10 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
 - `freed/<group>/<vm>` = `{"vm", "event", "key", "by", "at"}`: an operator freed the slot that
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.
-- `events/<EventId>/<vm>` = `{"state": "ready"|"failed", ...}`: shared events (peers.py).
+- `events/<EventId>/<vm>` = `{"state": "ready"|"failed", ...}`: shared events (peers.py),
+  deleted by that VM once the event is over for it: only events in progress are shown.
 - `settled/<EventId>`: written by the VM whose write decided a shared event (peers.py); the
-  other VMs watch it. Not shown.
+  other VMs watch it; deleted by the last VM to forget the event. Not shown.
 """
 
 from __future__ import annotations

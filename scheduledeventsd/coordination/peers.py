@@ -3,18 +3,23 @@
 The engine decides (approve once every VM named is ready, never when one failed); this module
 carries out its Coordinate effects. Each shared event gets a worker thread with its own etcd
 connection: it writes `<prefix>/events/<EventId>/<vm name>` under the daemon's one lease
-(daemon_lease.py, also its slots': a mark lives as long as its daemon, gone within `ttl` of its
-stop; one lost with it is written again) and reads the event's keys in the same transaction,
-and sends them to the inbox as PeersChanged. A write that decides the event (the last ready, or
-a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that key (and
-their own mark), and read the event's keys when it changes: each VM is woken once per event,
-not by every other VM's ready (at 100 VMs that fan-out was most of the approval's latency).
-A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed the set
-and died before it settled. Until told to stop (a `failed` write reports the keys once, and
-ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
+(daemon_lease.py, also its slots': a mark is gone within `ttl` of its daemon's stop if not
+deleted before, below; one lost with it is written again) and reads the event's keys in the same
+transaction, and sends them to the inbox as PeersChanged. A write that decides the event (the
+last ready, or a `failed`) also puts `<prefix>/settled/<EventId>`; the other VMs watch only that
+key (and their own mark), and read the event's keys when it changes: each VM is woken once per
+event, not by every other VM's ready (at 100 VMs that fan-out was most of the approval's
+latency). A watch silent for WATCH_CHECK reads them again, which also covers a VM that completed
+the set and died before it settled. Until told to stop (a `failed` write reports the keys once,
+and ends). Any failure ends the worker with one CoordinationFailed; the engine's backoff decides
 when to try again. Told to stop before its event was decided (it left the document, or started),
 the worker takes its ready back (deleted while it holds what it wrote): an event back under the
 same EventId is not approved on a ready from before while that VM's hooks run again.
+Once the engine has forgotten the event (ForgetShared: its stage has run and it left, or it is
+judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
+(no other mark left): the daemon's lease lives as long as the daemon, so nothing else would. A
+VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
+what it knew before (its state file) the same way.
 """
 
 from __future__ import annotations
@@ -86,10 +91,13 @@ class EtcdCoordinator:
         self.lease = DaemonLease(settings, ttl)
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
+        self._forgetting: dict[str, threading.Thread] = {}  # ForgetShared's deletes under way
 
     def start(self, effect: Coordinate) -> None:
         event_id = effect.event.event_id
-        worker = _Worker(self.settings, effect, self._send, self.lease)
+        with self._lock:
+            forgetting = self._forgetting.get(event_id)
+        worker = _Worker(self.settings, effect, self._send, self.lease, forgetting)
         with self._lock:
             previous = self._workers.pop(event_id, None)
             if effect.ready:
@@ -105,12 +113,43 @@ class EtcdCoordinator:
         for worker in workers:
             worker.stop(withdraw)
 
+    def forget(self, event_id: str, vm_name: str) -> None:
+        """ForgetShared, on a thread of its own: this VM's mark deleted, and the settled key
+        with it if no other VM's mark is left. Not while a worker for the EventId runs (a new
+        event under it, whose mark that is); a Coordinate after this waits for it."""
+        with self._lock:
+            if event_id in self._workers:
+                return
+            thread = threading.Thread(
+                target=self._forget, args=(event_id, vm_name), name="etcd-forget", daemon=True
+            )
+            self._forgetting[event_id] = thread
+            thread.start()  # under the lock: stop_all never joins one not started
+
+    def _forget(self, event_id: str, vm_name: str) -> None:
+        prefix = event_prefix(self.settings, event_id)
+        client = EtcdClient(self.settings)
+        try:
+            own = prefix + _segment(vm_name.casefold())
+            client.delete_last(own, prefix, settled_key(self.settings, event_id))
+        except EtcdError:
+            pass  # once: it goes with the daemon's lease, when the daemon stops
+        finally:
+            client.close()
+            with self._lock:
+                if self._forgetting.get(event_id) is threading.current_thread():
+                    del self._forgetting[event_id]
+
     def stop_all(self) -> None:
-        """The daemon stops (or a reload replaces this): the workers end, and the lease is no
-        longer renewed (never revoked: the keys on it expire within its ttl)."""
+        """The daemon stops (or a reload replaces this): the workers end, the deletes under way
+        are waited for (bounded), and the lease is no longer renewed (never revoked: the keys
+        on it expire within its ttl)."""
         with self._lock:
             ids = list(self._workers)
+            forgetting = list(self._forgetting.values())
         self.stop(*ids)
+        for thread in forgetting:
+            thread.join(timeout=self.settings.timeout + 1)
         self.lease.close()
 
 
@@ -121,9 +160,11 @@ class _Worker:
         effect: Coordinate,
         send: Callable[[Message], None],
         lease: DaemonLease,
+        after: Optional[threading.Thread] = None,
     ) -> None:
         self.settings = settings
         self._lease = lease
+        self._after = after  # the delete of this EventId's mark a ForgetShared started
         self.effect = effect
         self._send = send
         self._client = EtcdClient(settings)
@@ -170,6 +211,8 @@ class _Worker:
 
     def _run(self) -> None:
         event = self.effect.event
+        if self._after is not None:
+            self._after.join(timeout=self.settings.timeout + 1)
         try:
             self._work()
         except EtcdError as e:

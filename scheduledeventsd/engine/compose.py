@@ -120,10 +120,12 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
     return new, tuple(out)
 
 
-# Couplings between the machines: rules on the state alone, each declared by its gate, run after
-# every message until none changes anything (h11's state-triggered transitions).
+# Couplings between the machines: rules on the state alone, each declared by its gate (and the
+# peers' own, first: a forgotten shared event's mark deleted), run after every message until
+# none changes anything (h11's state-triggered transitions).
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
+_OWN_COUPLINGS = (peers._forget_marks,)
 
 
 def _couple(state: State, out: list[Effect]) -> State:
@@ -230,7 +232,7 @@ def composed(gates: Sequence[Gate]) -> Composed:
                 raise ValueError(f"{message.__name__}: handled twice ({gate.name})")
             handlers[message] = handler
     timers = (*_FIRST_TIMERS, *(t for gate in gates for t in gate.timers), *_LAST_TIMERS)
-    couplings = tuple(c for gate in gates for c in gate.couplings)
+    couplings = (*_OWN_COUPLINGS, *(c for gate in gates for c in gate.couplings))
     if any(Phase.NOT_OURS in t.phases for t in timers):
         raise ValueError("a timer for another VM's event: next_wakeup reads only ours")
     due = tuple(t.due for t in timers if t.due is not None)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
 from . import runs
+from .frozen import replace
 from .lifecycle import On, Phase
 from .notes import _note, event_fields
 from .state import Peers, State, Tracked, _move, _with
 from .vocabulary.constants import CLUSTER_ASK, COORDINATION_BACKOFF, GATE_LATER
-from .vocabulary.effects import AskCluster, AskGate, Coordinate, Effect, StopCoordinating
+from .vocabulary.effects import (
+    AskCluster,
+    AskGate,
+    Coordinate,
+    Effect,
+    ForgetShared,
+    StopCoordinating,
+)
 from .vocabulary.messages import CoordinationFailed, GateAnswered, PeersChanged
 
 
@@ -223,4 +230,16 @@ def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float)
 
 
 def fire(state: State, now: float, out: list[Effect]) -> State:
-    return _coordinate(state, now, out)
+    return _coordinate(_forget_marks(state, out), now, out)
+
+
+def _forget_marks(state: State, out: list[Effect]) -> State:
+    """A coupling (compose), and first in the peers' timer, so it comes before a Coordinate of
+    an event judged anew under the same EventId: a shared event forgotten (its stage has run,
+    it left) has its mark deleted, once. Not sooner: until then another VM may still read it
+    to decide (and the event, over, needs no approval any more once forgotten)."""
+    if not state.unmarked:
+        return state
+    for gone in state.unmarked:
+        out.append(ForgetShared(gone.event.event_id, gone.vm_name or state.vm_name))
+    return replace(state, unmarked=())

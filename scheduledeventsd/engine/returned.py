@@ -9,7 +9,7 @@ from typing import Optional
 from ..model import SCHEDULED
 from .frozen import replace
 from .lifecycle import On, Phase, Stage
-from .state import State, Tracked, _move
+from .state import State, Tracked, _forget, _move
 
 
 def left(tracked: Tracked) -> Tracked:
@@ -29,10 +29,11 @@ def came_back(state: State, tracked: Tracked) -> bool:
     return tracked.left or (tracked.stage is Stage.CANCELLED and tracked.event.status == SCHEDULED)
 
 
-def over_and_back(before: Optional[Tracked], on: On) -> Optional[Tracked]:
+def over_and_back(
+    state: State, before: Optional[Tracked], on: On
+) -> tuple[State, Optional[Tracked]]:
     """Over (its stage cut off by a restart) after it left, and listed again: forgotten (None),
     so the document's event is judged at once as first seen."""
     if before is None or before.phase is not Phase.OVER or not before.left:
-        return before
-    _move(before, on, Phase.GONE)
-    return None
+        return state, before
+    return _forget(state, _move(before, on, Phase.GONE)), None

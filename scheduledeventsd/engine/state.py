@@ -190,6 +190,9 @@ class State:
     # Events forgotten in this step that still asked for or held a concurrency slot: the slot
     # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
     forgotten: tuple[Tracked, ...] = ()
+    # Shared events forgotten in this step whose etcd mark this VM may have written: peers
+    # asks for it to be deleted (ForgetShared), then they are gone for good.
+    unmarked: tuple[Tracked, ...] = ()
     # The incarnation of the last document refused whole (transition_refused), said once: the
     # same one served again (the poll after a refusal reads it) is refused quietly.
     refused_document: Optional[int] = None
@@ -220,7 +223,19 @@ def _with(state: State, event_id: str, tracked: Tracked) -> State:
 
 def _forget(state: State, gone: Tracked) -> State:
     """An event is forgotten (GONE): one that still asked for or held a slot is kept in
-    `forgotten` until the slot gate has given it back, after this step's handler."""
+    `forgotten` until the slot gate has given it back, after this step's handler; a shared one
+    this VM may have written its etcd mark for, in `unmarked` until peers asks to delete it."""
     if gone.slot in (Slot.ASKED, Slot.HELD):
-        return replace(state, forgotten=(*state.forgotten, gone))
+        state = replace(state, forgotten=(*state.forgotten, gone))
+    if _marked(state, gone):
+        state = replace(state, unmarked=(*state.unmarked, gone))
     return state
+
+
+def _marked(state: State, t: Tracked) -> bool:
+    """Prepared for a shared event while etcd says who is ready: it wrote (or may have) its
+    mark, ready or failed (COORDINATING and HOOKS_FAILED are prepared)."""
+    if not t.prepared or state.config.ready_via != "etcd":
+        return False
+    name = (t.vm_name or state.vm_name).casefold()
+    return any(r.casefold() != name for r in t.event.resources)

@@ -27,6 +27,7 @@ from ..engine import (
     Effect,
     Exit,
     Fetch,
+    ForgetShared,
     GateAnswered,
     GateEffect,
     HoldSlot,
@@ -135,6 +136,10 @@ def _stop_coordinating(plan: Loop, vm: Vm, e: StopCoordinating, t: float) -> Non
     plan.peers.stop(vm.name, e.event_ids)
 
 
+def _forget_shared(plan: Loop, vm: Vm, e: ForgetShared, t: float) -> None:
+    plan.peers.forget(vm.name, e.event_id)
+
+
 def _ask(plan: Loop, vm: Vm, e: Union[AskGate, AskCluster], t: float) -> None:
     """The gate (or the cluster) says yes at once: the plan runs no gate command."""
     plan.send(vm, GateAnswered(e.run, 0), t)
@@ -201,6 +206,7 @@ EXECUTORS: Mapping[type, Callable[[Loop, Vm, Any, float], None]] = {
     UseConfig: _nothing,
     Coordinate: _coordinate,
     StopCoordinating: _stop_coordinating,
+    ForgetShared: _forget_shared,
     AskGate: _ask,
     AskCluster: _ask,
     AcquireSlot: _acquire,

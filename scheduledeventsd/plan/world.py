@@ -428,6 +428,14 @@ class Peers:
         for event_id in event_ids:
             self._watching.get(event_id, set()).discard(vm)
 
+    def forget(self, vm: str, event_id: str) -> None:
+        """Its mark deleted (ForgetShared); the event's keys with the last one."""
+        states = self._states.get(event_id, {})
+        states.pop(vm.casefold(), None)
+        if not states:
+            self._states.pop(event_id, None)
+            self._watching.pop(event_id, None)
+
     def stopped(self, vm: str) -> None:
         for watchers in self._watching.values():
             watchers.discard(vm)

@@ -39,6 +39,7 @@ from ..engine import (
     Exit,
     Faulted,
     Fetch,
+    ForgetShared,
     GateAnswered,
     GateEffect,
     HoldSlot,
@@ -93,6 +94,7 @@ Pretended = Union[
     PostApproval,
     Persist,
     Coordinate,
+    ForgetShared,
     AskGate,
     AskCluster,
     AcquireSlot,
@@ -305,7 +307,7 @@ class Daemon:
             self._poller.cancel()
         elif isinstance(effect, SpawnHooks):
             self._spawn(effect)
-        elif isinstance(effect, (Coordinate, StopCoordinating, AskGate)):
+        elif isinstance(effect, (Coordinate, StopCoordinating, ForgetShared, AskGate)):
             self._coordinate(effect)
         elif isinstance(effect, Persist):
             self._persist(effect)
@@ -333,7 +335,9 @@ class Daemon:
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 
-    def _coordinate(self, effect: Union[Coordinate, StopCoordinating, AskGate]) -> None:
+    def _coordinate(
+        self, effect: Union[Coordinate, StopCoordinating, ForgetShared, AskGate]
+    ) -> None:
         if isinstance(effect, AskGate):
             self._ask_gate(effect)
         elif self._coordinator is None:
@@ -342,6 +346,8 @@ class Daemon:
                 self.inbox.put(CoordinationFailed(event_id, "internal", "no etcd configured"))
         elif isinstance(effect, Coordinate):
             self._coordinator.start(effect)
+        elif isinstance(effect, ForgetShared):
+            self._coordinator.forget(effect.event_id, effect.vm_name)
         else:
             self._coordinator.stop(*effect.event_ids, withdraw=True)
 
@@ -358,7 +364,7 @@ class Daemon:
             if effect.event_id:  # its after-hooks wait for the answer
                 self.log.info("would_restore_node", event_id=effect.event_id)
                 self.inbox.put(ClusterRestored(effect.event_id))
-        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining)):
+        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining, ForgetShared)):
             pass
         elif isinstance(effect, Coordinate):
             self.log.info(

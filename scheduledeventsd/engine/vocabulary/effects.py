@@ -133,6 +133,16 @@ class StopCoordinating:
 
 
 @dataclass(frozen=True)
+class ForgetShared:
+    """A shared event this VM may have written its mark for (etcd) is forgotten: over for it
+    (its stage has run, it left the document) or judged anew. Its mark is deleted, and the
+    event's settled key by the last VM to forget it; nothing waits for an answer."""
+
+    event_id: str
+    vm_name: str
+
+
+@dataclass(frozen=True)
 class AskGate:
     """Run the gate command for a shared event; GateAnswered(run) comes back."""
 
@@ -258,6 +268,7 @@ Effect = Union[
     UseConfig,
     Coordinate,
     StopCoordinating,
+    ForgetShared,
     AskGate,
     AskCluster,
     WakeAt,
@@ -280,6 +291,7 @@ FAILURE: Mapping[type, Optional[type]] = {
     CancelFetch: None,
     CancelRuns: None,
     StopCoordinating: None,
+    ForgetShared: None,  # its keys go with the daemon's lease at worst
     Record: None,
     Notify: None,
     UseConfig: None,
