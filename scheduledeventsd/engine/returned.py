@@ -4,10 +4,10 @@ node's restore) has ended, never cut short."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..model import SCHEDULED
+from .frozen import replace
 from .lifecycle import On, Phase, Stage
 from .state import State, Tracked, _forget, _move
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Optional
 
 from ..config import Config, DrainMethod, Pacemaker
 from ..model import Event
 from ..retry import Failures
+from .frozen import replace
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Slot, Stage, check
 
 
@@ -53,6 +54,41 @@ class Tracked:
 
 
 Known = Mapping[str, Tracked]
+Item = tuple[str, Tracked]
+
+
+class Events(dict[str, Tracked]):
+    """A State's events, by EventId: a dict never changed once built (a change builds another,
+    as it builds another State), so what is derived from it is kept with it: `ours`."""
+
+    __slots__ = ("_ours",)
+
+    def ours(self) -> tuple[Item, ...]:
+        try:
+            return self._ours
+        except AttributeError:
+            self._ours: tuple[Item, ...] = _ours(self)
+            return self._ours
+
+    def _changed(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a State's events are never changed: build new ones (state._with)")
+
+    __setitem__ = __delitem__ = __ior__ = _changed
+    clear = pop = popitem = setdefault = update = _changed
+
+    def __reduce__(self) -> tuple[type[Events], tuple[dict[str, Tracked]]]:
+        return Events, (dict(self),)  # copied or pickled whole, never item by item
+
+
+def ours(events: Known) -> Sequence[Item]:
+    """The events of this VM, in their order: all that a timer or a coupling looks at, and what
+    it scans after every message (under churn, a few among the other VMs' fifty; those change
+    only with the next document, events.py). Derived once per Events."""
+    return events.ours() if type(events) is Events else _ours(events)
+
+
+def _ours(events: Known) -> tuple[Item, ...]:
+    return tuple(item for item in events.items() if item[1].phase is not Phase.NOT_OURS)
 
 
 @dataclass(frozen=True)
@@ -125,7 +161,7 @@ class State:
     name_failures: Failures = field(default_factory=Failures)
     resolving: bool = False
     ready: bool = False
-    events: Known = field(default_factory=dict)
+    events: Known = field(default_factory=Events)
     incarnation: Optional[int] = None
     runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
     next_run: int = 1
@@ -179,8 +215,10 @@ def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # no
 def _with(state: State, event_id: str, tracked: Tracked) -> State:
     if tracked.phase is Phase.GONE:
         state = _forget(state, tracked)
-        return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
-    return replace(state, events={**state.events, event_id: tracked})
+        return replace(
+            state, events=Events({k: t for k, t in state.events.items() if k != event_id})
+        )
+    return replace(state, events=Events({**state.events, event_id: tracked}))
 
 
 def _forget(state: State, gone: Tracked) -> State:
