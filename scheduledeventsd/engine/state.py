@@ -3,6 +3,7 @@ event in it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import math
 from collections.abc import Mapping
@@ -45,6 +46,9 @@ class Tracked:
     # Its preparation started once (drained, its before-hooks): its after- or cancelled-hooks
     # are owed also while it waits in a gate again (queued after a restart, its slot taken back).
     prepared: bool = False
+    # The NotBefore its preparation began for (postponed.moved_later's reference): a move seen
+    # while its before-hooks ran, or it waited for the peers or the cluster, is not lost.
+    prepared_for: Optional[dt.datetime] = None
     # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
@@ -173,6 +177,7 @@ def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # no
     check(tracked.phase, on, to)
     if to in PREPARED and not tracked.prepared:
         changes["prepared"] = True
+        changes.setdefault("prepared_for", tracked.event.not_before)
     return replace(tracked, phase=to, **changes)
 
 
