@@ -4,14 +4,26 @@ not lost, small moves add up, and a held slot or a shared event's mark is given 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from scheduledeventsd.config import EventRule
 from scheduledeventsd.config.provider import Provider
-from scheduledeventsd.engine import HooksFinished, Outcome, Phase, SpawnHooks
+from scheduledeventsd.engine import (
+    ForgetShared,
+    HooksFinished,
+    Outcome,
+    PeersChanged,
+    Phase,
+    SpawnHooks,
+)
 from scheduledeventsd.host import store
 from scheduledeventsd.providers.gcp import UPCOMING_ID
-from tests.engine.test_engine import Machine, config, logs, of
+from tests.engine.test_engine import VM, Machine, config, logs, of
+from tests.engine.test_engine_fleet import SHARED, fleet
 from tests.engine.test_engine_postponed import EVENTS, LEAD, MONO0, gcp, seen, window_at
+from tests.engine.test_engine_when import due_in
+from tests.engine.test_engine_when import seen as when_seen
 
 
 def test_a_move_seen_while_the_before_hooks_run_puts_it_back_once_they_end():
@@ -60,3 +72,24 @@ def test_the_notbefore_it_was_prepared_for_survives_a_restart():
     assert again.phase(UPCOMING_ID) is Phase.NOT_APPROVED
     (undrain,) = of(seen(again, window_at(110 * 60), incarnation=4, at=MONO0 + 21), SpawnHooks)
     assert undrain.stage.value == "cancelled"
+
+
+def test_a_shared_event_moved_while_it_waited_for_its_peers_is_put_back_when_one_fails():
+    """Azure, a shared Reboot prepared (ready written), waiting for the other VMs; its NotBefore
+    moved 3 days later meanwhile; then a peer's `failed` leaves it not approved, drained. Before:
+    the move was taken while it waited, so nothing had moved, and the node stayed drained for
+    3 days; now its cancelled-hooks run (and its mark is deleted once they end)."""
+    rule = EventRule(("drain",), cancelled=("undrain",), start_before=LEAD)
+    m = Machine(fleet(events={"Reboot": rule}), now=MONO0)
+    shared = dataclasses.replace(due_in(30 * 60), resources=SHARED)
+    (before,) = of(when_seen(m, shared, at=MONO0), SpawnHooks)
+    m.send(HooksFinished(before.run, Outcome.SUCCEEDED), at=MONO0 + 1)
+    assert m.phase() is Phase.COORDINATING
+    later = dataclasses.replace(due_in(3 * 86400), resources=SHARED)
+    when_seen(m, later, incarnation=3, at=MONO0 + 5)
+    assert not of(m.effects, SpawnHooks)
+    effects = m.send(PeersChanged("E1", {VM: "ready", "vm-b": "failed"}), at=MONO0 + 6)
+    (undrain,) = of(effects, SpawnHooks)
+    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
+    effects = m.send(HooksFinished(undrain.run, Outcome.SUCCEEDED), at=MONO0 + 7)
+    assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
