@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import cli, wait_for
 from tests.system.test_fleet import VMS, Fleet, approvals, etcd_settings, keys
+from tests.tcp_proxy import ProxySet
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
 
@@ -115,3 +116,37 @@ def test_an_event_back_under_its_eventid_waits_for_every_vms_new_ready(cluster, 
     assert len(approvals(sim, event_id)) == first, "not approved on a ready from before"
     again = fleet.daemons["vm-b"].logs("peers_waiting")[waited:]  # vm-b wrote after vm-a
     assert [w["waiting_for"] for w in again] == ["vm-c"]
+
+
+def test_a_delete_etcd_did_not_answer_is_tried_again_once_it_is_back(cluster, fleet, sim):
+    """vm-c is cut off from etcd (connections reset) when it forgets the event: its delete
+    fails. Once etcd answers again its mark and settled go, within seconds. Before: the delete
+    was tried once, and the keys stayed as long as vm-c's daemon (`fleet` listed the past event,
+    and vm-c's ready from before would count for the EventId back while its hooks ran again)."""
+    with ProxySet(cluster.endpoints, host="127.0.0.2") as path:
+        fleet.start_all(fleet.coordination)
+        cfg = fleet.config("vm-c", {"etcd": {**fleet.coordination["etcd"]}}, 1.5)
+        cfg["coordination"]["etcd"]["endpoints"] = path.endpoints
+        fleet.daemons["vm-c"].stop()
+        fleet.start("vm-c", cfg)
+        event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+        wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+        for vm in VMS:
+            fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+        path.cut(reset=True)
+        sim.remove_event(event_id)  # over
+        for vm in VMS:
+            fleet.daemons[vm].wait_log("event_completed", timeout=10)
+        left = wait_for(
+            lambda: (found := of_event(cluster, fleet, event_id)) and len(found) == 2 and found,
+            10,
+            "the two others' marks to go",
+        )
+        assert left == sorted(
+            [f"{fleet.prefix}/events/{event_id}/vm-c", f"{fleet.prefix}/settled/{event_id}"]
+        )
+        fleet.daemons["vm-c"].polls_seen(sim, count=8)  # its delete tried, and failed
+        assert len(of_event(cluster, fleet, event_id)) == 2
+        path.restore()
+        wait_for(lambda: not of_event(cluster, fleet, event_id), 15, "vm-c's mark and settled")
+        assert fleet.daemons["vm-c"].proc.poll() is None, "deleted by vm-c, not its lease"
