@@ -82,12 +82,13 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
 
 def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are over or cancelled."""
-    listed = frozenset(e.event_id for e in doc.events)
+    listed, was_listed = frozenset(e.event_id for e in doc.events), state.listed
     state = replace(state, listed=listed)
     known = state.events
     events: dict[str, Tracked] = {}
     for event in doc.events:
         state, before = returned.over_and_back(state, known.get(event.event_id), On.LISTED)
+        state = returned.mark_taken_back(state, before, was_listed)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:
