@@ -158,8 +158,9 @@ class State:
     # Events forgotten in this step that still asked for or held a concurrency slot: the slot
     # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
     forgotten: tuple[Tracked, ...] = ()
-    # Shared events forgotten in this step whose etcd mark this VM may have written: peers
-    # asks for it to be deleted (ForgetShared), then they are gone for good.
+    # Shared events forgotten in this step whose etcd mark this VM may have written (or listed
+    # again while their stage runs: returned.mark_taken_back): peers asks for it to be deleted
+    # (ForgetShared).
     unmarked: tuple[Tracked, ...] = ()
     # The incarnation of the last document refused whole (transition_refused), said once: the
     # same one served again (the poll after a refusal reads it) is refused quietly.
