@@ -18,6 +18,7 @@ and with every daemon watching one shared event that waits for a VM that never c
     python -m bench.fleet            # 3, 20 and 100 daemons, 10 events; a chain of 20: ~10 min
     python -m bench.fleet --quick    # 3 daemons, 3 events; a chain of 3 (CI)
     python -m bench.fleet --versus main  # and main's daemons through etcd, side by side
+    python -m bench.fleet --reboot --versus main  # only a slot held through a reboot (root)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import start_daemon
+from bench.fleet_hold import reboot_hold
 from bench.fleet_load import at_rest, cpu_seconds, etcd_counters, per_vm_event
 from scheduledeventsd.config import Etcd
 from scheduledeventsd.coordination.etcd import EtcdClient
@@ -415,6 +417,11 @@ def main() -> int:
     )
     parser.add_argument("--etcd-only", action="store_true", help="no gate contender (profiling)")
     parser.add_argument(
+        "--reboot",
+        action="store_true",
+        help="only etcd's requests for a slot held through a reboot",
+    )
+    parser.add_argument(
         "--versus", metavar="REV", help="also the daemons of REV through etcd, side by side"
     )
     args = parser.parse_args()
@@ -435,6 +442,8 @@ def main() -> int:
     ):
         root = Path(state)
         trees = {args.versus: tree_of(args.versus, Path(tmp))} if args.versus else {}
+        if args.reboot:
+            return rebooting(root, root if args.etcd_tmpfs else Path(tmp), trees)
         names = ["etcd", *(f"etcd@{rev}" for rev in trees), *([] if args.etcd_only else ["gate"])]
         with Cluster((root if args.etcd_tmpfs else Path(tmp)) / "etcd") as cluster:
             for count in sizes:
@@ -463,6 +472,21 @@ def main() -> int:
     out = RESULTS / f"fleet-{'quick' if args.quick else 'full'}-{stamp}.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+def rebooting(root: Path, etcd: Path, trees: dict[str, Path]) -> int:
+    """`--reboot`: bench/fleet_hold.py for this tree (and REV's), one etcd cluster, in turn."""
+    results: dict[str, Any] = {}
+    with Cluster(etcd / "etcd") as cluster:
+        for name, tree in [("this", ROOT), *trees.items()]:
+            results[name] = reboot_hold(f"reboot-{len(results)}", root / name, cluster, tree)
+            print(f"{name}: slot held through a reboot, per VM: {json.dumps(results[name])}")
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = RESULTS / f"fleet-reboot-{stamp}.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
 

@@ -1,16 +1,19 @@
-"""This daemon's one etcd lease: every key it writes (its slots, its shared-event marks) hangs on
-it, and one thread keeps it alive, every third of its ttl. A daemon killed loses all of them
-within `ttl`. Per event and VM that is one grant for the daemon's life, not one per slot and
-mark, and one keep-alive stream for all of them.
+"""This daemon's one etcd lease: every key it writes (its slots, its shared-event marks, its
+alive and waiting marks for `fleet`) hangs on it, and one thread keeps it alive, every third of
+`ttl`. Per event and VM that is one grant for the daemon's life, not one per slot and mark, and
+one keep-alive stream for all of them.
 
-Its hold lease, of `concurrency.hold_max`, is the second and last: granted when its VM's slot is
-held through a maintenance (approved, slots.py), renewed by the same thread at the same instants
-(every third of the shorter of the two) while the daemon lives, revoked once no slot is on it.
-A daemon that goes down (a clean stop for its maintenance, the VM pulled away, a crash) leaves
-that slot held until `hold_max` after the last renewal, or until it is back and takes it again
-(the old one, left with no key, revoked then: slots.py): at most two leases per daemon,
-whatever the number of its events. A reload that changes `coordination` makes a new one;
-the old hold lease is revoked once the new keeper has taken its keys back (`retire`).
+Its TTL is `ttl` (a daemon killed loses everything within ttl), except while a slot of its VM
+is held through a maintenance (approved, slots.py): then the lease itself is replaced by one of
+`concurrency.hold_max` (`hold`: granted, every key moved onto it in one transaction while each
+is still on the old one, the old one revoked), so a daemon that goes down then (a clean stop
+for its maintenance, the VM pulled away, a crash) leaves its slot held until `hold_max` after
+the last renewal, or until it is back and takes it again. Once no slot is held through any more
+(`unhold`) it is swapped back to a `ttl` one the same way. One lease per running daemon at every
+instant, two only inside a swap, whatever the number of its events. Kept alive every third of
+`ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted belongs to a
+silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon killed in its
+maintenance from a live one, though its keys stay.
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
@@ -29,6 +32,8 @@ from ..config import Etcd
 from ..retry import Backoff
 from .etcd import EtcdClient, EtcdError
 
+SWAP_TRIES = 5  # transactions a swap tries while other threads rewrite the keys it moves
+
 
 class Listener(Protocol):
     def kept(self, confirmed: float) -> None: ...
@@ -43,7 +48,7 @@ class DaemonLease:
         self.settings = settings
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._granting = threading.Lock()  # one grant at a time, outside `_lock`
+        self._granting = threading.Lock()  # one grant or swap at a time, outside `_lock`
         self._client = EtcdClient(settings)  # the keep-alive thread's own
         self._id: Optional[str] = None
         self._confirmed = 0.0  # monotonic: when the last acknowledged grant or keep-alive was sent
@@ -52,13 +57,16 @@ class DaemonLease:
         self._stopped = threading.Event()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._hold: Optional[str] = None  # the hold lease's ID, while a slot is on it
-        self._hold_ttl = 0  # the ttl it was granted with (renewed every third of it too)
-        self._holders: set[str] = set()  # who put keys on it (a VM's slot worker each)
+        self._holding = 0  # the lease's hold_max while a slot is held through on it; 0: `ttl`
+        self._holders: set[str] = set()  # who holds a slot through on it (a VM's slot worker)
+        self._back = (
+            False  # nobody holds any more: swapped back to `ttl` (tried again if etcd failed)
+        )
+        self._drop_slots = False  # ... leaving the slot keys behind (`drop_unheld`)
 
     def retune(self, ttl: int) -> None:
-        """A reload changed `concurrency.ttl`: renewed every third of the shorter of the two
-        (the lease granted keeps its own ttl), new grants under the new one."""
+        """A reload changed `concurrency.ttl`: renewed every third of the new one, new grants
+        (and swaps back) under it."""
         with self._lock:
             self.ttl = ttl
         self._wake.set()
@@ -70,82 +78,70 @@ class DaemonLease:
             with self._lock:
                 if self._id is not None:
                     return self._id, self._confirmed
-                ttl = self.ttl
+                ttl = self._holding or self.ttl
             sent = time.monotonic()
             lease = client.grant(ttl)
-            with self._lock:
-                self._id, self._confirmed, self._granted = lease, sent, ttl
-                if self._thread is None and not self._stopped.is_set():
-                    self._thread = threading.Thread(
-                        target=self._run, name="etcd-lease", daemon=True
-                    )
-                    self._thread.start()
-            self._wake.set()
+            self._adopt(lease, sent, ttl)
             return lease, sent
 
-    def hold(self, client: EtcdClient, seconds: int, holder: str) -> str:
-        """The hold lease's ID (granted through `client` for `seconds` if there is none), kept
-        alive from now on with the daemon's lease; raises EtcdError."""
+    def hold(self, client: EtcdClient, seconds: int, holder: str) -> tuple[str, frozenset[str]]:
+        """The lease, swapped for one of `seconds` (every key moved onto it) unless it is held
+        already, and the keys that swap moved (none if there was none); raises EtcdError."""
         with self._granting:
             with self._lock:
-                if self._hold is not None:
+                if self._id is not None and self._holding:
                     self._holders.add(holder)
-                    return self._hold
-            lease = client.grant(seconds)
+                    self._back = False
+                    return self._id, frozenset()
+            lease, moved = self._swap(client, seconds)
             with self._lock:
-                self._hold, self._hold_ttl = lease, seconds
+                self._holding = seconds
                 self._holders.add(holder)
-            self._wake.set()  # a hold_max shorter than ttl: renewed at its own pace from now
-            return lease
+                self._back = False
+            return lease, moved
 
     def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
-        """`holder` keeps nothing on the hold lease any more: revoked through `client` once
-        nobody does (its keys, if any were left, go with it: they were given back). Without
-        `client` (a reload hands the keys over to a new worker) never revoked. Raises
-        EtcdError."""
+        """`holder` holds nothing through a maintenance any more: once nobody does, the lease
+        is swapped back through `client` to a `ttl` one (with every key left on it; failing,
+        the keep-alive thread tries again). Without `client` (a reload hands the keys over to
+        a new worker) left as it is."""
         with self._lock:
             self._holders.discard(holder)
-            if self._holders or client is None:
+            if self._holders or client is None or not self._holding:
                 return
-            lease, self._hold = self._hold, None
-        if lease is not None:
-            client.revoke(lease)
+            self._back = True
+        with contextlib.suppress(EtcdError):
+            self._swap_back(client)
 
     def drop_unheld(self) -> None:
-        """A reload removed `concurrency` while a slot was on the hold lease: its keeper handed
-        it over to a keeper that will never come, and the engine gave it back. Revoked (its
-        keys go) on a thread of its own if nobody holds it; it was renewed for good."""
+        """A reload removed `concurrency` while a slot was held through: its keeper handed it
+        over to a keeper that will never come, and the engine gave it back. Swapped back to a
+        `ttl` lease without the slot keys (revoked with the old one) on the keep-alive thread,
+        if nobody holds it."""
         with self._lock:
-            if self._holders or self._hold is None:
+            if self._holders or not self._holding:
                 return
-            lease, self._hold = self._hold, None
+            self._back = self._drop_slots = True
+        self._wake.set()
 
-        def revoke() -> None:
-            client = EtcdClient(self.settings)
-            try:
-                client.revoke(lease)
-            except EtcdError:
-                pass  # renewed no more: gone at hold_max
-            finally:
-                client.close()
-
-        threading.Thread(target=revoke, name="etcd-unhold", daemon=True).start()
-
-    @staticmethod
-    def revoke_empty(client: EtcdClient, leases: set[str]) -> None:
-        """Leases a slot was taken back from (the hold lease of this daemon before a restart or
-        a reload), revoked if no key is left on them: not left to etcd until hold_max. Only
-        empty ones: a dead daemon's lease may still carry its shared-event marks."""
-        for old in sorted(lease for lease in leases if lease):
+    def revoke_empty(self, client: EtcdClient, leases: set[str]) -> None:
+        """Leases a slot was taken back from (this daemon's before a restart or a reload),
+        revoked once no slot key is left on them: not left to etcd until hold_max. What else
+        they carry (the alive mark, shared-event marks) was the gone process's: the new one
+        writes again what it still means. Never its own lease."""
+        with self._lock:
+            own = self._id
+        for old in sorted(lease for lease in leases if lease and lease != own):
             with contextlib.suppress(EtcdError):
-                if client.lease_keys(old) == []:
+                left = client.lease_keys(old)
+                if left is not None and not any(self._is_slot(key) for key in left):
                     client.revoke(old)
 
     def renew_hold(self, client: EtcdClient) -> None:
         """One last renewal, as the daemon stops: the hold counts `hold_max` from now, not from
         the thread's last renewal (up to a third of `ttl` earlier). Raises EtcdError."""
         with self._lock:
-            lease = self._hold
+            lease = self._id if self._holding else None
         if lease is not None:
             client.keep_alive(lease)
 
@@ -172,21 +168,21 @@ class DaemonLease:
         return unwatch
 
     def close(self) -> None:
-        """Stop renewing (never revoked: its keys expire within ttl, as for a daemon killed)."""
+        """Stop renewing (never revoked: its keys expire within its TTL, as for a daemon killed)."""
         self._stopped.set()
         self._wake.set()
         self._client.close()
 
     def retire(self) -> None:
-        """A reload replaced this lease (`coordination` changed; `close` first): its hold
-        lease, if any, is revoked once no key is on it (the new keeper took them back under
-        its own) or left to expire (gone); checked every third of `ttl` on a thread of its
-        own, until `hold_max` has passed (its keys, if never taken back, expire then)."""
+        """A reload replaced this lease (`coordination` changed; `close` first): revoked once
+        no slot key is on it (the new keeper took them back under its own lease), checked
+        every third of `ttl` on a thread of its own until it expires (its keys, if never taken
+        back, with it)."""
         with self._lock:
-            lease, seconds, self._hold = self._hold, self._hold_ttl, None
+            lease, seconds, self._id = self._id, self._granted, None
         if lease is not None:
             threading.Thread(
-                target=self._retire, args=(lease, seconds), name="etcd-hold-retire", daemon=True
+                target=self._retire, args=(lease, seconds), name="etcd-retire", daemon=True
             ).start()
 
     def _retire(self, lease: str, seconds: int) -> None:
@@ -198,9 +194,10 @@ class DaemonLease:
                 time.sleep(every)  # the new keeper takes the keys back meanwhile
                 try:
                     left = client.lease_keys(lease)
-                    if left == []:
+                    if left is None:
+                        return
+                    if not any(self._is_slot(key) for key in left):
                         client.revoke(lease)
-                    if not left:
                         return
                 except EtcdError:
                     client.close()
@@ -208,19 +205,79 @@ class DaemonLease:
         finally:
             client.close()
 
-    def _every(self) -> float:
-        """A third of the shortest lease it renews: a hold_max shorter than `ttl` (accepted,
-        with a warning) expired between two renewals while the daemon lived."""
+    def _is_slot(self, key: str) -> bool:
+        return key.startswith(f"{self.settings.prefix.rstrip('/')}/slots/")
+
+    def _adopt(self, lease: str, sent: float, ttl: int) -> None:
+        """`lease` is the daemon's from now on (kept alive by the thread, started if need be)."""
         with self._lock:
-            hold = self._hold_ttl if self._hold is not None else self.ttl
-            return min(self.ttl, self._granted, hold) / 3
+            self._id, self._confirmed, self._granted = lease, sent, ttl
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(target=self._run, name="etcd-lease", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _swap(
+        self, client: EtcdClient, seconds: int, drop_slots: bool = False
+    ) -> tuple[str, frozenset[str]]:
+        """With `_granting` held: a new lease of `seconds`, every key of the current one moved
+        onto it (`drop_slots`: but the slot keys), the old one revoked. Its ID, the keys moved."""
+        with self._lock:
+            old = self._id
+        sent = time.monotonic()
+        new = client.grant(seconds)
+        moved: frozenset[str] = frozenset()
+        if old is not None:
+            try:
+                moved = self._move(client, old, new, drop_slots)
+            except EtcdError:
+                with contextlib.suppress(EtcdError):
+                    client.revoke(new)
+                raise
+        self._adopt(new, sent, seconds)
+        if old is not None:
+            with contextlib.suppress(EtcdError):  # empty; else gone at its end, never renewed
+                client.revoke(old)
+        return new, moved
+
+    def _move(self, client: EtcdClient, old: str, new: str, drop_slots: bool) -> frozenset[str]:
+        """The keys on `old`, moved onto `new` in one transaction while each is still on `old`;
+        read again after it (another thread may have put one under `old` meanwhile: a shared
+        event's mark) and moved too. Raises EtcdError."""
+        moved: set[str] = set()
+        for _ in range(SWAP_TRIES):
+            left = client.lease_keys(old)
+            keys = [k for k in left or () if not (drop_slots and self._is_slot(k))]
+            if not keys:
+                return frozenset(moved)
+            if client.move_keys(keys, old, new):
+                moved.update(keys)
+        raise EtcdError("busy", f"the keys of lease {old} kept changing while moved to {new}")
+
+    def _swap_back(self, client: EtcdClient) -> None:
+        """Nobody holds a slot through any more: back to a `ttl` lease (if still so)."""
+        with self._granting:
+            with self._lock:
+                if not self._back or self._holders or not self._holding or self._id is None:
+                    self._back = False
+                    return
+                drop, ttl = self._drop_slots, self.ttl
+            self._swap(client, ttl, drop)
+            with self._lock:
+                self._holding, self._back, self._drop_slots = 0, False, False
+
+    def _every(self) -> float:
+        """A third of `ttl` (a hold_max shorter than `ttl`, accepted with a warning: of that):
+        a live daemon's lease never lost more than that of its TTL."""
+        with self._lock:
+            return min(self.ttl, self._granted) / 3
 
     def _run(self) -> None:
         backoff = Backoff(first=1.0, cap=self._every())
         failures = 0
         while not self._stopped.is_set():
             with self._lock:
-                lease, confirmed = self._id, self._confirmed
+                lease, confirmed, back = self._id, self._confirmed, self._back
             if lease is None:
                 wait = 3600.0  # until `get` grants one
             elif failures:  # asked again with backoff (the engine counts the slot lost at ttl)
@@ -243,7 +300,6 @@ class DaemonLease:
                 self._client = EtcdClient(self.settings)
                 continue
             failures = 0
-            self._renew_hold()
             if left == 0:
                 self.lost(lease)
                 continue
@@ -253,18 +309,6 @@ class DaemonLease:
                 listeners = list(self._listeners)
             for listener in listeners:
                 listener.kept(sent)
-
-    def _renew_hold(self) -> None:
-        """The hold lease, renewed with the daemon's (a failure is tried again at the next
-        renewal: it lives `hold_max`, far longer than a third of `ttl`)."""
-        with self._lock:
-            hold = self._hold
-        if hold is None:
-            return
-        try:
-            if self._client.keep_alive(hold) == 0:
-                with self._lock:
-                    if self._hold == hold:  # expired (a partition longer than hold_max)
-                        self._hold = None
-        except EtcdError:
-            pass
+            if back:  # an `unhold` or `drop_unheld` etcd refused: tried at each renewal
+                with contextlib.suppress(EtcdError):
+                    self._swap_back(self._client)

@@ -190,6 +190,20 @@ class EtcdClient:
             raise EtcdError("bad_answer", "timetolive: keys is not a list")
         return [_unb64(k).decode("utf-8", "replace") for k in keys]
 
+    def lease_times(self, lease: str) -> tuple[int, int]:
+        """Seconds a lease has left (-1 when it has expired) and the TTL it was granted with:
+        a lease kept alive has left about what it was granted; a silent owner's, less."""
+        answer = self._call("/v3/lease/timetolive", {"ID": lease})
+        left, granted = str(answer.get("TTL", "-1")), str(answer.get("grantedTTL", "0"))
+        return _number(left), _number(granted)
+
+    def move_keys(self, keys: Sequence[str], old: str, new: str) -> bool:
+        """Put every key, value unchanged, under lease `new`, in one transaction, only while
+        each is still on lease `old` (not rewritten by another, not deleted): all, or none."""
+        compares = [{"target": "LEASE", "key": _b64(key), "lease": old} for key in keys]
+        puts = [{"request_put": {"key": _b64(k), "ignore_value": True, "lease": new}} for k in keys]
+        return self._txn_all(compares, puts)
+
     def revoke(self, lease: str) -> None:
         """End a lease now: its keys go with it."""
         self._call("/v3/lease/revoke", {"ID": lease})
@@ -487,6 +501,10 @@ def _kvs(answer: dict[str, Any]) -> list[KeyValue]:
         for kv in kvs
         if isinstance(kv, dict)
     ]
+
+
+def _number(text: str) -> int:
+    return int(text) if text.lstrip("-").isdigit() else -1
 
 
 def _holds(key: str, expected: Optional[bytes]) -> dict[str, Any]:

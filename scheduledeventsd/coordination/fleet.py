@@ -6,16 +6,17 @@ daemons decide nothing from this view, it only reads the keys they write. The ke
 `coordination.etcd.prefix` (each segment percent-encoded: names are data, not paths):
 
 - `slots/<group>/<n>` = `{"vm", "event", "at"}`: slot n of the group (n < its max), held by
-  that VM for that event since `at`; on the daemon's one lease (daemon_lease.py, `ttl`), or,
-  once its event is approved, on the daemon's hold lease of `hold_max`, renewed while the daemon
-  lives (slots.py). When that lease ends is when the hold ends.
+  that VM for that event since `at`; on the daemon's one lease (daemon_lease.py): of `ttl`,
+  or, once its event is approved, of `hold_max`, renewed while the daemon lives (slots.py).
+  When that lease ends is when the hold ends.
 - `daemons/<vm>` = `{"vm", "groups": {group: max}, "ttl", "at"}`: the daemon of that VM is
   alive and wants or holds a slot. On the daemon's lease; deleted when it stops, so a held
-  slot whose VM has no such key is held by a VM that is down.
+  slot whose VM has no such key is held by a VM that is down. On a lease of `hold_max` the key
+  outlives a daemon killed in its maintenance: alive only while its lease is renewed (`silent`).
 - `waiting/<group>/<vm>` = `{"vm", "event", "why", "since"}`: that VM's event waits for a
   slot of the group (why: every slot is held; who holds them is the group's slots). Written
   once while it waits for that group, on the daemon's lease; deleted when it takes a slot or
-  stops.
+  stops. Not shown while its lease is silent.
 - `freed/<group>/<vm>` = `{"vm", "event", "key", "by", "at"}`: an operator freed the slot that
   VM held for that event (`fleet free`), under a lease of FREED_TTL. The daemon that held it
   logs `slot_freed_by_operator` when it notices, and never takes a slot for that event again.
@@ -138,6 +139,13 @@ class View:
         ]
 
 
+def silent(left: int, granted: int, ttl: int) -> bool:
+    """Whether the daemon of a lease (`left` and `granted` seconds, EtcdClient.lease_times)
+    went silent: gone, or not renewed for more than `ttl` (a live daemon renews every third
+    of it, daemon_lease.py). Its keys may stay until `hold_max`; they no longer speak for it."""
+    return left < 0 or granted - left > ttl
+
+
 def read(settings: Etcd, groups: dict[str, int], ttl: int) -> View:
     """The fleet now (EtcdError when etcd cannot be read). `groups`: this VM's groups and
     their max, shown even when nobody holds or waits."""
@@ -145,33 +153,46 @@ def read(settings: Etcd, groups: dict[str, int], ttl: int) -> View:
     client = EtcdClient(settings)
     try:
         _, kvs = client.range(root)
-        lefts = {kv.lease: client.time_to_live(kv.lease) for kv in kvs if _is_slot(root, kv)}
+        # A slot's or waiting mark's lease: the daemon's (one per daemon), which says when the
+        # hold ends and whether it is renewed; one on a `ttl` lease is alive while it exists.
+        leases = {kv.lease for kv in kvs if kv.lease and _asked(root, kv)}
+        times = {lease: client.lease_times(lease) for lease in sorted(leases)}
     finally:
         client.close()
-    return _view(root, kvs, lefts, groups, ttl)
+    return _view(root, kvs, times, groups, ttl)
 
 
 def _parts(root: str, key: str) -> list[str]:
     return [urllib.parse.unquote(p) for p in key[len(root) :].split("/")]
 
 
-def _is_slot(root: str, kv: KeyValue) -> bool:
+def _asked(root: str, kv: KeyValue) -> bool:
+    """A slot key or a waiting mark: its lease is asked when it ends and whether it is renewed."""
     parts = _parts(root, kv.key)
-    return len(parts) == 3 and parts[0] == "slots" and parts[2].isdigit() and bool(kv.lease)
+    slot = len(parts) == 3 and parts[0] == "slots" and parts[2].isdigit()
+    return slot or (len(parts) == 3 and parts[0] == "waiting")
 
 
 def _view(
-    root: str, kvs: list[KeyValue], lefts: dict[str, int], configured: dict[str, int], ttl: int
+    root: str,
+    kvs: list[KeyValue],
+    times: dict[str, tuple[int, int]],
+    configured: dict[str, int],
+    ttl: int,
 ) -> View:
     maxes: dict[str, Optional[int]] = dict(configured)
     alive: set[str] = set()
     holders: dict[str, list[Holder]] = {}
     waiting: dict[str, list[Waiter]] = {}
     events: dict[str, dict[str, str]] = {}
+    ttls: dict[str, int] = {}  # each VM's daemon's ttl, as it says
     for kv in kvs:
         parts, fields = _parts(root, kv.key), decode(kv.value)
         if parts[0] == "daemons" and len(parts) == 2:
-            alive.add(_text(fields, "vm") or parts[1])
+            vm, said_ttl = _text(fields, "vm") or parts[1], fields.get("ttl")
+            ttls[vm] = said_ttl if isinstance(said_ttl, int) and said_ttl > 0 else ttl
+            if kv.lease not in times or not silent(*times[kv.lease], ttls[vm]):
+                alive.add(vm)
             said = fields.get("groups")
             for group, most in said.items() if isinstance(said, dict) else ():
                 if isinstance(most, int) and group not in configured:
@@ -184,17 +205,17 @@ def _view(
         parts, fields = _parts(root, kv.key), decode(kv.value)
         if parts[0] == "slots" and len(parts) == 3 and parts[2].isdigit():
             vm = _text(fields, "vm") or "?"
-            left = lefts.get(kv.lease) if kv.lease else None
+            left = times[kv.lease][0] if kv.lease in times else None
             held = Holder(
                 vm, _text(fields, "event"), _text(fields, "at"), vm in alive, left, parts[2]
             )
             holders.setdefault(parts[1], []).append(held)
             maxes.setdefault(parts[1], None)
         elif parts[0] == "waiting" and len(parts) == 3:
-            why = _text(fields, "why")
-            waiter = Waiter(
-                _text(fields, "vm") or parts[2], _text(fields, "event"), why, _text(fields, "since")
-            )
+            vm, why = _text(fields, "vm") or parts[2], _text(fields, "why")
+            if kv.lease in times and silent(*times[kv.lease], ttls.get(vm, ttl)):
+                continue  # its daemon is silent: nobody waits there
+            waiter = Waiter(vm, _text(fields, "event"), why, _text(fields, "since"))
             waiting.setdefault(parts[1], []).append(waiter)
             maxes.setdefault(parts[1], None)
     groups = tuple(

@@ -11,13 +11,14 @@ The keys (read by `scheduledeventsd fleet`, freed by `fleet free`; keep this lis
 - While its daemon runs, the key hangs on the daemon's one lease (daemon_lease.py: every key
   the daemon writes, its shared-event marks `<prefix>/events/<EventId>/<vm>` included, TTL
   `concurrency.ttl`, renewed every third of it): a daemon killed loses it within `ttl`.
-- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the key moves, in one
-  transaction (same value check), to the daemon's hold lease of `hold_max`, renewed while it
-  lives (SlotMoved says so, or that the move failed); a stopping daemon moves it the same way
-  and renews it once more: held until the VM is back (taken back there, the old one revoked
-  once empty) and its after-hooks succeeded, or hold_max. A Terminate or Preempt deletes it as
-  the VM goes. Across a reload it stays; the new keeper takes back only the VM's keys (an
-  added group is for its next event).
+- Once its VM is in its maintenance (HoldSlot `alive`, gates/through.py) the daemon's lease
+  itself is swapped for one of `hold_max` (daemon_lease.py `hold`: all its keys moved in one
+  transaction), renewed while it lives (SlotMoved says so, or that the move failed); a
+  stopping daemon swaps it the same way and renews it once more: held until the VM is back
+  (taken back there, the old lease revoked once no slot is on it) and its after-hooks
+  succeeded, or hold_max; given back, the lease is swapped back to `ttl`. A Terminate or
+  Preempt deletes it as the VM goes. Across a reload it stays on the daemon's lease; the new
+  keeper takes back only the VM's keys (an added group is for its next event).
 - Freeing a held slot by hand is deleting its key: the VM's daemon, if alive, hears it only
   through its engine's next SlotBusy (it does not watch its own key).
 
@@ -44,7 +45,8 @@ from ..retry import Backoff
 from . import slotset
 from .daemon_lease import DaemonLease
 from .etcd import Changes, EtcdClient, EtcdError, KeyValue
-from .fleet import daemon_key, encode, freed_mark, stamp, waiting_key
+from .fleet import daemon_key, encode, freed_mark, stamp
+from .slot_line import Line
 from .slotset import holder
 
 # Seconds a waiter waits for those ahead in line to take a free slot (one may be dead: `ttl`)
@@ -112,8 +114,8 @@ class SlotKeeper:
             self._giving_back.append(worker.release())
 
     def keep(self, event_id: str, seconds: int) -> None:
-        """The event's VM is in its maintenance (HoldSlot `alive`): its slot moves to the
-        daemon's hold lease of `seconds` (on the worker's thread: never holds up the loop)."""
+        """The event's VM is in its maintenance (HoldSlot `alive`): the daemon's lease becomes
+        one of `seconds`, its slot on it (on the worker's thread: never holds up the loop)."""
         with self._lock:
             vm = self._vm_of.get(event_id)
             worker = self._workers.get(vm) if vm is not None else None
@@ -121,9 +123,9 @@ class SlotKeeper:
             worker.keep(seconds)
 
     def hold(self, event_id: str, seconds: int) -> tuple[tuple[str, ...], str]:
-        """The daemon stops while this event holds the VM's slot (HoldSlot): the slot key moves
-        to the daemon's hold lease of `seconds` in one transaction (if not there yet), renewed
-        one last time; the VM's worker ends. The slot's keys, and why that failed ("": held)."""
+        """The daemon stops while this event holds the VM's slot (HoldSlot): the daemon's lease
+        becomes one of `seconds` with the slot key on it (if not yet), renewed one last time;
+        the VM's worker ends. The slot's keys, and why that failed ("": held)."""
         with self._lock:
             vm = self._vm_of.get(event_id)
             worker = self._workers.pop(vm, None) if vm is not None else None
@@ -134,8 +136,8 @@ class SlotKeeper:
 
     def stop_all(self) -> None:
         """The daemon's stop (after HoldSlot) or a reload: slots given back are (a Terminate's
-        went within `ttl`: the daemon exited first); a slot held moves to a `ttl` lease of its
-        own (the new keeper takes it back), one held through a maintenance stays on the hold."""
+        went within `ttl`: the daemon exited first); a slot held stays on the daemon's lease (the
+        new keeper takes it back; a lease closed by the reload is revoked once it has)."""
         with self._lock:
             workers, self._workers, self._vm_of = list(self._workers.values()), {}, {}
             releasing, self._giving_back = self._giving_back, []
@@ -179,12 +181,7 @@ class _Worker:
         self._ended = threading.Event()  # stopped, released, or the lease expired while held
         self._lease: Optional[str] = None
         self._keys: tuple[str, ...] = ()  # the slot keys, one per group, once held
-        self._waiting: Optional[tuple[str, bytes]] = None  # the waiting mark (fleet.py)
-        # The VMs whose marks were in its group's line before its own (one group only: with
-        # several, everyone tries); None: not in line. Those seen taking a slot leave it.
-        self._ahead: Optional[set[str]] = None
-        self._marked: Optional[str] = None  # the lease its waiting mark was written under
-        self._waited = False  # room, but not its turn: it waits PATIENCE, then tries anyway
+        self._line = Line(settings, concurrency, self.vm, self.event_id, self.prefixes)
         self._announced: Optional[bytes] = None  # the daemon's mark written (fleet.py)
         # Monotonic: when the last grant or keep-alive of the lease that etcd acknowledged was
         # sent (the lease lives `ttl` from at least then); the engine counts the slot lost
@@ -249,9 +246,9 @@ class _Worker:
         return thread
 
     def stop(self, hold: int = 0, handover: bool = False) -> tuple[tuple[str, ...], str]:
-        """End this worker; with `hold`, a slot held moves (one transaction, while ours) to the
-        hold lease (renewed once more if there); `handover` (a reload): one not held through a
-        maintenance goes to a lease of its own of `hold` s instead. Its keys, and why it failed."""
+        """End this worker; with `hold`, the daemon's lease becomes one of `hold` s with a slot
+        held on it (moved while ours; renewed once more if it was already); `handover` (a
+        reload): the keys stay on the daemon's lease as they are. Its keys, and why it failed."""
         self._stopped.set()
         self._ended.set()
         self._wake.set()
@@ -263,15 +260,15 @@ class _Worker:
             with EtcdClient(self.settings) as client:
                 if hold and keys and self._on_hold and not handover:
                     self._renew_hold(client)
-                elif hold and keys and not self._on_hold:
-                    shared, token = self._shared, self._token
-                    lease = client.grant(hold) if handover else shared.hold(client, hold, token)
-                    if not client.put_all([(k, self.value) for k in keys], self.value, lease):
+                elif hold and keys and not self._on_hold and not handover:
+                    lease, moved = self._shared.hold(client, hold, self._token)
+                    put = [(k, self.value) for k in keys]
+                    if not set(keys) <= moved and not client.put_all(put, self.value, lease):
                         error = "the slot is not this VM's any more (freed or lost meanwhile)"
         except EtcdError as e:
             error = f"{e.kind}: {e.detail}"[:300]
-        if handover:
-            self._shared.unhold(self._token)  # the new keeper's worker takes them back there
+        if handover:  # on the daemon's lease still: the new keeper's worker takes them back
+            self._shared.unhold(self._token)
         try:
             with EtcdClient(self.settings) as client:
                 self._unmark(client)
@@ -289,14 +286,7 @@ class _Worker:
         """Its daemon stops: no longer alive for `fleet`, its events no longer waiting."""
         if self._announced is not None:
             client.delete(daemon_key(self.settings, self.vm), self._announced)
-        self._unwait(client)
-
-    def _unwait(self, client: EtcdClient) -> None:
-        """Its events no longer wait: out of line (else the others behind it wait PATIENCE at
-        each release for it) and out of `fleet`'s waiting list."""
-        waiting, self._waiting, self._ahead = self._waiting, None, None
-        if waiting is not None:
-            client.delete(*waiting)
+        self._line.leave(client)
 
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
@@ -305,16 +295,18 @@ class _Worker:
         self._thread.join(timeout=self.settings.timeout + self.renew)
         try:
             with EtcdClient(self.settings) as client:
-                self._unwait(client)  # released while it waited (its event cancelled)
+                self._line.leave(client)  # released while it waited (its event cancelled)
                 if self._keys:
                     client.delete_all(self._keys, self.value)
-                else:
-                    ours = tuple(self.prefixes.values())
+                else:  # the lease it was on (its daemon's before the restart) revoked too
+                    ours, was = tuple(self.prefixes.values()), set()
                     for kv in client.range(self.root)[1]:
-                        if kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm:
-                            client.delete(kv.key, kv.value)
+                        mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
+                        if mine and client.delete(kv.key, kv.value or b""):
+                            was.add(kv.lease)
+                    self._shared.revoke_empty(client, was)
                 if self._keep or self._on_hold:
-                    self._shared.unhold(self._token, client)  # revoked once nothing is on it
+                    self._shared.unhold(self._token, client)  # back to ttl once nobody holds
         except EtcdError:
             pass  # on the daemon's lease, it goes with it; under a hold, at its end
 
@@ -378,6 +370,8 @@ class _Worker:
             self._wake.set()
 
     def _work(self) -> None:
+        if self._keep:  # taken back held through (a restart): of hold_max from the start
+            self._shared.hold(self._client, self._keep, self._token)
         self._lease = self._get_lease()
         self._announce()
         if self._freed():
@@ -400,14 +394,14 @@ class _Worker:
             revision, kvs = self._client.range(self.root)
             seen = {kv.key: kv for kv in kvs}
             if again:
-                self._recount()
+                self._line.recount(self._client, kvs)
             changes = self._client.watch(self.root, revision + 1, self.renew)
             try:
                 while not self._stopped.is_set():
                     taking = self._take(list(seen.values()), anyway=again)
                     again = True
                     if taking is None:
-                        self._unwait(self._client)
+                        self._line.leave(self._client)
                         self._tell(SlotGranted, self._confirmed, held=True)
                         self._lapsed = False
                         return self._hold()
@@ -416,9 +410,10 @@ class _Worker:
                         self._lapsed, self._on_hold = False, self._on_hold and not lost
                         self._keys, held = ((), False) if lost else (self._keys, None)
                         self._tell(SlotBusy, holders, taking.full, lost, held=held)
-                        self._mark_waiting(taking.full[0])
+                        assert self._lease is not None  # noqa: S101 - granted before
+                        self._line.mark(self._client, taking.full[0], self._lease)
                     patience = threading.Timer(PATIENCE, self._client.interrupt)
-                    if self._waited:
+                    if self._line.waited:
                         patience.start()
                     try:
                         if not self._changed(changes, seen):
@@ -437,48 +432,6 @@ class _Worker:
         said = {"vm": self.vm, "groups": groups, "ttl": self.concurrency.ttl, "at": stamp()}
         self._announced = encode(said)
         self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
-
-    def _mark_waiting(self, group: str) -> None:
-        """Its events wait for a slot of `group`: why, for `fleet`. Written once while it
-        waits for that group (who holds it changes at every hand-over; `fleet` shows them)."""
-        key = waiting_key(self.settings, group, self.vm)
-        if self._waiting is not None and self._waiting[0] == key and self._marked == self._lease:
-            return
-        since = json.loads(self._waiting[1])["since"] if self._waiting else stamp()
-        if self._waiting is not None:
-            self._client.delete(*self._waiting)
-        mark = {
-            "vm": self.vm,
-            "event": self.event_id,
-            "since": since,
-            "why": f"every slot of {group} is held",
-            "groups": sorted(self.prefixes),
-        }
-        self._waiting = (key, encode(mark))
-        assert self._lease is not None  # noqa: S101 - granted before
-        if len(self.concurrency.limits) > 1:
-            self._client.put(*self._waiting, self._lease)
-        else:
-            line = waiting_key(self.settings, group, "")
-            _, marks = self._client.put_and_range(*self._waiting, self._lease, line)
-            ahead = (slotset.in_line(kv.value, group) for kv in marks if kv.key != key)
-            self._ahead = {vm for vm in ahead if vm}
-        self._marked = self._lease
-
-    def _recount(self) -> None:
-        """Those ahead whose marks are gone (a daemon died: its lease ended) leave its line."""
-        if self._ahead and self._waiting is not None:
-            line = self._waiting[0].rsplit("/", 1)[0] + "/"
-            here = {holder(kv.value) for kv in self._client.range(line)[1]}
-            self._ahead &= here
-
-    def _turn(self, kvs: list[KeyValue], taking: slotset.Plan) -> bool:
-        """Its turn to try for a free slot (slotset.turn), or not in line."""
-        if self._ahead is None or all(value is not None for _, value in taking.take):
-            return True
-        self._ahead -= {holder(kv.value) for kv in kvs}  # those holding a slot left the line
-        (limit,) = self.concurrency.limits
-        return slotset.turn(kvs, self._ahead, self.prefixes[limit.group], limit.max)
 
     def _freed(self) -> bool:
         """An operator freed the slot one of these events held (`fleet free`): told, never
@@ -514,23 +467,25 @@ class _Worker:
         found a group full, or was beaten by another VM (its change is then watched). A key
         of this VM at or beyond `max` (a reload or restart lowered it) is no slot any more:
         it is deleted, never taken back; so are the VM's keys while another group is full.
-        A free slot is tried for on its turn in line (`_turn`), or `anyway`."""
+        A free slot is tried for on its turn in line (slot_line.py), or `anyway`."""
         assert self._lease is not None  # noqa: S101 - granted before
         keep = self._keep
         limits = self.concurrency.limits
         taking = slotset.plan(kvs, self.vm, limits, self.prefixes, held_only=bool(keep))
         for kv in taking.stale:
             self._client.delete(kv.key, kv.value or b"")
-        self._waited = bool(taking.take) and not anyway and not self._turn(kvs, taking)
-        if self._waited:
+        line = self._line
+        line.waited = bool(taking.take) and not anyway and not line.turn(kvs, taking)
+        if line.waited:
             return taking
-        lease = self._shared.hold(self._client, keep, self._token) if keep else self._lease
+        lease = self._shared.hold(self._client, keep, self._token)[0] if keep else self._lease
         if taking.take and self._client.put_all(taking.take, self.value, lease):
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold, self._said = bool(keep), False
-            if keep:  # a lease of its daemon before a restart or reload: revoked if empty
+            if keep:  # its daemon's lease before a restart or reload: revoked once slot-free
                 was = {kv.lease for kv in kvs if (kv.key, kv.value) in taking.take}
                 self._shared.revoke_empty(self._client, was - {lease, self._lease or ""})
+                self._lease = lease
             return None
         return taking
 
@@ -546,8 +501,7 @@ class _Worker:
                     seen.pop(kv.key, None)
                 else:
                     seen[kv.key] = kv
-                    if self._ahead:
-                        self._ahead.discard(holder(kv.value))  # it took its slot
+                    self._line.took(kv.value)
             if any(kv.key.startswith(ours) for kv in batch):
                 return True
             if time.monotonic() >= until:
@@ -561,9 +515,11 @@ class _Worker:
             return
         try:
             if not self._on_hold:
-                lease = self._shared.hold(self._client, self._keep, self._token)
+                lease, moved = self._shared.hold(self._client, self._keep, self._token)
                 keys = [(k, self.value) for k in self._keys]
-                self._on_hold = self._client.put_all(keys, self.value, lease)
+                self._lease = lease  # the daemon's lease, swapped for one of hold_max
+                on = set(self._keys) <= moved or self._client.put_all(keys, self.value, lease)
+                self._on_hold = on
         except EtcdError as e:
             self._client.close()
             if not self._ended.is_set():  # else closed on purpose: the worker ends

@@ -416,7 +416,7 @@ class Daemon:
                 self._coordinator.stop_all()
             replaced, self._coordinator = self._coordinator, wiring.coordinator(new, self.inbox.put)
         self._executors.reload(old, self._context(new))
-        if replaced is not None:  # its hold lease revoked once the new keeper has the keys
+        if replaced is not None:  # its lease revoked once the new keeper has the slot's keys
             replaced.lease.retire()
 
     def _context(self, config: Config) -> Context:

@@ -129,8 +129,8 @@ class Slots:
     renew that lease, and a slot in keys the new settings do not use would block them as long.
     One held through a maintenance stays on the hold lease (renewed) and is taken back there
     (AcquireSlot `hold`): a daemon killed after the reload keeps it held. A reload that removes
-    `concurrency` leaves no keeper: the engine's ReleaseSlot then revokes the hold lease nobody
-    holds (it was renewed for as long as the daemon lived)."""
+    `concurrency` leaves no keeper: the engine's ReleaseSlot then swaps the daemon's lease back
+    to `ttl` without the slot keys nobody holds (it was renewed for as long as the daemon lived)."""
 
     EFFECTS: ClassVar[tuple[type, ...]] = (AcquireSlot, ReleaseSlot, HoldSlot)
 

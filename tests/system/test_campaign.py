@@ -16,7 +16,6 @@ import pytest
 from tests.campaign import Campaign, FleetCampaign
 from tests.campaign_hold import HoldCampaign, planted
 from tests.etcd_cluster import Cluster
-from tests.soak import soak
 
 pytestmark = [pytest.mark.campaign, pytest.mark.xdist_group(name="campaign")]
 
@@ -33,19 +32,6 @@ def test_fifty_kills_lose_and_double_nothing(tmp_path):
     assert report.after_runs, summary
     assert report.cancelled_runs, summary
     assert report.reboots, summary
-
-
-def test_two_minutes_of_churn_with_everything_on_leak_nothing_and_miss_nothing(tmp_path):
-    result = soak(120, tmp_path, every=5.0)
-    summary = result.summary()
-    assert result.missed == [], summary
-    assert result.doubled == [], summary
-    assert len(result.ours) >= 20, summary
-    assert result.webhooks >= len(result.ours) - 3, summary
-    warm, last = result.samples[len(result.samples) // 2], result.samples[-1]
-    assert last.fds <= warm.fds + 2, summary
-    assert last.threads <= warm.threads + 2, summary
-    assert last.rss_mb - warm.rss_mb < 3, summary
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and bind mounts need root")
@@ -91,13 +77,13 @@ def test_a_group_under_etcd_partitions_kills_long_maintenances_and_frees_keeps_e
 @pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and bind mounts need root")
 def test_the_hold_campaign_catches_a_slot_keeper_that_drops_the_hold_max_move_at_stop(tmp_path):
     """The invariant can fail: daemons whose slot keeper leaves a stopping daemon's slot on
-    a lease gone within `ttl` instead of holding it for `hold_max` (planted: the hold lease,
-    where the approval and the stop put the slot, granted for `ttl`). One group of the mapping
+    a lease gone within `ttl` instead of holding it for `hold_max` (planted: the daemon's lease
+    swapped at the approval and the stop, granted for `ttl`). One group of the mapping
     form, every early approval followed by a stop of 1.5-3x `ttl`: the next VM drains while
     the first is still away, and the run stops at the first overlap."""
     seed = int.from_bytes(os.urandom(2), "big")
-    hold, ttl = "lease = client.grant(seconds)", "lease = client.grant(self.ttl)"
-    root = planted(tmp_path, "coordination/daemon_lease.py", hold, ttl)  # DaemonLease.hold
+    hold, ttl = "new = client.grant(seconds)", "new = client.grant(self.ttl)"
+    root = planted(tmp_path, "coordination/daemon_lease.py", hold, ttl)  # DaemonLease._swap
     (tmp_path / "run").mkdir()
     with Cluster(tmp_path / "etcd") as cluster:
         campaign = HoldCampaign(

@@ -182,8 +182,8 @@ def test_metrics_show_the_groups_held_slots_and_max_from_each_vm(tier, sim, hook
 
 def test_only_a_silent_holder_whose_hold_outlives_ttl_counts_as_down():
     """A daemon killed outside a maintenance leaves its slot under its own lease (within
-    `ttl`): not a VM still down. One stopped for its maintenance leaves it under the hand-over
-    lease (longer): down. A live daemon's never. (The keys as etcd returns them; no etcd.)"""
+    `ttl`): not a VM still down. One stopped for its maintenance leaves it under its lease of
+    hold_max (longer): down. A live daemon's never. (The keys as etcd returns them; no etcd.)"""
     root = "/p/"
 
     def slot(n: int, vm: str, lease: str) -> KeyValue:
@@ -195,7 +195,8 @@ def test_only_a_silent_holder_whose_hold_outlives_ttl_counts_as_down():
         slot(2, "alive", "3"),
         KeyValue(f"{root}daemons/alive", fleet_keys.encode({"vm": "alive"}), "3"),
     ]
-    view = fleet_keys._view(root, kvs, {"1": 25, "2": 800, "3": 29}, {"web": 3}, ttl=30)
+    times = {"1": (25, 30), "2": (800, 3600), "3": (29, 30)}  # (left, granted)
+    view = fleet_keys._view(root, kvs, times, {"web": 3}, ttl=30)
     assert [(group, h.vm) for group, h in view.down()] == [("web", "stopped")]
     (web,) = view.groups
     assert [(h.vm, h.alive) for h in web.holders] == [

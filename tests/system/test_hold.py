@@ -3,7 +3,7 @@ VM, one simulator and real hook processes: `max: 1`, vm-1 approved and its daemo
 (its maintenance) for 3x `ttl`; nobody else starts while it is away; back on a new boot, the
 event gone, its undrain succeeds and vm-2 starts at once; never back, vm-2 starts at
 `hold_max`, not before; its undrain failing keeps the slot until a retry succeeds. And one
-etcd lease per live daemon, whatever the number of its events."""
+etcd lease per live daemon, whatever the number of its events (test_one_lease.py)."""
 
 from __future__ import annotations
 
@@ -362,13 +362,14 @@ def test_a_reload_that_changes_etcd_revokes_the_old_hold_lease_once_its_keys_mov
     """Reviewed (issue 28, one lease per daemon): vm-1 approved, its daemon reloaded with
     other `coordination` settings (a new lease and keeper). Was: the new keeper took the slot
     back under a new hold lease and the old one lingered, with no keys, until hold_max (three
-    leases for one daemon). Now it is revoked once the keys are on the new one."""
+    leases for one daemon). Now the old one is revoked once the slot is on the new one."""
     sim.scenario.start_after_approval = 600
     cfg1 = held_config(tier, "vm-1")
     one = tier.start("vm-1", cfg1)
     first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
     one.wait_log("event_approved", event_id=first, timeout=15)
-    wait_for(lambda: lease_count(tier) == 2, 10, "the hold lease granted at the approval")
+    wait_for(lambda: slot_lease_left(tier.cluster, tier.prefix) > 3000, 10, "held through")
+    assert lease_count(tier) == 1, "the daemon's one lease, of hold_max"
     cfg1["coordination"]["etcd"]["timeout"] = 3
     tier.factories["vm-1"].write_config(cfg1)
     one.signal(signal.SIGHUP)
@@ -377,7 +378,7 @@ def test_a_reload_that_changes_etcd_revokes_the_old_hold_lease_once_its_keys_mov
     time.sleep(TTL + 2)  # the old daemon lease expires (closed, never renewed)
     assert slot_holder(tier) == ["vm-1"]
     assert slot_lease_left(tier.cluster, tier.prefix) > 3000, "on the new hold lease"
-    assert lease_count(tier) == 2, "the daemon's lease and its hold lease, no third"
+    assert lease_count(tier) == 1, "the new one only"
 
 
 def test_a_reload_adding_a_full_group_keeps_the_slot_a_maintenance_holds(tier, sim, hooks):
@@ -415,16 +416,19 @@ def test_a_reload_adding_a_full_group_keeps_the_slot_a_maintenance_holds(tier, s
     assert slot_holder(tier, "zone-1") == ["vm-3"], "zone-1 is for vm-1's next event"
 
 
-def test_a_daemon_has_a_second_lease_only_while_its_vm_is_held_through_a_maintenance(tier, sim):
-    """The lease count (issue 28, one lease per daemon): the daemon's own lease, plus its hold
-    lease from the approval until the slot is given back (revoked then, not left to expire):
-    two leases while vm-1 is in its maintenance, one again once its undrain succeeded."""
+def test_a_daemon_has_one_lease_of_hold_max_while_its_vm_is_held_through_and_of_ttl_after(
+    tier, sim
+):
+    """The lease count (issue 28, one lease per daemon): from the approval until the slot is
+    given back the daemon's one lease is of hold_max (was: a second, hold lease beside it),
+    then of ttl again (the hold one revoked, not left to expire)."""
     sim.scenario.start_after_approval = 600
     one = tier.start("vm-1", held_config(tier, "vm-1"))
     first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
     one.wait_log("event_approved", event_id=first, timeout=15)
-    wait_for(lambda: lease_count(tier) == 2, 10, "the hold lease granted at the approval")
-    assert slot_lease_left(tier.cluster, tier.prefix) > 3000, "the slot on it"
+    wait_for(lambda: slot_lease_left(tier.cluster, tier.prefix) > 3000, 10, "held through")
+    assert lease_count(tier) == 1
     sim.remove_event(first)  # over: its after-hooks run, the slot is given back
     one.wait_log("slot_released", event_id=first, timeout=15)
-    wait_for(lambda: lease_count(tier) == 1, 10, "the hold lease revoked")
+    time.sleep(1)
+    assert lease_count(tier) == 1, "swapped back, the hold one revoked"

@@ -155,7 +155,7 @@ def test_a_delete_etcd_did_not_answer_is_tried_again_once_it_is_back(cluster, fl
 @pytest.mark.xfail(
     strict=True,
     reason="known gap (review1): the mark of a VM whose daemon is down (within its lease's "
-    "ttl) counts for the same EventId back",
+    "ttl, or hold_max while its slot is held) counts for the same EventId back",
 )
 def test_an_event_back_while_a_vms_daemon_is_down_is_not_approved_on_its_ready_from_before(
     cluster, fleet, sim
