@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
 from ..records import Level, Record, What
-from . import approval, events, lifetime, peers, reload, stages
+from . import approval, events, lifetime, peers, postponed, reload
 from .component import Coupling, Gate, Handler, Timers
 from .frozen import replace
 from .gates import pipeline, restore
@@ -182,7 +182,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
     DocumentFetched: events._document_fetched,
     PollFailed: timing._poll_failed,
     NameResolved: names._name_resolved,
-    HooksFinished: stages._hooks_finished,
+    HooksFinished: postponed._hooks_finished,
     ApprovalSent: approval._approval_sent,
     ApprovalFailed: approval._approval_failed,
     Persisted: lifetime._persisted,
@@ -191,7 +191,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
     Reloaded: reload._reloaded,
     ReloadFailed: reload._reload_failed,
     StopRequested: lifetime._stop_requested,
-    PeersChanged: peers._peers_changed,
+    PeersChanged: postponed._peers_changed,
     CoordinationFailed: peers._coordination_failed,
     GateAnswered: peers._gate_answered,
     Faulted: lifetime._faulted,

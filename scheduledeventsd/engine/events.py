@@ -82,7 +82,7 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
 
 def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are over or cancelled."""
-    listed = frozenset(e.event_id for e in doc.events)
+    listed, was_listed = frozenset(e.event_id for e in doc.events), state.listed
     state = replace(state, listed=listed)
     known = state.events
     events: dict[str, Tracked] = {}
@@ -92,6 +92,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             events[event.event_id] = was  # another VM's, as it was: the most of them, at once
             continue
         state, before = returned.over_and_back(state, was, On.LISTED)
+        state = returned.mark_taken_back(state, before, was_listed)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:

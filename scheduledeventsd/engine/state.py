@@ -3,6 +3,7 @@ event in it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import math
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,9 @@ class Tracked:
     # Its preparation started once (drained, its before-hooks): its after- or cancelled-hooks
     # are owed also while it waits in a gate again (queued after a restart, its slot taken back).
     prepared: bool = False
+    # The NotBefore its preparation began for (postponed.moved_later's reference): a move seen
+    # while its before-hooks ran, or it waited for the peers or the cluster, is not lost.
+    prepared_for: Optional[dt.datetime] = None
     # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
@@ -190,8 +194,9 @@ class State:
     # Events forgotten in this step that still asked for or held a concurrency slot: the slot
     # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
     forgotten: tuple[Tracked, ...] = ()
-    # Shared events forgotten in this step whose etcd mark this VM may have written: peers
-    # asks for it to be deleted (ForgetShared), then they are gone for good.
+    # Shared events forgotten in this step whose etcd mark this VM may have written (or listed
+    # again while their stage runs: returned.mark_taken_back): peers asks for it to be deleted
+    # (ForgetShared).
     unmarked: tuple[Tracked, ...] = ()
     # The incarnation of the last document refused whole (transition_refused), said once: the
     # same one served again (the poll after a refusal reads it) is refused quietly.
@@ -209,6 +214,7 @@ def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # no
     check(tracked.phase, on, to)
     if to in PREPARED and not tracked.prepared:
         changes["prepared"] = True
+        changes.setdefault("prepared_for", tracked.event.not_before)
     return replace(tracked, phase=to, **changes)
 
 
