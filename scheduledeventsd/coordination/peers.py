@@ -40,6 +40,10 @@ T = TypeVar("T")
 # A watch that stays silent this long is checked with a linearizable read: a member cut off
 # from the quorum keeps a stream open but delivers nothing.
 WATCH_CHECK = 30.0
+# A ForgetShared delete that etcd did not answer is tried again, doubling from the first to the
+# last: a mark left behind stays as long as the daemon (its lease), and a ready from before
+# would count for an event back under its EventId while this VM's hooks run again.
+FORGET_RETRY = (1.0, 30.0)
 
 
 def event_prefix(settings: Etcd, event_id: str) -> str:
@@ -94,11 +98,14 @@ class EtcdCoordinator:
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
         self._forgetting: dict[str, threading.Thread] = {}  # ForgetShared's deletes under way
+        self._forget_ends: dict[str, threading.Event] = {}  # set: a delete not tried again
 
     def start(self, effect: Coordinate) -> None:
         event_id = effect.event.event_id
         with self._lock:
             forgetting = self._forgetting.get(event_id)
+            if event_id in self._forget_ends:  # its write replaces the mark: tried no more
+                self._forget_ends[event_id].set()
         worker = _Worker(self.settings, effect, self._send, self.lease, forgetting)
         with self._lock:
             previous = self._workers.pop(event_id, None)
@@ -117,30 +124,49 @@ class EtcdCoordinator:
 
     def forget(self, event_id: str, vm_name: str) -> None:
         """ForgetShared, on a thread of its own: this VM's mark deleted, and the settled key
-        with it if no other VM's mark is left. Not while a worker for the EventId runs (a new
-        event under it, whose mark that is); a Coordinate after this waits for it."""
+        with it if no other VM's mark is left, tried again while etcd does not answer. Not while
+        a worker for the EventId runs (a new event under it, whose mark that is); a Coordinate
+        after this waits for it."""
         with self._lock:
             if event_id in self._workers:
                 return
+            if event_id in self._forget_ends:  # one still trying: this one takes over
+                self._forget_ends[event_id].set()
+            end = threading.Event()
             thread = threading.Thread(
-                target=self._forget, args=(event_id, vm_name), name="etcd-forget", daemon=True
+                target=self._forget, args=(event_id, vm_name, end), name="etcd-forget", daemon=True
             )
             self._forgetting[event_id] = thread
+            self._forget_ends[event_id] = end
             thread.start()  # under the lock: stop_all never joins one not started
 
-    def _forget(self, event_id: str, vm_name: str) -> None:
+    def _forget(self, event_id: str, vm_name: str, end: threading.Event) -> None:
+        """Tried again (FORGET_RETRY) while etcd does not answer, until this daemon stops or
+        a new worker for the EventId writes its mark anew."""
         prefix = event_prefix(self.settings, event_id)
-        client = EtcdClient(self.settings)
+        own = prefix + _segment(vm_name.casefold())
+        wait = FORGET_RETRY[0]
         try:
-            own = prefix + _segment(vm_name.casefold())
-            client.delete_last(own, prefix, settled_key(self.settings, event_id))
-        except EtcdError:
-            pass  # once: it goes with the daemon's lease, when the daemon stops
+            while not self._deleted(own, prefix, settled_key(self.settings, event_id)):
+                if end.wait(wait):
+                    return  # the daemon stops (its lease takes the mark) or it is written anew
+                wait = min(wait * 2, FORGET_RETRY[1])
         finally:
-            client.close()
             with self._lock:
                 if self._forgetting.get(event_id) is threading.current_thread():
                     del self._forgetting[event_id]
+                    del self._forget_ends[event_id]
+
+    def _deleted(self, own: str, prefix: str, settled: str) -> bool:
+        """One try of ForgetShared's transaction; False when etcd did not answer."""
+        client = EtcdClient(self.settings)
+        try:
+            client.delete_last(own, prefix, settled)
+        except EtcdError:
+            return False
+        finally:
+            client.close()
+        return True
 
     def stop_all(self) -> None:
         """The daemon stops (or a reload replaces this): the workers end, the deletes under way
@@ -149,6 +175,8 @@ class EtcdCoordinator:
         with self._lock:
             ids = list(self._workers)
             forgetting = list(self._forgetting.values())
+            for end in self._forget_ends.values():
+                end.set()  # the attempt under way ends; none after it
         self.stop(*ids)
         for thread in forgetting:
             thread.join(timeout=self.settings.timeout + 1)

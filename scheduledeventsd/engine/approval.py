@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..config import ApprovePolicy
 from ..model import SCHEDULED, Event
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
+from .frozen import replace
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
 from .poll import rate, timing, turns
-from .state import Approvals, State, Tracked, _move, _with
+from .state import Approvals, State, Tracked, _move, _with, ours
 from .vocabulary.constants import APPROVAL_BACKOFF
 from .vocabulary.effects import Effect, PostApproval
 from .vocabulary.messages import ApprovalFailed, ApprovalSent
@@ -96,7 +96,7 @@ def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
     approvals = state.approvals
     due = [
         t.event
-        for event_id, t in state.events.items()
+        for event_id, t in ours(state.events)
         if t.phase is Phase.APPROVING
         and event_id not in approvals.posting
         and now >= approvals.failures.get(event_id, Failures()).retry_at

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 from ..records import Level, What
+from .frozen import replace
 from .lifecycle import On, Phase
 from .machine import Table
 from .notes import _note

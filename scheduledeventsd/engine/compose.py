@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Callable, Optional
 
 from ..records import Level, Record, What
-from . import approval, events, lifetime, peers, reload, stages
+from . import approval, events, lifetime, peers, postponed, reload
 from .component import Coupling, Gate, Handler, Timers
+from .frozen import replace
 from .gates import pipeline, restore
 from .lifecycle import IllegalTransitionError, Phase
 from .notes import _persist_on_change, _status
 from .poll import names, timing, turns
-from .state import State, Tracked
+from .state import State, Tracked, ours
 from .vocabulary.constants import CLOCK_STEP, POLL_BACKOFF_CAP
 from .vocabulary.effects import Effect, Exit, WakeAt
 from .vocabulary.messages import (
@@ -182,7 +182,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
     DocumentFetched: events._document_fetched,
     PollFailed: timing._poll_failed,
     NameResolved: names._name_resolved,
-    HooksFinished: stages._hooks_finished,
+    HooksFinished: postponed._hooks_finished,
     ApprovalSent: approval._approval_sent,
     ApprovalFailed: approval._approval_failed,
     Persisted: lifetime._persisted,
@@ -191,7 +191,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
     Reloaded: reload._reloaded,
     ReloadFailed: reload._reload_failed,
     StopRequested: lifetime._stop_requested,
-    PeersChanged: peers._peers_changed,
+    PeersChanged: postponed._peers_changed,
     CoordinationFailed: peers._coordination_failed,
     GateAnswered: peers._gate_answered,
     Faulted: lifetime._faulted,
@@ -233,6 +233,8 @@ def composed(gates: Sequence[Gate]) -> Composed:
             handlers[message] = handler
     timers = (*_FIRST_TIMERS, *(t for gate in gates for t in gate.timers), *_LAST_TIMERS)
     couplings = (*_OWN_COUPLINGS, *(c for gate in gates for c in gate.couplings))
+    if any(Phase.NOT_OURS in t.phases for t in timers):
+        raise ValueError("a timer for another VM's event: next_wakeup reads only ours")
     due = tuple(t.due for t in timers if t.due is not None)
     by_phase = {
         phase: tuple(t.due_for for t in timers if t.due_for is not None and phase in t.phases)
@@ -263,7 +265,7 @@ def next_wakeup(state: State, now: float) -> float:
     for due in _DUE:
         times.extend(due(state, now, allowed))
     by_phase = _DUE_BY_PHASE
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):  # no timer is another VM's (`composed`)
         for due_for in by_phase[t.phase]:
             at = due_for(state, event_id, t, now, allowed)
             if at is not None:

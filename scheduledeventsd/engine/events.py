@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
 from . import first_sight, peers, postponed, returned, runs, stages
+from .frozen import replace
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
-from .state import State, Tracked, _forget, _move
+from .state import Events, Known, State, Tracked, _forget, _move
 from .vocabulary.constants import CLOCK_STEP
 from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import DocumentFetched
@@ -82,12 +82,17 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
 
 def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> State:
     """Compare a new document with what we know; events that left it are over or cancelled."""
-    listed = frozenset(e.event_id for e in doc.events)
+    listed, was_listed = frozenset(e.event_id for e in doc.events), state.listed
     state = replace(state, listed=listed)
     known = state.events
     events: dict[str, Tracked] = {}
     for event in doc.events:
-        state, before = returned.over_and_back(state, known.get(event.event_id), On.LISTED)
+        was = known.get(event.event_id)
+        if was is not None and was.phase is Phase.NOT_OURS and was.event == event:
+            events[event.event_id] = was  # another VM's, as it was: the most of them, at once
+            continue
+        state, before = returned.over_and_back(state, was, On.LISTED)
+        state = returned.mark_taken_back(state, before, was_listed)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
         if before is None:
@@ -102,7 +107,21 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             events[event.event_id] = tracked
         else:
             state = _forget(state, tracked)
-        state = _seen_by_the_next(state, known.get(event.event_id), tracked)
+        state = _seen_by_the_next(state, was, tracked)
+    state = _unlisted(state, known, listed, events, out)
+    state = replace(state, events=Events(events))
+    failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
+    return replace(state, approvals=replace(state.approvals, failures=failures))
+
+
+def _unlisted(
+    state: State,
+    known: Known,
+    listed: frozenset[str],
+    events: dict[str, Tracked],
+    out: list[Effect],
+) -> State:
+    """The events that left the document, after those it lists (added to `events` if kept)."""
     for event_id, gone in known.items():
         if event_id not in listed:
             state, tracked = _left(state, gone, out)
@@ -111,9 +130,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             else:
                 state = _forget(state, tracked)
             state = _seen_by_the_next(state, gone, tracked)
-    state = replace(state, events=events)
-    failures = {k: f for k, f in state.approvals.failures.items() if k in state.events}
-    return replace(state, approvals=replace(state.approvals, failures=failures))
+    return state
 
 
 def _seen_by_the_next(state: State, was: Optional[Tracked], tracked: Tracked) -> State:
@@ -122,7 +139,7 @@ def _seen_by_the_next(state: State, was: Optional[Tracked], tracked: Tracked) ->
     and the node stayed marked for good (found by test_promises' GatedPromises)."""
     if was is None or was.drain is tracked.drain:
         return state
-    return replace(state, events={**state.events, tracked.event.event_id: tracked})
+    return replace(state, events=Events({**state.events, tracked.event.event_id: tracked}))
 
 
 def _resources_changed(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from ..records import Level, Record, What
 from . import approval, events, reload, runs, stages
+from .frozen import replace
 from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
 from typing import Optional
 
 from ..model import Event, iso_utc
 from ..records import Level, Record, What
+from .frozen import replace
 from .lifecycle import DURABLE, Phase
-from .state import Hold, Known, State
+from .state import Hold, Known, State, ours
 from .vocabulary.effects import Effect, Notify, Persist, SpawnHooks
 
 
@@ -62,7 +62,7 @@ def _durable_view(events: Known) -> Known:
     events is not worth an fsync (the file gets it with the next real change)."""
     return {
         k: replace(t, run=None, start_at=0.0, incarnation=0, window=Hold.NONE)
-        for k, t in events.items()
+        for k, t in ours(events)
         if t.phase in DURABLE
     }
 
@@ -96,22 +96,22 @@ def _persist_on_change(before: State, after: State, out: list[Effect]) -> None:
 
 
 def status_text(state: State) -> str:
-    ours = sum(1 for t in state.events.values() if t.phase is not Phase.NOT_OURS)
+    events = [t for _, t in ours(state.events)]
     incarnation = state.incarnation if state.incarnation is not None else "-"
     text = (
-        f"incarnation {incarnation}; {ours} event(s) for {state.vm_name or '?'}; "
+        f"incarnation {incarnation}; {len(events)} event(s) for {state.vm_name or '?'}; "
         f"{len(state.runs)} running hook run(s); last poll {state.poll.last}"
     )
-    waiting = [t for t in state.events.values() if t.phase is Phase.WAITING]
+    waiting = [t for t in events if t.phase is Phase.WAITING]
     if waiting:
         text += f"; {len(waiting)} waiting for their lead time"
-    queued = [t for t in state.events.values() if t.phase is Phase.QUEUED]
+    queued = [t for t in events if t.phase is Phase.QUEUED]
     if queued:
         text += f"; {len(queued)} waiting for a concurrency slot"
-    gated = [t.gated for t in state.events.values() if t.phase is Phase.GATED]
+    gated = [t.gated for t in events if t.phase is Phase.GATED]
     if gated:
         text += f"; {len(gated)} held at a gate ({', '.join(sorted(set(gated)))})"
-    coordinating = [t for t in state.events.values() if t.phase is Phase.COORDINATING]
+    coordinating = [t for t in events if t.phase is Phase.COORDINATING]
     if coordinating:
         text += f"; {len(coordinating)} waiting for the other VMs"
     if state.coordination.count:

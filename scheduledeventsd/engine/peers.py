@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..records import Cause, Level, Record, What
 from ..retry import Failures
 from . import runs
+from .frozen import replace
 from .lifecycle import On, Phase
 from .notes import _note, event_fields
 from .state import Peers, State, Tracked, _move, _with

@@ -15,8 +15,9 @@ from .gates import window
 from .gates.lead import lead
 from .lifecycle import On, Phase, Rule, Stage
 from .notes import _iso_wall, _note
-from .state import State, Tracked
+from .state import State, Tracked, _with
 from .vocabulary.effects import Effect
+from .vocabulary.messages import HooksFinished, PeersChanged
 
 # Prepared and left to proceed at NotBefore: no hook runs for it, no approval is posted, no peer
 # waits on its answer (a failure it still tells them is stopped: put_back).
@@ -26,9 +27,11 @@ POSTPONABLE = frozenset({Phase.NOT_APPROVED, Phase.HOOKS_FAILED})
 def moved_later(state: State, before: Tracked, event: Event, now: float) -> Optional[float]:
     """The seconds NotBefore moved later by, when that undoes a preparation: a prepared event
     (POSTPONABLE, still Scheduled) whose NotBefore moved later by more than its lead, and whose
-    before-hooks a lead or a window would now hold back (an event first seen now would wait)."""
+    before-hooks a lead or a window would now hold back (an event first seen now would wait).
+    Later than the NotBefore it was prepared for: a move seen while its before-hooks ran (or it
+    waited for its peers or its cluster) counts once they are done, as do small moves adding up."""
     rule = state.config.events.get(event.event_type)
-    was, new = before.event.not_before, event.not_before
+    was, new = before.prepared_for or before.event.not_before, event.not_before
     if (
         before.phase not in POSTPONABLE
         or before.rule is not Rule.HOOKS
@@ -71,3 +74,24 @@ def put_back(
     if event.event_id in state.peers:  # HOOKS_FAILED told its peers so: that is over too
         state, tracked = peers._stop_asking(state, tracked, out)
     return stages._start_stage(state, tracked, On.LISTED, Stage.CANCELLED, out)
+
+
+def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effect]) -> State:
+    """Its before-hooks ended: a move seen while they ran (its document, unchanged since, is not
+    judged again) puts it back now."""
+    event_id = state.runs.get(msg.run, "")
+    return _recheck(stages._hooks_finished(state, msg, now, out), event_id, now, out)
+
+
+def _peers_changed(state: State, msg: PeersChanged, now: float, out: list[Effect]) -> State:
+    """Not approved (a peer failed) after a move seen while it waited for its peers: the same."""
+    return _recheck(peers._peers_changed(state, msg, now, out), msg.event_id, now, out)
+
+
+def _recheck(state: State, event_id: str, now: float, out: list[Effect]) -> State:
+    tracked = state.events.get(event_id)
+    moved = None if tracked is None else moved_later(state, tracked, tracked.event, now)
+    if tracked is None or moved is None:
+        return state
+    state, tracked = put_back(state, tracked, moved, now, out)
+    return _with(state, event_id, tracked)

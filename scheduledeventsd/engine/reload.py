@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..records import Level, Record, What
 from . import peers
+from .frozen import replace
 from .gates import drain, onward, slot, window
 from .lifecycle import On, Phase
 from .notes import _unhandled

@@ -4,12 +4,12 @@ node's restore) has ended, never cut short."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..model import SCHEDULED
+from .frozen import replace
 from .lifecycle import On, Phase, Stage
-from .state import State, Tracked, _forget, _move
+from .state import State, Tracked, _forget, _marked, _move
 
 
 def left(tracked: Tracked) -> Tracked:
@@ -37,3 +37,14 @@ def over_and_back(
     if before is None or before.phase is not Phase.OVER or not before.left:
         return state, before
     return _forget(state, _move(before, on, Phase.GONE)), None
+
+
+def mark_taken_back(state: State, before: Optional[Tracked], was_listed: frozenset[str]) -> State:
+    """Listed again after it left while its stage still runs: a shared event's mark from before
+    is deleted now (ForgetShared), not once that stage ends; the other VMs coordinating the
+    event back would count that `ready` (the event it was for is over for every VM)."""
+    if before is None or not before.left or before.event.event_id in was_listed:
+        return state
+    if not _marked(state, before):
+        return state
+    return replace(state, unmarked=(*state.unmarked, before))

@@ -5,13 +5,13 @@ restored (gates/drain), and the event's end. What starts the after-stage: stages
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ..config import EventRule
 from ..model import Event
 from ..records import Level, What
 from . import approval, returned
+from .frozen import replace
 from .lifecycle import Drain, On, Phase, Rule, Stage
 from .notes import _note
 from .state import State, Tracked, _move

@@ -3,10 +3,9 @@ a finished hook run leads to. Starting runs, the before-stage and the end: runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..records import Cause, Level, Record, What
 from . import approval, peers, runs
+from .frozen import replace
 from .gates import drain, hold
 from .lifecycle import Drain, On, Phase, Stage
 from .notes import _note, _why

@@ -3,15 +3,17 @@ event in it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Optional
 
 from ..config import Config, DrainMethod, Pacemaker
 from ..model import Event
 from ..retry import Failures
+from .frozen import replace
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Slot, Stage, check
 
 
@@ -45,6 +47,9 @@ class Tracked:
     # Its preparation started once (drained, its before-hooks): its after- or cancelled-hooks
     # are owed also while it waits in a gate again (queued after a restart, its slot taken back).
     prepared: bool = False
+    # The NotBefore its preparation began for (postponed.moved_later's reference): a move seen
+    # while its before-hooks ran, or it waited for the peers or the cluster, is not lost.
+    prepared_for: Optional[dt.datetime] = None
     # Every other gate's slice, (its name, its state's value), none kept as (); changed only by
     # component.gate_move, as its table declares, and kept in the state file as it is.
     gates: tuple[tuple[str, str], ...] = ()
@@ -53,6 +58,41 @@ class Tracked:
 
 
 Known = Mapping[str, Tracked]
+Item = tuple[str, Tracked]
+
+
+class Events(dict[str, Tracked]):
+    """A State's events, by EventId: a dict never changed once built (a change builds another,
+    as it builds another State), so what is derived from it is kept with it: `ours`."""
+
+    __slots__ = ("_ours",)
+
+    def ours(self) -> tuple[Item, ...]:
+        try:
+            return self._ours
+        except AttributeError:
+            self._ours: tuple[Item, ...] = _ours(self)
+            return self._ours
+
+    def _changed(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a State's events are never changed: build new ones (state._with)")
+
+    __setitem__ = __delitem__ = __ior__ = _changed
+    clear = pop = popitem = setdefault = update = _changed
+
+    def __reduce__(self) -> tuple[type[Events], tuple[dict[str, Tracked]]]:
+        return Events, (dict(self),)  # copied or pickled whole, never item by item
+
+
+def ours(events: Known) -> Sequence[Item]:
+    """The events of this VM, in their order: all that a timer or a coupling looks at, and what
+    it scans after every message (under churn, a few among the other VMs' fifty; those change
+    only with the next document, events.py). Derived once per Events."""
+    return events.ours() if type(events) is Events else _ours(events)
+
+
+def _ours(events: Known) -> tuple[Item, ...]:
+    return tuple(item for item in events.items() if item[1].phase is not Phase.NOT_OURS)
 
 
 @dataclass(frozen=True)
@@ -125,7 +165,7 @@ class State:
     name_failures: Failures = field(default_factory=Failures)
     resolving: bool = False
     ready: bool = False
-    events: Known = field(default_factory=dict)
+    events: Known = field(default_factory=Events)
     incarnation: Optional[int] = None
     runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
     next_run: int = 1
@@ -154,8 +194,9 @@ class State:
     # Events forgotten in this step that still asked for or held a concurrency slot: the slot
     # gate gives it back (the coupling slot._release_when_over), then they are gone for good.
     forgotten: tuple[Tracked, ...] = ()
-    # Shared events forgotten in this step whose etcd mark this VM may have written: peers
-    # asks for it to be deleted (ForgetShared), then they are gone for good.
+    # Shared events forgotten in this step whose etcd mark this VM may have written (or listed
+    # again while their stage runs: returned.mark_taken_back): peers asks for it to be deleted
+    # (ForgetShared).
     unmarked: tuple[Tracked, ...] = ()
     # The incarnation of the last document refused whole (transition_refused), said once: the
     # same one served again (the poll after a refusal reads it) is refused quietly.
@@ -173,14 +214,17 @@ def _move(tracked: Tracked, on: On, to: Phase, **changes: Any) -> Tracked:  # no
     check(tracked.phase, on, to)
     if to in PREPARED and not tracked.prepared:
         changes["prepared"] = True
+        changes.setdefault("prepared_for", tracked.event.not_before)
     return replace(tracked, phase=to, **changes)
 
 
 def _with(state: State, event_id: str, tracked: Tracked) -> State:
     if tracked.phase is Phase.GONE:
         state = _forget(state, tracked)
-        return replace(state, events={k: t for k, t in state.events.items() if k != event_id})
-    return replace(state, events={**state.events, event_id: tracked})
+        return replace(
+            state, events=Events({k: t for k, t in state.events.items() if k != event_id})
+        )
+    return replace(state, events=Events({**state.events, event_id: tracked}))
 
 
 def _forget(state: State, gone: Tracked) -> State:

@@ -27,7 +27,7 @@ from ..config import DrainMethod
 from ..engine import ClusterMark, Known, Tracked
 from ..engine.gates import onward
 from ..engine.lifecycle import DURABLE, PREPARED, Drain, Phase, Rule, Slot, Stage
-from ..model import parse_event
+from ..model import iso_utc, parse_event, parse_not_before
 
 STATE_FILE = "state.json"
 LOCK_TRIES = 10  # 0.1 s apart
@@ -244,6 +244,8 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
                 **({"gated": t.gated} if t.gated else {}),  # the gate that holds it
                 **({"left": True} if t.left else {}),  # left, its stage owed (returned)
+                # the NotBefore it was prepared for, which may have moved since (postponed)
+                **({"prepared_for": iso_utc(t.prepared_for)} if t.prepared_for else {}),
             }
             for t in known.values()
         ],
@@ -327,6 +329,9 @@ def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: AN
         left = entry.get("left", False)  # absent in older files: it had not left
         if not isinstance(left, bool):
             raise TypeError("left must be true or false")
+        prepared_for = entry.get("prepared_for", "")  # absent in older files: its NotBefore
+        if not isinstance(prepared_for, str):
+            raise TypeError("prepared_for must be a time")
         known[event.event_id] = Tracked(
             event,
             phase,
@@ -338,6 +343,7 @@ def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: AN
             vm_name=name,
             incarnation=incarnation,
             prepared=prepared,
+            prepared_for=parse_not_before(prepared_for),
             gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
             gated=gated,
             left=left,

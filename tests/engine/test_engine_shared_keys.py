@@ -114,20 +114,22 @@ def test_our_failed_mark_is_forgotten_too_once_the_event_is_over():
 
 
 def test_an_event_back_under_its_eventid_forgets_the_old_mark_before_it_is_coordinated_anew():
-    """Google Cloud reuses EventIds: the old ready is deleted when the old event is forgotten,
-    before the new one writes its own, so a ready from before never counts for the new one."""
+    """Google Cloud reuses EventIds: the old ready is deleted as the event comes back (review1:
+    not only once its after-hooks ended, test below) and again, idempotent, when the old event
+    is forgotten; both before the new one writes its own, so a ready from before never counts
+    for the new one."""
     m = History(fleet())
     coordinated(m)
     run = over_and_gone(m)
     m.fetched(doc(event(resources=SHARED), incarnation=5), at=171)  # back while they run
-    assert not m.forgets()
-    m.send(HooksFinished(run, Outcome.SUCCEEDED), at=172)
     assert m.forgets() == [ForgetShared("E1", VM)]
+    m.send(HooksFinished(run, Outcome.SUCCEEDED), at=172)
+    assert m.forgets() == [ForgetShared("E1", VM)] * 2
     m.fetched(doc(event(resources=SHARED), incarnation=5), at=173)
     (spawn,) = of(m.effects, SpawnHooks)
     m.send(HooksFinished(spawn.run, Outcome.SUCCEEDED), at=174)
     assert of(m.effects, Coordinate), "the new one writes its ready again"
-    assert m.forgets() == [ForgetShared("E1", VM)]
+    assert m.forgets() == [ForgetShared("E1", VM)] * 2
 
 
 def test_nothing_is_forgotten_for_what_wrote_no_mark():
@@ -152,3 +154,18 @@ def test_nothing_is_forgotten_for_what_wrote_no_mark():
     assert "E1" not in gate.state.events
     assert not m.forgets()
     assert not gate.forgets()
+
+
+def test_an_event_back_while_its_after_hooks_run_has_its_mark_from_before_deleted_at_once():
+    """Review: it left, its after-hooks (undrain) still run, and it is listed again under its
+    EventId: the mark from before is deleted now, once, so the other VMs coordinating the event
+    back do not count that `ready` while this VM's hooks have not run again. Before: only once
+    the after-hooks ended (and the event was forgotten)."""
+    m = History(fleet())
+    coordinated(m)
+    over_and_gone(m)
+    m.fetched(doc(event(resources=SHARED), incarnation=5), at=175)
+    assert m.phase() is Phase.AFTER, "its after-hooks still run"
+    assert of(m.effects, ForgetShared) == [ForgetShared("E1", VM)]
+    m.fetched(doc(event(resources=SHARED), incarnation=6), at=176)
+    assert len(m.forgets()) == 1, "once as it comes back, not at every poll"

@@ -706,3 +706,28 @@ def test_simulate_provider_gcp_serves_the_metadata_server_and_plays_its_notices(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_window_moved_days_later_while_the_drain_runs_undrains_once_it_ended(daemons, gce, hooks):
+    """Google moves the upcoming window 3 days later while the before-hook (drain) still runs,
+    and says nothing more: once the drain ended, the cancelled-hook (undrain) runs. Before: the
+    move was taken while the hook ran, the unchanged answer was not judged again, and the node
+    stayed drained for the 3 days until the maintenance."""
+    cfg = gcp_config(daemons, gce, hooks)
+    cfg["hooks"]["redeploy"] = [{"command": [hooks.recorder("redeploy", "sleep 2")]}]
+    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "cancelled": ["cancelled"],
+                                 "start_before": 3600}  # fmt: skip
+    daemon = daemons.start(cfg)
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    gce.upcoming((now + dt.timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "1")
+    wait_for(lambda: hooks.order() == ["redeploy"], 10, "the drain to start")
+    moved = now + dt.timedelta(days=3)
+    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", "2")
+    daemon.wait_log("hook_finished", hook="redeploy", timeout=10)
+    cancelled = daemon.wait_log("event_cancelled", timeout=10)
+    assert cancelled["moved_s"] == 3 * 86400 - 30 * 60
+    daemon.wait_log("hook_finished", hook="cancelled", timeout=10)
+    assert not_before_of(stdin_of(hooks, "cancelled")) == moved.timestamp()
+    assert hooks.order() == ["redeploy", "cancelled"]

@@ -4,9 +4,9 @@ CLUSTER_CHECK, kept for `status` (which exits 1 while there are problems), logge
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from ...records import Level, Record, What
+from ..frozen import replace
 from ..state import State
 from ..vocabulary.constants import CLUSTER_CHECK
 from ..vocabulary.effects import CheckCluster, Effect

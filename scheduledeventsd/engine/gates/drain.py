@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import replace
 from typing import Optional
 
 from ...config import Config, Pacemaker
@@ -13,10 +12,11 @@ from ...model import Event
 from ...records import Level, Record, What
 from .. import runs
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import Drain, On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _note, event_fields
-from ..state import State, Tracked, _move, _with, mark_of
+from ..state import State, Tracked, _move, _with, mark_of, ours
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
     ClusterChecked,
@@ -210,7 +210,7 @@ def _restore_first(state: State, out: list[Effect]) -> State:
     node asks for the restore; its hooks start on the answer (`_cluster_restored`), whatever it
     says (asked again until it works), or holding a slot on the one that says it worked; or
     at its deadline (gates/restore: placed by its timer, a coupling has no clock)."""
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.drain in _MARKED and runs._awaiting_restore(t):
             if state.cluster_mark is None:  # taken off meanwhile: nothing to wait for
                 unmarked = move(t, DrainOn.UNMARKED, Drain.NONE)
@@ -232,7 +232,7 @@ def _release_left_alone(state: State, out: list[Effect]) -> State:
     restart took its type's rule away while it was interrupted or rebooted; it started while
     queued again) gives the mark up: the node is restored unless another event keeps it. And
     a failed restore's error is forgotten once another drain wants the mark."""
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.drain in _MARKED and t.phase in _NEVER_OVER:
             if t.drain is Drain.ASKED:
                 out.append(StopDraining(event_id))
@@ -329,7 +329,7 @@ def _drain_effect(state: State, tracked: Tracked) -> DrainNode:
 
 
 def _drain_timeouts(state: State, now: float, out: list[Effect]) -> State:
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.phase is Phase.DRAINING and t.start_at <= now:
             out.append(StopDraining(event_id))
             settings = _pacemaker(state)

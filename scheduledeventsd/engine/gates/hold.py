@@ -6,15 +6,15 @@ every `after_retry` until they succeed (or an operator frees the slot)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...config import NOT_BACK
 from ...records import Level, What
 from .. import runs
+from ..frozen import replace
 from ..lifecycle import Drain, On, Phase, Slot
 from ..notes import _note
-from ..state import State, Tracked, _move, _with
+from ..state import State, Tracked, _move, _with, ours
 from ..vocabulary.constants import Outcome
 from ..vocabulary.effects import Effect, HoldSlot, ReleaseSlot
 from ..vocabulary.messages import SlotBusy
@@ -136,7 +136,7 @@ def fire(state: State, now: float, out: list[Effect]) -> State:
     held; one no longer held (lost, freed by an operator) is over without them."""
     if state.stopping is not None:
         return state
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if not waiting(t) or t.start_at > now:
             continue
         rule = state.config.events.get(t.event.event_type)

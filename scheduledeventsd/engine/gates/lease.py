@@ -4,14 +4,14 @@ approval that waits for that: poll/turns."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...records import Cause, Level, What
 from .. import peers
+from ..frozen import replace
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
-from ..state import NO_FAILURES, SlotLease, State, Tracked, _move, _with
+from ..state import NO_FAILURES, SlotLease, State, Tracked, _move, _with, ours
 from ..vocabulary.effects import Coordinate, Effect, ReleaseSlot
 from . import slot
 
@@ -34,7 +34,7 @@ def _slots_lost(state: State, now: float, out: list[Effect]) -> State:
             and event_id not in state.approvals.posting
         ):
             state = _slot_lost(state, t, lease, out)
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         # Lost by any path (the timer above, etcd saying the lease expired or the slot is
         # another VM's) once the event had been decided: an approval not sent is never sent.
         if (

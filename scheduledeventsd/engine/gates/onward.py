@@ -8,11 +8,11 @@ gate declares it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Optional
 
 from .. import runs
 from ..component import Enter, Gate
+from ..frozen import replace
 from ..lifecycle import On
 from ..state import State, Tracked
 from ..vocabulary.effects import Effect

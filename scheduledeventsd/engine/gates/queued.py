@@ -6,15 +6,15 @@ the window closed is given back here."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...config import EventRule
 from ...records import Level, What
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import On, Phase, Slot
 from ..notes import _note
-from ..state import State, Tracked, _move, _with
+from ..state import State, Tracked, _move, _with, ours
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, HoldSlot, ReleaseSlot
 from ..vocabulary.messages import (
@@ -132,7 +132,7 @@ def _wait_for_window(state: State, tracked: Tracked, held: window.Held, out: lis
 
 def _deadlines(state: State, now: float, out: list[Effect]) -> State:
     """QUEUED events whose deadline came without a slot: prepared anyway, never approved early."""
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.phase is not Phase.QUEUED or t.start_at > now:
             continue
         out.append(ReleaseSlot(event_id))

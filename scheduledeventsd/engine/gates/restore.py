@@ -5,12 +5,12 @@ comes (the drainer's thread hangs). The drain gate itself: gates/drain."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Optional
 
 from .. import runs
+from ..frozen import replace
 from ..lifecycle import Drain, Phase
-from ..state import State, Tracked, _with
+from ..state import State, Tracked, _with, ours
 from ..vocabulary.constants import RESTORE_TIMEOUT
 from ..vocabulary.effects import Effect, RestoreNode
 from ..vocabulary.messages import ClusterRestored
@@ -37,7 +37,7 @@ def fire(state: State, now: float, out: list[Effect]) -> State:
     a slot, wait for the next deadline. Before, they waited for ever."""
     if state.stopping is not None:
         return state
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if not _asked(t):
             continue
         if t.start_at <= now:

@@ -4,16 +4,16 @@ the before-hooks until the event is over. Its entry, the grant and the deadline:
 from __future__ import annotations
 
 import enum
-from dataclasses import replace
 from typing import Optional
 
 from ...config import Config, EventRule
 from ...model import Event
 from ...records import Level, Record, What
+from ..frozen import replace
 from ..lifecycle import Phase, Slot
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import SlotLease, State, Tracked, _with
+from ..state import SlotLease, State, Tracked, _with, ours
 from ..vocabulary.constants import SLOT_GRACE
 from ..vocabulary.effects import AcquireSlot, Effect, ReleaseSlot
 from ..vocabulary.messages import SlotBusy, SlotFailed, SlotKept
@@ -262,7 +262,7 @@ def _release_when_over(state: State, out: list[Effect]) -> State:
             current = state.events.get(gone.event.event_id)
             if current is None or current.slot not in (Slot.ASKED, Slot.HELD):
                 state = _give_back(state, gone, out)
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.slot in (Slot.ASKED, Slot.HELD) and t.phase in _SLOT_ENDS:
             state = _give_back(state, t, out)
             state = _with(state, event_id, move(t, SlotOn.OVER, Slot.NONE))

@@ -7,11 +7,10 @@ killed outside a maintenance loses it within `ttl`."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...config import NOT_BACK
 from ...model import STARTED
 from ...records import Level, What
+from ..frozen import replace
 from ..lifecycle import Phase, Slot
 from ..notes import _note
 from ..state import State, Tracked

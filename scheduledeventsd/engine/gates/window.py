@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from ...config import EventRule
@@ -15,10 +15,11 @@ from ...model import Event
 from ...records import Level, Record, What
 from ...windows import Window, first_opening
 from ..component import Gate, Timers
+from ..frozen import replace
 from ..lifecycle import On, Phase
 from ..machine import Table, row
 from ..notes import _iso_wall, _note
-from ..state import Hold, State, Tracked, _move, _with
+from ..state import Hold, State, Tracked, _move, _with, ours
 from ..vocabulary.effects import Effect
 from . import drain, onward, slot
 from .lead import WINDOW_LEAD, lead
@@ -185,7 +186,7 @@ def _still_waiting(tracked: Tracked, state: State, now: float, out: list[Effect]
 
 def _start_waiting(state: State, now: float, out: list[Effect]) -> State:
     """Events whose lead time has come start their before-hooks (RUNNING is written first)."""
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.phase is not Phase.WAITING or t.start_at > now:
             continue
         if t.event.event_type not in state.config.events:

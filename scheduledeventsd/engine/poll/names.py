@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...records import Level, Record, What
 from ...retry import Failures
+from ..frozen import replace
 from ..lifecycle import On, Phase
 from ..notes import status_text
 from ..state import State, _move

@@ -4,9 +4,9 @@ it is when several are due: poll/turns; a poll ordered for later giving way: pol
 from __future__ import annotations
 
 import bisect
-from dataclasses import replace
 from typing import Optional
 
+from ..frozen import replace
 from ..state import State
 from ..vocabulary.constants import IMDS_RATE, RATE_WINDOW
 

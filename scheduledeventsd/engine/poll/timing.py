@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from ...config import Config
 from ...records import Level, Record, What
 from ...retry import Backoff
+from ..frozen import replace
 from ..state import Poll, State
 from ..vocabulary.constants import POLL_BACKOFF_CAP, STALL_MARGIN, TAKE_BACK
 from ..vocabulary.effects import CancelFetch, Effect, Fetch

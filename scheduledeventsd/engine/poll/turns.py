@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..lifecycle import Phase
-from ..state import NO_FAILURES, State, Tracked
+from ..state import NO_FAILURES, State, Tracked, ours
 from ..vocabulary.constants import SLOT_MARGIN
 from . import names
 
@@ -35,7 +35,7 @@ def _others_due(state: State, now: float) -> bool:
     their own `due`, the rate limit aside."""
     if any(at <= now for at in names.due(state, now, now)):
         return True
-    for event_id, t in state.events.items():
+    for event_id, t in ours(state.events):
         if t.phase is Phase.APPROVING:
             at = approval_due(state, event_id, t, now, now)
             if at is not None and at <= now:

@@ -135,8 +135,9 @@ class StopCoordinating:
 @dataclass(frozen=True)
 class ForgetShared:
     """A shared event this VM may have written its mark for (etcd) is forgotten: over for it
-    (its stage has run, it left the document) or judged anew. Its mark is deleted, and the
-    event's settled key by the last VM to forget it; nothing waits for an answer."""
+    (its stage has run, it left the document) or judged anew; or listed again while that stage
+    still runs (returned.mark_taken_back). Its mark is deleted, and the event's settled key by
+    the last VM to forget it (idempotent); nothing waits for an answer."""
 
     event_id: str
     vm_name: str
