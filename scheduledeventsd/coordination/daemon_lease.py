@@ -10,15 +10,20 @@ is still on the old one, the old one revoked), so a daemon that goes down then (
 for its maintenance, the VM pulled away, a crash) leaves its slot held until `hold_max` after
 the last renewal, or until it is back and takes it again. Once no slot is held through any more
 (`unhold`) it is swapped back to a `ttl` one the same way. One lease per running daemon at every
-instant, two only inside a swap, whatever the number of its events. Kept alive every third of
-`ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted belongs to a
-silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon killed in its
-maintenance from a live one, though its keys stay.
+instant, two only inside a swap (or after a swap whose move etcd did not answer: its new lease,
+renewed, until the next swap moves its keys), whatever the number of its events. Kept alive
+every third of `ttl` whatever its TTL: a lease that lost more than `ttl` of what it was granted
+belongs to a silent daemon (fleet.py `silent`): how `fleet` and the waiters' line tell a daemon
+killed in its maintenance from a live one, though its keys stay.
 
 The slot workers hear from it (`watch`): `kept(confirmed)` after each keep-alive etcd
 acknowledged (when it was sent, on the monotonic clock: the engine counts a slot lost `ttl`
 after that) and `expired()` when etcd says the lease is gone (its keys with it); the next `get`
 grants a new one.
+
+Every key is written `using` the lease: never while a swap is under way (a key put under the
+old lease after the swap's last read of it was revoked with it: a slot the daemon then thought
+it held, gone from etcd, taken by the next VM), and under the lease it is at that instant.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Callable, Optional, Protocol
 
 from ..config import Etcd
@@ -49,6 +55,12 @@ class DaemonLease:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._granting = threading.Lock()  # one grant or swap at a time, outside `_lock`
+        self._idle = threading.Condition(self._lock)  # writes under way and swaps wait on it
+        self._writing = 0  # writes `using` the lease under way: a swap waits for them
+        self._swapping = False  # a swap under way: writes wait for it
+        # Leases a swap granted and did not adopt, its move unanswered (applied, perhaps, its
+        # answer lost): renewed, and their keys moved by the next swap, then revoked.
+        self._strays: list[str] = []
         self._client = EtcdClient(settings)  # the keep-alive thread's own
         self._id: Optional[str] = None
         self._confirmed = 0.0  # monotonic: when the last acknowledged grant or keep-alive was sent
@@ -84,6 +96,26 @@ class DaemonLease:
             self._adopt(lease, sent, ttl)
             return lease, sent
 
+    @contextlib.contextmanager
+    def using(self, client: EtcdClient) -> Iterator[str]:
+        """The lease to write a key under (`get`), not swapped until the write is done: a
+        write waits for a swap under way, and a swap for the writes. Never `get`, `hold` or
+        `unhold` inside (the swap waits for this write). Raises EtcdError."""
+        while True:
+            lease, _ = self.get(client)
+            with self._idle:
+                while self._swapping:
+                    self._idle.wait()
+                if self._id == lease:  # else swapped (or lost) meanwhile: the new one
+                    self._writing += 1
+                    break
+        try:
+            yield lease
+        finally:
+            with self._idle:
+                self._writing -= 1
+                self._idle.notify_all()
+
     def hold(self, client: EtcdClient, seconds: int, holder: str) -> tuple[str, frozenset[str]]:
         """The lease, swapped for one of `seconds` (every key moved onto it) unless it is held
         already, and the keys that swap moved (none if there was none); raises EtcdError."""
@@ -91,13 +123,13 @@ class DaemonLease:
             with self._lock:
                 if self._id is not None and self._holding:
                     self._holders.add(holder)
-                    self._back = False
+                    self._back = self._drop_slots = False  # held again: nothing to drop
                     return self._id, frozenset()
             lease, moved = self._swap(client, seconds)
             with self._lock:
                 self._holding = seconds
                 self._holders.add(holder)
-                self._back = False
+                self._back = self._drop_slots = False
             return lease, moved
 
     def unhold(self, holder: str, client: Optional[EtcdClient] = None) -> None:
@@ -128,10 +160,11 @@ class DaemonLease:
         """Leases a slot was taken back from (this daemon's before a restart or a reload),
         revoked once no slot key is left on them: not left to etcd until hold_max. What else
         they carry (the alive mark, shared-event marks) was the gone process's: the new one
-        writes again what it still means. Never its own lease."""
+        writes again what it still means. Never its own lease, nor a stray of its own (its
+        marks on it, if a swap's unanswered move was applied: moved by the next swap)."""
         with self._lock:
-            own = self._id
-        for old in sorted(lease for lease in leases if lease and lease != own):
+            own = {self._id, *self._strays}
+        for old in sorted(lease for lease in leases if lease and lease not in own):
             with contextlib.suppress(EtcdError):
                 left = client.lease_keys(old)
                 if left is not None and not any(self._is_slot(key) for key in left):
@@ -166,6 +199,10 @@ class DaemonLease:
                     self._listeners.remove(listener)
 
         return unwatch
+
+    def wait_closed(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if the lease is closed meanwhile: whether it is."""
+        return self._stopped.wait(seconds)
 
     def close(self) -> None:
         """Stop renewing (never revoked: its keys expire within its TTL, as for a daemon killed)."""
@@ -221,24 +258,44 @@ class DaemonLease:
         self, client: EtcdClient, seconds: int, drop_slots: bool = False
     ) -> tuple[str, frozenset[str]]:
         """With `_granting` held: a new lease of `seconds`, every key of the current one moved
-        onto it (`drop_slots`: but the slot keys), the old one revoked. Its ID, the keys moved."""
+        onto it (`drop_slots`: but the slot keys), the old one revoked. Its ID, the keys moved.
+        No write `using` the lease meanwhile (after the last read, it would go with the old)."""
+        with self._idle:
+            self._swapping = True
+            while self._writing:
+                self._idle.wait()
+        try:
+            return self._swap_alone(client, seconds, drop_slots)
+        finally:
+            with self._idle:
+                self._swapping = False
+                self._idle.notify_all()
+
+    def _swap_alone(
+        self, client: EtcdClient, seconds: int, drop_slots: bool
+    ) -> tuple[str, frozenset[str]]:
+        """A move etcd did not answer may have been applied (a leader change, a partition
+        just after the request): the new lease, never revoked then (its keys would go with
+        it), is a stray until a swap moves its keys and revokes it."""
         with self._lock:
-            old = self._id
+            old, strays = self._id, list(self._strays)
         sent = time.monotonic()
         new = client.grant(seconds)
-        moved: frozenset[str] = frozenset()
-        if old is not None:
-            try:
-                moved = self._move(client, old, new, drop_slots)
-            except EtcdError:
-                with contextlib.suppress(EtcdError):
-                    client.revoke(new)
-                raise
+        moved: set[str] = set()
+        try:
+            for source in (lease for lease in (old, *strays) if lease is not None):
+                moved |= self._move(client, source, new, drop_slots)
+        except EtcdError:
+            with self._lock:
+                self._strays.append(new)
+            raise
         self._adopt(new, sent, seconds)
-        if old is not None:
+        with self._lock:
+            self._strays = [lease for lease in self._strays if lease not in strays]
+        for source in (lease for lease in (old, *strays) if lease is not None):
             with contextlib.suppress(EtcdError):  # empty; else gone at its end, never renewed
-                client.revoke(old)
-        return new, moved
+                client.revoke(source)
+        return new, frozenset(moved)
 
     def _move(self, client: EtcdClient, old: str, new: str, drop_slots: bool) -> frozenset[str]:
         """The keys on `old`, moved onto `new` in one transaction while each is still on `old`;
@@ -259,12 +316,20 @@ class DaemonLease:
         with self._granting:
             with self._lock:
                 if not self._back or self._holders or not self._holding or self._id is None:
-                    self._back = False
+                    self._back = self._drop_slots = False
                     return
                 drop, ttl = self._drop_slots, self.ttl
             self._swap(client, ttl, drop)
             with self._lock:
                 self._holding, self._back, self._drop_slots = 0, False, False
+
+    def _renew_strays(self, strays: list[str]) -> None:
+        """Keys a failed swap may have left on its new lease live until a swap moves them."""
+        for stray in strays:
+            with contextlib.suppress(EtcdError):
+                if self._client.keep_alive(stray) == 0:
+                    with self._lock:
+                        self._strays = [lease for lease in self._strays if lease != stray]
 
     def _every(self) -> float:
         """A third of `ttl` (a hold_max shorter than `ttl`, accepted with a warning: of that):
@@ -307,6 +372,8 @@ class DaemonLease:
                 if self._id == lease:
                     self._confirmed = sent
                 listeners = list(self._listeners)
+                strays = list(self._strays)
+            self._renew_strays(strays)
             for listener in listeners:
                 listener.kept(sent)
             if back:  # an `unhold` or `drop_unheld` etcd refused: tried at each renewal

@@ -28,12 +28,14 @@ import datetime as dt
 import json
 import threading
 import urllib.parse
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from ..config import Etcd
 from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged
 from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
+
+T = TypeVar("T")
 
 # A watch that stays silent this long is checked with a linearizable read: a member cut off
 # from the quorum keeps a stream open but delivers nothing.
@@ -305,14 +307,7 @@ class _Worker:
         """Write the settled key, which the other VMs watch, even if told to stop meanwhile
         (the engine stops the watch as soon as it heard the set is complete)."""
         try:
-            lease, _ = self._lease.get(self._client)
-            try:
-                self._client.put(key, record(self.effect), lease)
-            except EtcdError as e:
-                if "lease not found" not in e.detail:
-                    raise
-                self._lease.lost(lease)
-                self._client.put(key, record(self.effect), self._lease.get(self._client)[0])
+            self._under_lease(lambda lease: self._client.put(key, record(self.effect), lease))
         finally:
             with self._lock:
                 self._settling = False
@@ -321,15 +316,23 @@ class _Worker:
         """Under the daemon's one lease, whatever the number of events and restarts of this
         worker; a lease found expired is granted anew and the key written again, once. One
         transaction that also reads `prefix`: its revision and keys just after the write."""
-        lease, _ = self._lease.get(self._client)
         value = self._written = record(self.effect)
-        try:
-            return self._client.put_and_range(key, value, lease, prefix)
-        except EtcdError as e:
-            if "lease not found" not in e.detail:
-                raise
-            self._lease.lost(lease)
-            return self._client.put_and_range(key, value, self._lease.get(self._client)[0], prefix)
+        return self._under_lease(
+            lambda lease: self._client.put_and_range(key, value, lease, prefix)
+        )
+
+    def _under_lease(self, write: Callable[[str], T]) -> T:
+        """`write` under the daemon's lease (`using`: never one a swap is revoking); a lease
+        found expired is granted anew and the key written again, once."""
+        with self._lease.using(self._client) as lease:
+            try:
+                return write(lease)
+            except EtcdError as e:
+                if "lease not found" not in e.detail:
+                    raise
+        self._lease.lost(lease)
+        with self._lease.using(self._client) as lease:
+            return write(lease)
 
     def _report(self, states: dict[str, str]) -> None:
         if not self._stopped.is_set():

@@ -42,9 +42,9 @@ class Line:
     def leave(self, client: EtcdClient) -> None:
         """Its events no longer wait: out of line (else the others behind it wait PATIENCE at
         each release for it) and out of `fleet`'s waiting list."""
-        waiting, self.waiting, self.ahead = self.waiting, None, None
-        if waiting is not None:
-            client.delete(*waiting)
+        if self.waiting is not None:  # forgotten once deleted (else tried again)
+            client.delete(*self.waiting)
+        self.waiting, self.ahead = None, None
 
     def mark(self, client: EtcdClient, group: str, lease: str) -> None:
         """Its events wait for a slot of `group`: why, for `fleet`. Written once while it

@@ -261,9 +261,8 @@ class _Worker:
                 if hold and keys and self._on_hold and not handover:
                     self._renew_hold(client)
                 elif hold and keys and not self._on_hold and not handover:
-                    lease, moved = self._shared.hold(client, hold, self._token)
-                    put = [(k, self.value) for k in keys]
-                    if not set(keys) <= moved and not client.put_all(put, self.value, lease):
+                    _, moved = self._shared.hold(client, hold, self._token)
+                    if not set(keys) <= moved and not self._put_held(client, keys):
                         error = "the slot is not this VM's any more (freed or lost meanwhile)"
         except EtcdError as e:
             error = f"{e.kind}: {e.detail}"[:300]
@@ -275,6 +274,12 @@ class _Worker:
         except EtcdError:
             pass  # the marks go with the daemon's lease
         return keys, error
+
+    def _put_held(self, client: EtcdClient, keys: tuple[str, ...]) -> bool:
+        """Its keys put under the daemon's lease (the hold lease now) while they are its."""
+        with self._shared.using(client) as lease:
+            self._lease = lease
+            return client.put_all([(k, self.value) for k in keys], self.value, lease)
 
     def _renew_hold(self, client: EtcdClient) -> None:
         """Its keys are on the hold lease already: `hold_max` counted from now, or, etcd not
@@ -291,24 +296,39 @@ class _Worker:
     def _give_back(self) -> None:
         """Delete the VM's key: the one it holds or, given back before it was taken back after
         a restart (after-hooks quicker than etcd), the one its hold lease still keeps: a key
-        left there would hold the next VM up for hold_max. Only while it holds our value."""
+        left there would hold the next VM up for hold_max. Only while it holds our value.
+        Tried again until etcd answers: on the daemon's one lease, renewed, a key left would
+        hold the group up for as long as the daemon lives (or the lease, closed, is gone). Then
+        only the keys it wrote itself: any other of its VM's could be the VM's next event's,
+        taken meanwhile (its previous process's, if left, goes at the end of that one's lease)."""
         self._thread.join(timeout=self.settings.timeout + self.renew)
-        try:
-            with EtcdClient(self.settings) as client:
-                self._line.leave(client)  # released while it waited (its event cancelled)
-                if self._keys:
-                    client.delete_all(self._keys, self.value)
-                else:  # the lease it was on (its daemon's before the restart) revoked too
-                    ours, was = tuple(self.prefixes.values()), set()
-                    for kv in client.range(self.root)[1]:
-                        mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
-                        if mine and client.delete(kv.key, kv.value or b""):
-                            was.add(kv.lease)
-                    self._shared.revoke_empty(client, was)
-                if self._keep or self._on_hold:
-                    self._shared.unhold(self._token, client)  # back to ttl once nobody holds
-        except EtcdError:
-            pass  # on the daemon's lease, it goes with it; under a hold, at its end
+        backoff = Backoff(first=1.0, cap=self.renew)
+        failures = 0
+        while True:
+            try:
+                with EtcdClient(self.settings) as client:
+                    self._return(client, looked=failures > 0)
+            except EtcdError:
+                failures += 1
+                if self._shared.wait_closed(backoff.delay(failures)):
+                    return  # the daemon stops: its keys go with its lease (a hold's at its end)
+            else:
+                return
+
+    def _return(self, client: EtcdClient, looked: bool) -> None:
+        self._line.leave(client)  # released while it waited (its event cancelled)
+        if self._keys:
+            client.delete_all(self._keys, self.value)
+        else:  # the lease it was on (its daemon's before the restart) revoked too
+            ours, was = tuple(self.prefixes.values()), set()
+            for kv in client.range(self.root)[1]:
+                mine = kv.key.startswith(ours) and kv.value and holder(kv.value) == self.vm
+                mine = mine and (not looked or kv.value == self.value)
+                if mine and client.delete(kv.key, kv.value or b""):
+                    was.add(kv.lease)
+            self._shared.revoke_empty(client, was)
+        if self._keep or self._on_hold:
+            self._shared.unhold(self._token, client)  # back to ttl once nobody holds
 
     def _run(self) -> None:
         backoff = Backoff(first=1.0, cap=self.renew)
@@ -410,8 +430,8 @@ class _Worker:
                         self._lapsed, self._on_hold = False, self._on_hold and not lost
                         self._keys, held = ((), False) if lost else (self._keys, None)
                         self._tell(SlotBusy, holders, taking.full, lost, held=held)
-                        assert self._lease is not None  # noqa: S101 - granted before
-                        self._line.mark(self._client, taking.full[0], self._lease)
+                        with self._shared.using(self._client) as lease:
+                            self._line.mark(self._client, taking.full[0], lease)
                     patience = threading.Timer(PATIENCE, self._client.interrupt)
                     if self._line.waited:
                         patience.start()
@@ -431,7 +451,8 @@ class _Worker:
         groups = {limit.group: limit.max for limit in self.concurrency.limits}
         said = {"vm": self.vm, "groups": groups, "ttl": self.concurrency.ttl, "at": stamp()}
         self._announced = encode(said)
-        self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
+        with self._shared.using(self._client) as self._lease:
+            self._client.put(daemon_key(self.settings, self.vm), self._announced, self._lease)
 
     def _freed(self) -> bool:
         """An operator freed the slot one of these events held (`fleet free`): told, never
@@ -478,14 +499,19 @@ class _Worker:
         line.waited = bool(taking.take) and not anyway and not line.turn(kvs, taking)
         if line.waited:
             return taking
-        lease = self._shared.hold(self._client, keep, self._token)[0] if keep else self._lease
-        if taking.take and self._client.put_all(taking.take, self.value, lease):
+        if keep and taking.take:  # the daemon's lease is of hold_max from now on
+            self._shared.hold(self._client, keep, self._token)
+        took = False
+        if taking.take:  # under the lease as it is now: never one a swap is revoking
+            with self._shared.using(self._client) as lease:
+                took = self._client.put_all(taking.take, self.value, lease)
+        if took:
             self._keys = tuple(key for key, _ in taking.take)
             self._on_hold, self._said = bool(keep), False
             if keep:  # its daemon's lease before a restart or reload: revoked once slot-free
                 was = {kv.lease for kv in kvs if (kv.key, kv.value) in taking.take}
                 self._shared.revoke_empty(self._client, was - {lease, self._lease or ""})
-                self._lease = lease
+            self._lease = lease
             return None
         return taking
 
@@ -516,9 +542,8 @@ class _Worker:
         try:
             if not self._on_hold:
                 lease, moved = self._shared.hold(self._client, self._keep, self._token)
-                keys = [(k, self.value) for k in self._keys]
                 self._lease = lease  # the daemon's lease, swapped for one of hold_max
-                on = set(self._keys) <= moved or self._client.put_all(keys, self.value, lease)
+                on = set(self._keys) <= moved or self._put_held(self._client, self._keys)
                 self._on_hold = on
         except EtcdError as e:
             self._client.close()
