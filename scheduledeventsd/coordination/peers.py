@@ -19,7 +19,9 @@ Once the engine has forgotten the event (ForgetShared: its stage has run and it 
 judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
 (no other mark left): the daemon's lease lives as long as the daemon, so nothing else would. A
 VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
-what it knew before (its state file) the same way.
+what it knew before (its state file) the same way. A VM down for the maintenance forgets only
+once back: its ready from before is older than the settled key, and every read takes that key
+with the marks, so it does not count for the EventId back (`round_states`).
 """
 
 from __future__ import annotations
