@@ -50,6 +50,7 @@ class KeyValue:
     key: str
     value: Optional[bytes]  # None: deleted (in a watch)
     lease: str = ""  # the lease it is under ("" for none, or in a watch)
+    revision: int = 0  # its mod_revision, in a read (0 in a watch): which write it is
 
 
 # A watch's batches of changes; `close()` ends the stream (a generator, read as it comes)
@@ -220,19 +221,35 @@ class EtcdClient:
         return answer.get("succeeded") is True
 
     def put_and_range(
-        self, key: str, value: bytes, lease: str, prefix: str
+        self, key: str, value: bytes, lease: str, prefix: str, also: Optional[str] = None
     ) -> tuple[int, list[KeyValue]]:
         """Put `key` (under `lease`) and read every key under `prefix` in one transaction: what
-        the prefix holds just after the write, as of its revision, with no other read."""
+        the prefix holds just after the write, as of its revision, with no other read. `also`:
+        one more key read in it (with the prefix's, if it is there)."""
         put = {"request_put": self._put_body(key, value, lease)}
-        read = {"request_range": {"key": _b64(prefix), "range_end": prefix_end(prefix)}}
-        answer = self._call("/v3/kv/txn", {"compare": [], "success": [put, read]})
+        return self._ranges([put], prefix, also)
+
+    def range_with(self, prefix: str, also: str) -> tuple[int, list[KeyValue]]:
+        """As `range`, and the key `also` read in the same transaction (one revision)."""
+        return self._ranges([], prefix, also)
+
+    def _ranges(
+        self, before: list[dict[str, Any]], prefix: str, also: Optional[str]
+    ) -> tuple[int, list[KeyValue]]:
+        reads = [{"request_range": {"key": _b64(prefix), "range_end": prefix_end(prefix)}}]
+        if also is not None:
+            reads.append({"request_range": {"key": _b64(also)}})
+        answer = self._call("/v3/kv/txn", {"compare": [], "success": before + reads})
         responses = answer.get("responses")
-        last = responses[-1] if isinstance(responses, list) and len(responses) == 2 else None
-        ranged = last.get("response_range") if isinstance(last, dict) else None
-        if not isinstance(ranged, dict):
+        if not isinstance(responses, list) or len(responses) != len(before) + len(reads):
             raise EtcdError("bad_answer", f"txn: no range in {answer!r:.200}")
-        return _revision(answer), _kvs(ranged)
+        kvs: list[KeyValue] = []
+        for response in responses[len(before) :]:
+            ranged = response.get("response_range") if isinstance(response, dict) else None
+            if not isinstance(ranged, dict):
+                raise EtcdError("bad_answer", f"txn: no range in {answer!r:.200}")
+            kvs += _kvs(ranged)
+        return _revision(answer), kvs
 
     def range(self, prefix: str) -> tuple[int, list[KeyValue]]:
         """Every key under `prefix` and the revision they are as of (a linearizable read: it
@@ -497,6 +514,7 @@ def _kvs(answer: dict[str, Any]) -> list[KeyValue]:
             _unb64(kv.get("key")).decode("utf-8", "replace"),
             _unb64(kv.get("value")),
             _lease_id(kv.get("lease")),
+            _number(str(kv.get("mod_revision", "0"))),
         )
         for kv in kvs
         if isinstance(kv, dict)

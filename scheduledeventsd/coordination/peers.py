@@ -19,7 +19,9 @@ Once the engine has forgotten the event (ForgetShared: its stage has run and it 
 judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
 (no other mark left): the daemon's lease lives as long as the daemon, so nothing else would. A
 VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
-what it knew before (its state file) the same way.
+what it knew before (its state file) the same way. A VM down for the maintenance forgets only
+once back: its ready from before is older than the settled key, and every read takes that key
+with the marks, so it does not count for the EventId back (`round_states`).
 """
 
 from __future__ import annotations
@@ -271,22 +273,23 @@ class _Worker:
                 if own in {kv.key for kv in changes if kv.value is None}:
                     self._write_and_report(own, prefix, settled)  # the lease expired: again
                 else:
-                    self._report(_states(self._client.range(prefix)[1], prefix))
+                    kvs = self._client.range_with(prefix, settled)[1]
+                    self._report(round_states(kvs, prefix, own, settled))
                 if self._stopped.is_set():  # (not closed while it settled)
                     return
             if self._stopped.is_set():
                 return
             # Silent for WATCH_CHECK: read again (needs a quorum; it also covers a VM that
             # completed the set and died before it settled), watch again.
-            revision, kvs = self._client.range(prefix)
-            self._report(_states(kvs, prefix))
+            revision, kvs = self._client.range_with(prefix, settled)
+            self._report(round_states(kvs, prefix, own, settled))
 
     def _write_and_report(self, own: str, prefix: str, settled: str) -> int:
         """Write this VM's mark and report what the write's answer shows; the revision. The
         VM whose write decides the event knows it from that answer, not from a read or watch
         event after it: it tells the engine first, then wakes the others (the settled key)."""
-        revision, kvs = self._write(own, prefix)
-        states = _states(kvs, prefix)
+        revision, kvs = self._write(own, prefix, settled)
+        states = round_states(kvs, prefix, own, settled)
         if not self._decides(states):
             self._report(states)
             return revision
@@ -312,13 +315,14 @@ class _Worker:
             with self._lock:
                 self._settling = False
 
-    def _write(self, key: str, prefix: str) -> tuple[int, list[KeyValue]]:
+    def _write(self, key: str, prefix: str, settled: str) -> tuple[int, list[KeyValue]]:
         """Under the daemon's one lease, whatever the number of events and restarts of this
         worker; a lease found expired is granted anew and the key written again, once. One
-        transaction that also reads `prefix`: its revision and keys just after the write."""
+        transaction that also reads `prefix` and `settled`: its revision and keys just after
+        the write."""
         value = self._written = record(self.effect)
         return self._under_lease(
-            lambda lease: self._client.put_and_range(key, value, lease, prefix)
+            lambda lease: self._client.put_and_range(key, value, lease, prefix, settled)
         )
 
     def _under_lease(self, write: Callable[[str], T]) -> T:
@@ -343,8 +347,26 @@ class _Worker:
                 self._decided = True
 
 
-def _states(kvs: list[KeyValue], prefix: str) -> dict[str, str]:
-    return {_name(kv.key, prefix): state_of(kv.value) for kv in kvs}
+def round_states(kvs: list[KeyValue], prefix: str, own: str, settled: str) -> dict[str, str]:
+    """The VMs' states in this round of the event, from one read of `prefix` and `settled`.
+
+    A `ready` written before the settled key was last written (its mod_revision below the
+    settled key's), read by a VM whose own mark was written after it, is from a round already
+    decided: a VM whose daemon went down for that maintenance before it forgot the event still
+    has it, and it must not count for the EventId back. A VM that reads the round it is in
+    (its mark older than settled) counts every mark; a `failed` counts always (the safe way).
+    Revisions are etcd's own, kept through a compaction for the keys still there."""
+    floor = next((kv.revision for kv in kvs if kv.key == settled), 0)
+    mine = next((kv.revision for kv in kvs if kv.key == own), 0)
+    states: dict[str, str] = {}
+    for kv in kvs:
+        if not kv.key.startswith(prefix):
+            continue
+        state = state_of(kv.value)
+        if state == "ready" and mine > floor > kv.revision:
+            continue  # a ready from before: not this round's
+        states[_name(kv.key, prefix)] = state
+    return states
 
 
 def _name(key: str, prefix: str) -> str:
