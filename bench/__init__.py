@@ -37,3 +37,13 @@ def start_daemon(config: Path, log: Path, root: Path = ROOT) -> subprocess.Popen
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
     )
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """A benchmark's daemon stopped as systemd would: SIGTERM, SIGKILL after `timeout` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

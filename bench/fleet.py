@@ -467,11 +467,7 @@ def main() -> int:
     if args.versus:
         results["versus"] = {args.versus: rev_parse(args.versus), "this": rev_parse("HEAD")}
     print(report(results, sizes, names))
-    RESULTS.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = RESULTS / f"fleet-{'quick' if args.quick else 'full'}-{stamp}.json"
-    out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {out.relative_to(ROOT)}")
+    print(f"\nwrote {written(results, 'quick' if args.quick else 'full').relative_to(ROOT)}")
     return 0
 
 
@@ -482,12 +478,17 @@ def rebooting(root: Path, etcd: Path, trees: dict[str, Path]) -> int:
         for name, tree in [("this", ROOT), *trees.items()]:
             results[name] = reboot_hold(f"reboot-{len(results)}", root / name, cluster, tree)
             print(f"{name}: slot held through a reboot, per VM: {json.dumps(results[name])}")
+    print(f"wrote {written(results, 'reboot').relative_to(ROOT)}")
+    return 0
+
+
+def written(results: dict[str, Any], run: str) -> Path:
+    """`results` written to bench/results/fleet-RUN-STAMP.json (a run's own file): its path."""
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = RESULTS / f"fleet-reboot-{stamp}.json"
+    out = RESULTS / f"fleet-{run}-{stamp}.json"
     out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
-    return 0
+    return out
 
 
 def report(results: dict[str, Any], sizes: list[int], names: list[str]) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import requests
 
-from bench import daemon_command
+from bench import daemon_command, stop_daemon
 from bench.fleet_load import etcd_counters, per_vm_event
 from scheduledeventsd.simulators.azure import Simulator
 from scheduledeventsd.simulators.scenario import Scenario
@@ -114,11 +114,7 @@ def reboot_hold(name: str, work: Path, cluster: Cluster, tree: Path) -> dict[str
         took = time.monotonic() - began
         leases = len(_leases(cluster) - earlier)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_daemon(proc, 15)
         sim.stop()
     # leases: granted during the run and still in etcd once the slot was given back (the
     # live daemon's: one)

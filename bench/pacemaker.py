@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import yaml
 
+from bench import stop_daemon
 from scheduledeventsd.simulators.azure import Simulator
 from scheduledeventsd.simulators.scenario import Scenario
 from tests.pacemaker_cluster import HUB_ADDRESS, Cluster, in_netns, missing, tag
@@ -121,12 +122,7 @@ def run_method(
             )
             cluster.wait("the event over", lambda e=event_id: e not in sim.event_ids(), 30)
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_daemon(daemon, 30)
     gone_all = [r["gone_s"] for r in rows if r["gone_s"] is not None]
     approved_all = [r["approved_s"] for r in rows if r["approved_s"] is not None]
     return {

@@ -26,7 +26,7 @@ from scheduledeventsd.model import SCHEDULED, STARTED
 from scheduledeventsd.providers import gcp
 from scheduledeventsd.providers.imds import ImdsError
 from scheduledeventsd.simulators.gcp import INSTANCE_NAME, GcpSimulator
-from tests.conftest import DaemonFactory, Hooks, processes_mentioning, wait_for
+from tests.conftest import Daemon, DaemonFactory, Hooks, processes_mentioning, wait_for
 
 
 @pytest.fixture
@@ -213,6 +213,25 @@ def test_a_moved_maintenance_window_is_the_same_event_with_a_new_not_before(daem
     assert hooks.order() == []
 
 
+def announce(gce: GcpSimulator, window: dt.datetime, nudge: str) -> None:
+    """Google shows the upcoming window starting at `window`; the long-poll answers."""
+    gce.upcoming(window.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    gce.attribute("nudge", nudge)
+
+
+def window_in_30_minutes(
+    daemons: DaemonFactory, gce: GcpSimulator, cfg: dict
+) -> tuple[Daemon, dt.datetime]:
+    """The daemon started on `cfg`, Redeploy drained an hour ahead and undrained if cancelled,
+    then a window 30 minutes from now shown: the daemon, and now."""
+    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "cancelled": ["cancelled"],
+                                 "start_before": 3600}  # fmt: skip
+    daemon = daemons.start(cfg)
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    announce(gce, now + dt.timedelta(minutes=30), "1")
+    return daemon, now
+
+
 def test_a_window_moved_days_later_after_the_drain_undrains_and_drains_again_at_its_new_lead(
     daemons, gce, hooks
 ):
@@ -220,17 +239,11 @@ def test_a_window_moved_days_later_after_the_drain_undrains_and_drains_again_at_
     cancelled-hook (undrain) runs now and the event waits for its new lead. Before: nothing
     happened, and the node stayed drained for the 3 days until the maintenance."""
     cfg = gcp_config(daemons, gce, hooks)
-    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "cancelled": ["cancelled"],
-                                 "start_before": 3600}  # fmt: skip
-    daemon = daemons.start(cfg)
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    gce.upcoming((now + dt.timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    gce.attribute("nudge", "1")
+    daemon, now = window_in_30_minutes(daemons, gce, cfg)
     daemon.wait_log("hook_finished", hook="redeploy", timeout=10)
     daemon.wait_log("approval_skipped", timeout=10)
     moved = now + dt.timedelta(days=3)
-    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    gce.attribute("nudge", "2")
+    announce(gce, moved, "2")
     cancelled = daemon.wait_log("event_cancelled", timeout=10)
     assert cancelled["hooks_start_at"] == (moved - dt.timedelta(hours=1)).strftime(
         "%Y-%m-%dT%H:%M:%SZ"
@@ -715,16 +728,10 @@ def test_a_window_moved_days_later_while_the_drain_runs_undrains_once_it_ended(d
     stayed drained for the 3 days until the maintenance."""
     cfg = gcp_config(daemons, gce, hooks)
     cfg["hooks"]["redeploy"] = [{"command": [hooks.recorder("redeploy", "sleep 2")]}]
-    cfg["events"]["Redeploy"] = {"before": ["redeploy"], "cancelled": ["cancelled"],
-                                 "start_before": 3600}  # fmt: skip
-    daemon = daemons.start(cfg)
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    gce.upcoming((now + dt.timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    gce.attribute("nudge", "1")
+    daemon, now = window_in_30_minutes(daemons, gce, cfg)
     wait_for(lambda: hooks.order() == ["redeploy"], 10, "the drain to start")
     moved = now + dt.timedelta(days=3)
-    gce.upcoming(moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    gce.attribute("nudge", "2")
+    announce(gce, moved, "2")
     daemon.wait_log("hook_finished", hook="redeploy", timeout=10)
     cancelled = daemon.wait_log("event_cancelled", timeout=10)
     assert cancelled["moved_s"] == 3 * 86400 - 30 * 60

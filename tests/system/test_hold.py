@@ -258,11 +258,7 @@ def test_a_daemon_killed_after_its_approval_leaves_its_slot_held_until_hold_max(
     hold_max = 20
     sim.scenario.start_after_approval = 600  # its maintenance not begun when the VM goes
     one = tier.start("vm-1", held_config(tier, "vm-1", hold_max=hold_max))
-    two = tier.start("vm-2", held_config(tier, "vm-2"))
-    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
-    one.wait_log("event_approved", event_id=first, timeout=15)
-    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
-    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
+    first, _ = vm2_waits_for_vm1s_approval(tier, sim, one)
     moved = one.wait_log("slot_held_through", event_id=first, timeout=10)
     assert (moved["slots"], moved["hold_s"]) == ([f"{tier.prefix}/slots/web/0"], hold_max)
     one.proc.send_signal(signal.SIGKILL)

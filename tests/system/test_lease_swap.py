@@ -161,6 +161,18 @@ def leases(reader: EtcdClient, prefix: str) -> set[str]:
     return {kv.lease for kv in reader.range(prefix)[1]}
 
 
+def swap_unanswered(
+    lease: DaemonLease, reader: EtcdClient, lossy: AnswerLost, key: str, value: bytes
+) -> str:
+    """`key` put under the daemon's lease, then a swap for one of hold_max whose move etcd
+    applies and whose answer is lost (EtcdError): the lease `key` was put under."""
+    old, _ = lease.get(reader)
+    reader.put(key, value, old)
+    with pytest.raises(EtcdError):
+        lease.hold(lossy, 600, "vm-a")
+    return old
+
+
 def test_a_swap_whose_move_was_applied_but_not_answered_keeps_the_keys_and_ends_on_one_lease(
     cluster,
 ):
@@ -173,10 +185,7 @@ def test_a_swap_whose_move_was_applied_but_not_answered_keeps_the_keys_and_ends_
     lease = DaemonLease(direct, TTL)
     with EtcdClient(direct) as reader, AnswerLost(direct) as lossy:
         try:
-            old, _ = lease.get(reader)
-            reader.put(slot, b'{"vm": "vm-a"}', old)
-            with pytest.raises(EtcdError):
-                lease.hold(lossy, 600, "vm-a")
+            old = swap_unanswered(lease, reader, lossy, slot, b'{"vm": "vm-a"}')
             assert reader.range(slot)[1], "the slot key is still in etcd (main: revoked)"
             now, moved = lease.hold(reader, 600, "vm-a")
             assert slot in moved
@@ -222,10 +231,7 @@ def test_a_stray_of_a_swap_unanswered_is_not_revoked_as_a_previous_processs_leas
     lease = DaemonLease(direct, TTL)
     with EtcdClient(direct) as reader, AnswerLost(direct) as lossy:
         try:
-            old, _ = lease.get(reader)
-            reader.put(mark, b'{"state": "ready"}', old)
-            with pytest.raises(EtcdError):
-                lease.hold(lossy, 600, "vm-a")
+            swap_unanswered(lease, reader, lossy, mark, b'{"state": "ready"}')
             (stray,) = leases(reader, direct.prefix)
             lease.revoke_empty(reader, {stray})
             assert reader.range(mark)[1], "the mark is still in etcd (was: revoked)"

@@ -21,7 +21,14 @@ from scheduledeventsd.config import Concurrency, Etcd
 from scheduledeventsd.coordination import fleet as fleet_keys
 from scheduledeventsd.coordination.etcd import EtcdClient, KeyValue
 from tests.conftest import cli, wait_for
-from tests.system.test_hold import TTL, held_config, lease_count, slot_holder, stamps
+from tests.system.test_hold import (
+    TTL,
+    held_config,
+    lease_count,
+    slot_holder,
+    stamps,
+    vm2_waits_for_vm1s_approval,
+)
 from tests.system.test_slots import Tier
 
 pytestmark = pytest.mark.xdist_group(name="etcd")
@@ -162,11 +169,8 @@ def test_a_daemon_killed_in_its_maintenance_keeps_its_slot_to_hold_max_and_is_si
     hold_max = 25
     sim.scenario.start_after_approval = 600
     one = tier.start("vm-1", held_config(tier, "vm-1", hold_max=hold_max))
-    two = tier.start("vm-2", held_config(tier, "vm-2"))
-    first = sim.add_event("Reboot", ["vm-1"], not_before_in=3600)
+    first, _ = vm2_waits_for_vm1s_approval(tier, sim, one)
     one.wait_log("slot_held_through", event_id=first, timeout=20)
-    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
-    two.wait_log("event_waiting", event_id=second, reason="slot", timeout=15)
     wait_for(lambda: "vm-2" in keys_under(tier, "waiting/web/"), 10, "vm-2's waiting mark")
     leases = one_lease_each(tier, ("vm-1", "vm-2"))
     assert granted(tier, leases["vm-1"]) == hold_max
