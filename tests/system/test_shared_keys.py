@@ -36,6 +36,18 @@ def of_event(cluster, fleet, event_id):
     return sorted(k for k in keys(cluster, fleet.prefix) if event_id in k)
 
 
+def only_vm_cs_mark_and_settled_left(cluster, fleet, event_id):
+    """Waits for vm-a's and vm-b's marks to go: vm-c's mark and settled are all that is left."""
+    left = wait_for(
+        lambda: (found := of_event(cluster, fleet, event_id)) and len(found) == 2 and found,
+        10,
+        "the two others' marks to go",
+    )
+    assert left == sorted(
+        [f"{fleet.prefix}/events/{event_id}/vm-c", f"{fleet.prefix}/settled/{event_id}"]
+    )
+
+
 def shared_events(fleet, vm="vm-a"):
     """`scheduledeventsd fleet --json`'s shared events, with that VM's configuration."""
     path = fleet.factories[vm].write_config(fleet.config(vm, fleet.coordination), "fleet.yaml")
@@ -80,14 +92,7 @@ def test_a_daemon_stopped_for_the_maintenance_deletes_its_mark_once_back_well_be
     sim.remove_event(event_id)  # over
     for vm in VMS[:2]:
         fleet.daemons[vm].wait_log("event_completed", timeout=10)
-    left = wait_for(
-        lambda: (found := of_event(cluster, fleet, event_id)) and len(found) == 2 and found,
-        10,
-        "the two others' marks to go",
-    )
-    assert left == sorted(
-        [f"{fleet.prefix}/events/{event_id}/vm-c", f"{fleet.prefix}/settled/{event_id}"]
-    )
+    only_vm_cs_mark_and_settled_left(cluster, fleet, event_id)
     back = time.monotonic()
     fleet.start("vm-c", fleet.config("vm-c", fleet.coordination))
     wait_for(lambda: not of_event(cluster, fleet, event_id), 10, "vm-c's mark and settled")
@@ -138,14 +143,7 @@ def test_a_delete_etcd_did_not_answer_is_tried_again_once_it_is_back(cluster, fl
         sim.remove_event(event_id)  # over
         for vm in VMS:
             fleet.daemons[vm].wait_log("event_completed", timeout=10)
-        left = wait_for(
-            lambda: (found := of_event(cluster, fleet, event_id)) and len(found) == 2 and found,
-            10,
-            "the two others' marks to go",
-        )
-        assert left == sorted(
-            [f"{fleet.prefix}/events/{event_id}/vm-c", f"{fleet.prefix}/settled/{event_id}"]
-        )
+        only_vm_cs_mark_and_settled_left(cluster, fleet, event_id)
         fleet.daemons["vm-c"].polls_seen(sim, count=8)  # its delete tried, and failed
         assert len(of_event(cluster, fleet, event_id)) == 2
         path.restore()
