@@ -36,6 +36,16 @@ def of_event(cluster, fleet, event_id):
     return sorted(k for k in keys(cluster, fleet.prefix) if event_id in k)
 
 
+def a_shared_reboot_started(fleet, sim):
+    """Every daemon started, a Reboot naming the three VMs approved and Started for each."""
+    fleet.start_all(fleet.coordination)
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
+    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
+    for vm in VMS:
+        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+    return event_id
+
+
 def only_vm_cs_mark_and_settled_left(cluster, fleet, event_id):
     """Waits for vm-a's and vm-b's marks to go: vm-c's mark and settled are all that is left."""
     left = wait_for(
@@ -61,11 +71,7 @@ def test_a_shared_reboot_over_for_three_vms_leaves_no_key_and_fleet_lists_no_pas
 ):
     """Marks and settled are there while the event is decided (the slower VMs read them), and
     none is left once it is over for every VM; `fleet --json` lists no shared event then."""
-    fleet.start_all(fleet.coordination)
-    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
-    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
-    for vm in VMS:
-        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+    event_id = a_shared_reboot_started(fleet, sim)
     assert len(of_event(cluster, fleet, event_id)) == 4, "three marks and settled, decided"
     assert [e["event_id"] for e in shared_events(fleet)] == [event_id]
     sim.remove_event(event_id)  # over
@@ -83,11 +89,7 @@ def test_a_daemon_stopped_for_the_maintenance_deletes_its_mark_once_back_well_be
     """vm-c's daemon stops once approved and is back after the event is gone: the other two
     forgot it, vm-c's mark (on its old lease, `ttl` 30 s) and settled are still there; the
     restarted daemon forgets the event from its state file and deletes both, within seconds."""
-    fleet.start_all(fleet.coordination)
-    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
-    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
-    for vm in VMS:
-        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+    event_id = a_shared_reboot_started(fleet, sim)
     fleet.daemons["vm-c"].stop()
     sim.remove_event(event_id)  # over
     for vm in VMS[:2]:
@@ -104,11 +106,7 @@ def test_an_event_back_under_its_eventid_waits_for_every_vms_new_ready(cluster, 
     stopped meanwhile: vm-a and vm-b are ready, vm-c never is, so nobody approves. Before, the
     first event's ready of vm-c (on its daemon's lease, 30 s) approved it as soon as vm-a's
     hooks ended."""
-    fleet.start_all(fleet.coordination)
-    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
-    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
-    for vm in VMS:
-        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+    event_id = a_shared_reboot_started(fleet, sim)
     sim.remove_event(event_id)
     for vm in VMS:
         fleet.daemons[vm].wait_log("event_completed", timeout=10)
@@ -160,11 +158,7 @@ def test_an_event_back_while_a_vms_daemon_is_down_is_not_approved_on_its_ready_f
     older than the settled key, theirs newer. Once vm-c is ready again (its write completes the
     set), the event is approved. Before: they approved at once, on vm-c's ready
     from the first event."""
-    fleet.start_all(fleet.coordination)
-    event_id = sim.add_event("Reboot", list(VMS), not_before_in=600)
-    wait_for(lambda: approvals(sim, event_id), 20, "the approval")
-    for vm in VMS:
-        fleet.daemons[vm].wait_log("event_status_changed", timeout=10)  # Started
+    event_id = a_shared_reboot_started(fleet, sim)
     fleet.daemons["vm-c"].stop()
     sim.remove_event(event_id)
     for vm in VMS[:2]:
