@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from scheduledeventsd.simulators.azure import rfc1123
-from tests.conftest import wait_for
+from scheduledeventsd.simulators.azure import Scenario, Simulator, rfc1123
+from tests.conftest import VM, DaemonFactory, wait_for
 from tests.system.test_fleet import VMS, Fleet, approvals, etcd_settings
 from tests.system.test_shared_keys import of_event
 
@@ -31,14 +31,16 @@ def fleet(tmp_path, sim, hooks, cluster):
     f.stop()
 
 
-def start_with_a_lead(fleet, sleeps):
-    """Each VM: `prepare` (sleeping as given) before, `undo` when cancelled, start_before LEAD."""
+def start_with_a_lead(fleet, sleeps, undo_sleeps=(0, 0, 0)):
+    """Each VM: `prepare` (sleeping as given) before, `undo` (sleeping as given, then noting
+    it ran) when cancelled, start_before LEAD."""
     undo = fleet.hooks.make(
-        "undo", 'echo "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_STAGE" >> "$OUT/undone"'
+        "undo",
+        'sleep "$1"\necho "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_STAGE" >> "$OUT/undone"',
     )
-    for vm, sleep in zip(VMS, sleeps):
+    for vm, sleep, undo_sleep in zip(VMS, sleeps, undo_sleeps):
         cfg = fleet.config(vm, fleet.coordination, sleep)
-        cfg["hooks"]["undo"] = [{"command": [undo]}]
+        cfg["hooks"]["undo"] = [{"command": [undo, str(undo_sleep)]}]
         cfg["events"]["Reboot"] = {
             "before": ["prepare"],
             "cancelled": ["undo"],
@@ -104,3 +106,58 @@ def wall_of(iso):
     return (
         dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
     )
+
+
+@pytest.fixture
+def late_sim():
+    """A second simulator, for vm-c: the same event, its document changed later than vm-a's
+    and vm-b's (as the conftest's `sim`)."""
+    simulator = Simulator(
+        Scenario(vm_name=VM, start_after_approval=0.5, started_for=1.0), rate_limit=False
+    )
+    simulator.start()
+    yield simulator
+    simulator.stop()
+
+
+def test_a_vm_that_sees_the_move_later_is_not_approved_on_the_others_readies_from_before(
+    tmp_path, cluster, fleet, sim, late_sim
+):
+    """vm-a and vm-b wait for vm-c's 4 s hook when their document moves NotBefore 3 days later;
+    vm-c's document moves only later (it sees the move after its hook ended). Their cancelled-
+    hooks take 6 s, yet their readies are taken back at once: vm-c writes its ready and waits
+    for vm-a and vm-b, and nobody is approved. Once vm-c sees the move it takes its ready back
+    and runs its cancelled-hook too; at the new lead all three are approved, after vm-c's hook
+    ran again. Before: vm-a and vm-b kept waiting, and vm-c's ready approved all three. (With
+    only the delete once the cancelled-hooks end, vm-c's ready completed the set meanwhile.)"""
+    fleet.factories["vm-c"] = DaemonFactory(tmp_path / "vm-c", late_sim)
+    start_with_a_lead(fleet, (0.1, 0.3, 4.0), undo_sleeps=(6, 6, 0))
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=LEAD - 5)
+    late_sim.add_event("Reboot", list(VMS), event_id=event_id, not_before_in=LEAD - 5)
+    prefix = f"{fleet.prefix}/events/{event_id}/"
+    wait_for(lambda: len(of_event(cluster, fleet, event_id)) == 2, 10, "vm-a's, vm-b's ready")
+    moved = time.time() + 3 * DAY
+    sim.update_event(event_id, NotBefore=rfc1123(moved))  # vm-a's and vm-b's document only
+    for vm in VMS[:2]:
+        assert fleet.daemons[vm].wait_log("event_cancelled", timeout=10)["phase"] == "coordinating"
+    waiting = fleet.daemons["vm-c"].wait_log("peers_waiting", timeout=15)
+    assert (waiting["ready"], waiting["waiting_for"]) == ("vm-c", "vm-a vm-b")
+    assert of_event(cluster, fleet, event_id) == [prefix + "vm-c"]
+    assert not undone(fleet), "their cancelled-hooks still run"
+    fleet.daemons["vm-c"].polls_seen(late_sim, count=4)
+    assert not approvals(sim, event_id), "approved on readies taken back"
+    assert not approvals(late_sim, event_id), "approved on readies taken back"
+
+    late_sim.update_event(event_id, NotBefore=rfc1123(moved))  # vm-c sees the move now
+    note = fleet.daemons["vm-c"].wait_log("event_cancelled", timeout=10)
+    assert note["phase"] == "coordinating"
+    wait_for(lambda: len(undone(fleet)) == 3, 15, "the three cancelled-hooks")
+    wait_for(lambda: not of_event(cluster, fleet, event_id), 10, "vm-c's ready taken back")
+    near = time.time() + LEAD + 8
+    for simulator in (sim, late_sim):
+        simulator.update_event(event_id, NotBefore=rfc1123(near))
+    wait_for(lambda: approvals(sim, event_id) and approvals(late_sim, event_id), 30, "approval")
+    again = {vm: fleet.done_at(vm) for vm in VMS}
+    assert min(again.values()) >= near - LEAD - 1, "not before the new lead"
+    first = min(a.at for a in [*approvals(sim, event_id), *approvals(late_sim, event_id)])
+    assert first >= max(again.values()), "approved before every VM's hook ran again"
