@@ -7,11 +7,15 @@ same EventId. Before, it stayed drained, waiting for the others, for the whole d
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from scheduledeventsd.config import EventRule
 from scheduledeventsd.engine import (
+    AskGate,
+    CancelRuns,
     Coordinate,
     ForgetShared,
+    GateAnswered,
     HooksFinished,
     Outcome,
     PeersChanged,
@@ -20,8 +24,9 @@ from scheduledeventsd.engine import (
     SpawnHooks,
     StopCoordinating,
 )
+from scheduledeventsd.host import store
 from tests.engine.test_engine import VM, Machine, logs, of
-from tests.engine.test_engine_fleet import SHARED, fleet
+from tests.engine.test_engine_fleet import GATE, SHARED, fleet
 from tests.engine.test_engine_postponed import LEAD, MONO0
 from tests.engine.test_engine_when import due_in, seen
 
@@ -115,3 +120,33 @@ def test_a_shared_event_moved_within_its_lead_keeps_waiting_for_its_peers():
     assert m.phase() is Phase.COORDINATING
     effects = m.send(PeersChanged("E1", ALL_READY), at=MONO0 + 61)
     assert of(effects, PostApproval)
+
+
+def test_a_shared_event_asking_the_gate_command_when_moved_days_later_stops_asking_it():
+    """Coordinated by the gate command, not etcd: the gate run in progress is cancelled (its
+    late answer approves nothing), no mark to delete; cancelled-hooks, then judged anew."""
+    m = Machine(fleet(GATE, events={"Reboot": RULE}), now=MONO0)
+    (drain,) = of(seen(m, shared(30 * 60), at=MONO0), SpawnHooks)
+    (ask,) = of(m.send(HooksFinished(drain.run, Outcome.SUCCEEDED), at=MONO0 + 1), AskGate)
+    effects = seen(m, shared(3 * 86400), incarnation=3, at=MONO0 + 60)
+    assert of(effects, CancelRuns) == [CancelRuns((ask.run,))]
+    assert not of(effects, ForgetShared)
+    (undrain,) = of(effects, SpawnHooks)
+    assert undrain.stage.value == "cancelled"
+    effects = m.send(GateAnswered(ask.run, 0), at=MONO0 + 61)
+    assert not of(effects, PostApproval)
+
+
+def test_a_shared_event_waiting_across_a_restart_moved_days_later_deletes_its_mark_from_before():
+    """The daemon restarted while the event waited for its peers (its ready from before on
+    etcd, kept by its lease for `ttl`); the first document after shows the move: put back, its
+    mark deleted at once (ForgetShared), its ready never written again."""
+    m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
+    coordinating(m, shared(30 * 60))
+    loaded = store._decode(json.loads(json.dumps(store._encode(m.state.events))))
+    again = Machine(fleet(events={"Reboot": RULE}), loaded=loaded, now=MONO0 + 10)
+    assert again.phase() is Phase.COORDINATING
+    effects = seen(again, shared(3 * 86400), incarnation=3, at=MONO0 + 11)
+    assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
+    assert not of(effects, Coordinate)
+    assert of(effects, SpawnHooks)[0].stage.value == "cancelled"
