@@ -11,7 +11,7 @@ from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
 from .notes import _note, _persist, _state_warning
 from .poll import names
-from .state import State, Stopping, Tracked, _move, _with, mark_of
+from .state import Events, State, Stopping, Tracked, _move, _with, mark_of
 from .vocabulary.constants import KILL_WAIT, POLL_BACKOFF_CAP, STALL_MARGIN, STOP_MARGIN
 from .vocabulary.effects import (
     AcquireSlot,
@@ -66,7 +66,7 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
         boot_id=msg.boot_id,
         watchdog_at=now,
         listed=frozenset(msg.loaded),  # as last written; the first document says what left
-        events={},
+        events=Events(),
         cluster_mark=msg.mark,
     )
     settings = drain._pacemaker(state)

@@ -165,7 +165,7 @@ class State:
     name_failures: Failures = field(default_factory=Failures)
     resolving: bool = False
     ready: bool = False
-    events: Known = field(default_factory=Events)
+    events: Events = field(default_factory=Events)
     incarnation: Optional[int] = None
     runs: Mapping[int, str] = field(default_factory=dict)  # live run id -> event id
     next_run: int = 1

@@ -150,6 +150,7 @@ def lockstep(base: type[promises.Promises]) -> type[RuleBasedStateMachine]:
             if isinstance(with_, Exception):
                 return  # the daemon drops a step that raises
             self.state, effects = with_
+            assert type(self.state.events) is state_module.Events, "a plain dict: no kept `ours`"
             assert engine.next_wakeup(self.state, self.now) == plain_wake
             self.plain_state, self._plain_for = without[0], self.state
             for effect in effects:

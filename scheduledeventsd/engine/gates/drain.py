@@ -16,7 +16,7 @@ from ..frozen import replace
 from ..lifecycle import Drain, On, Phase, Slot
 from ..machine import Table, row
 from ..notes import _note, event_fields
-from ..state import State, Tracked, _move, _with, mark_of, ours
+from ..state import Events, State, Tracked, _move, _with, mark_of, ours
 from ..vocabulary.effects import CheckCluster, DrainNode, Effect, RestoreNode, StopDraining
 from ..vocabulary.messages import (
     ClusterChecked,
@@ -282,12 +282,14 @@ def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
         state,
         cluster_mark=None,
         restore_error="",
-        events={
-            k: move(t, DrainOn.RESTORED, Drain.NONE)
-            if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
-            else t
-            for k, t in state.events.items()
-        },
+        events=Events(
+            {
+                k: move(t, DrainOn.RESTORED, Drain.NONE)
+                if t.drain is not Drain.NONE and t.phase in (Phase.AFTER, Phase.OVER)
+                else t
+                for k, t in state.events.items()
+            }
+        ),
     )
     out.append(
         Record(

@@ -7,7 +7,7 @@ from ...retry import Failures
 from ..frozen import replace
 from ..lifecycle import On, Phase
 from ..notes import status_text
-from ..state import State, _move
+from ..state import Events, State, _move
 from ..vocabulary.constants import NAME_BACKOFF
 from ..vocabulary.effects import Effect, Notify, ResolveName
 from ..vocabulary.messages import NameResolved
@@ -49,12 +49,11 @@ def _name_known(state: State, msg: NameResolved, now: float, out: list[Effect]) 
     state = replace(state, vm_name=msg.name, name_source=msg.source, name_failures=failures)
     if previous and previous.casefold() != msg.name.casefold():
         # Events judged "not ours" under the old name are judged again at the next poll.
-        events = dict(state.events)
-        for event_id, t in state.events.items():
+        for t in state.events.values():
             if t.phase is Phase.NOT_OURS:
                 _move(t, On.RENAMED, Phase.GONE)
-                del events[event_id]
-        state = replace(state, events=events, incarnation=None)
+        kept = Events({k: t for k, t in state.events.items() if t.phase is not Phase.NOT_OURS})
+        state = replace(state, events=kept, incarnation=None)
     if not state.ready:
         state = replace(state, ready=True, poll=replace(state.poll, next_at=now))
         out.append(Notify({"READY": "1", "STATUS": status_text(state)}))
