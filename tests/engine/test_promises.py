@@ -304,12 +304,13 @@ class Promises(RuleBasedStateMachine):
                 )
                 self.staged[event_id] = self.staged.get(event_id, 0) + 1
                 self.owed.discard(event_id)
-                # Issue 28: again only while they have not succeeded and its slot is held.
+                # Issue 28: again only while they have not succeeded and its slot is held, or
+                # asked for (hold.keeps: after a lease expired, or queued again after a boot).
                 now = self.state.events.get(event_id)
                 again = (
                     now is not None
                     and now.phase is lifecycle.Phase.AFTER
-                    and now.slot is lifecycle.Slot.HELD
+                    and now.slot in (lifecycle.Slot.HELD, lifecycle.Slot.ASKED)
                 )
                 assert self.staged[event_id] == 1 or again, "(b) after- or cancelled-hooks twice"
         elif isinstance(effect, CancelRuns):
