@@ -4,6 +4,7 @@ named said `ready` for its current preparation. Each defect is an xfail(strict) 
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from tests.system.test_fleet import VMS, approvals, etcd_settings
 from tests.system.test_shared_keys import of_event
 from tests.system.test_shared_postponed import (  # noqa: F401 - fixtures
     DAY,
+    LEAD,
     fleet,
     late_sim,
     undone,
@@ -23,17 +25,26 @@ from tests.tcp_proxy import ProxySet
 pytestmark = pytest.mark.xdist_group(name="etcd")
 
 
-def start_each(f, sleeps, coordination):
+def start_each(f, sleeps, coordination, undo_sleeps=(0, 0, 0)):
     """As test_shared_postponed.start_with_a_lead, a VM's `coordination` as given (else the
-    fleet's): `prepare` before, `undo` (noting it ran) when cancelled, start_before 20 s."""
+    fleet's): `prepare` before, `undo` (sleeping as given, then noting it ran) when cancelled,
+    start_before LEAD; their configs, by VM."""
     undo = f.hooks.make(
-        "undo", 'echo "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_STAGE" >> "$OUT/undone"'
+        "undo",
+        'sleep "$1"\necho "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_STAGE" >> "$OUT/undone"',
     )
-    for vm, sleep in zip(VMS, sleeps):
+    configs = {}
+    for vm, sleep, undo_sleep in zip(VMS, sleeps, undo_sleeps):
         cfg = f.config(vm, coordination.get(vm, f.coordination), sleep)
-        cfg["hooks"]["undo"] = [{"command": [undo]}]
-        cfg["events"]["Reboot"] = {"before": ["prepare"], "cancelled": ["undo"], "start_before": 20}
+        cfg["hooks"]["undo"] = [{"command": [undo, str(undo_sleep)]}]
+        cfg["events"]["Reboot"] = {
+            "before": ["prepare"],
+            "cancelled": ["undo"],
+            "start_before": LEAD,
+        }
         f.start(vm, cfg)
+        configs[vm] = cfg
+    return configs
 
 
 @pytest.mark.xfail(
@@ -79,3 +90,41 @@ def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while
         path.restore()
         fleet.stop()
         assert not early, "approved on vm-a's ready while vm-a's node was restored"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a daemon killed while the put-back's cancelled-hooks run keeps the event OVER "
+    "while listed Scheduled: never prepared again, never ready; nobody approved (defect, review4)",
+)
+def test_a_vm_killed_during_the_put_back_prepares_again_at_the_new_lead(
+    cluster,
+    fleet,  # noqa: F811 - the fixture
+    sim,
+):
+    """NotBefore moves 3 days later while vm-a and vm-b wait for vm-c's hook: all three put
+    the event back. vm-a's daemon is killed (-9), then started again, while its 6 s
+    cancelled-hook runs. When NotBefore comes near again, vm-b and vm-c prepare again and write
+    `ready`; vm-a must too (before-hooks at its lead, `ready`), and the event is approved. On
+    main vm-a's event was cut off (after_hooks_interrupted, OVER) and OVER listed stays OVER:
+    vm-a never prepares, the others wait drained until NotBefore, nobody approves, and the
+    maintenance comes with vm-a's node neither prepared nor (its undo cut off) restored. A
+    SIGTERM lets a 6 s hook end (shutdown_grace): that restart passes."""
+    configs = start_each(fleet, (0.1, 0.3, 4.0), {}, undo_sleeps=(6, 0, 0))
+    event_id = sim.add_event("Reboot", list(VMS), not_before_in=LEAD - 5)
+    wait_for(lambda: len(of_event(cluster, fleet, event_id)) == 2, 10, "vm-a's, vm-b's ready")
+    sim.update_event(event_id, NotBefore=rfc1123(time.time() + 3 * DAY))
+    fleet.daemons["vm-a"].wait_log("hook_started", timeout=10, hook="undo")
+    fleet.daemons["vm-a"].signal(signal.SIGKILL)
+    fleet.daemons["vm-a"].stop()
+    fleet.start("vm-a", configs["vm-a"])
+    wait_for(lambda: {"vm-b cancelled", "vm-c cancelled"} <= set(undone(fleet)), 15, "undone")
+    wait_for(lambda: not of_event(cluster, fleet, event_id), 40, "the readies taken back")
+    fleet.daemons["vm-a"].polls_seen(sim, count=4)
+    near = time.time() + LEAD + 8
+    sim.update_event(event_id, NotBefore=rfc1123(near))
+    deadline = time.time() + 30
+    while len(fleet.runs()) < 6 and not approvals(sim, event_id) and time.time() < deadline:
+        time.sleep(0.2)
+    assert sorted(fleet.runs()) == sorted(VMS * 2), "vm-a prepared again at its new lead"
+    wait_for(lambda: approvals(sim, event_id), 20, "the approval at the new lead")
