@@ -11,8 +11,9 @@ hook and both approve. The lock is an exclusive flock, taken on the first of the
 4. the nearest directory above it that exists, when it does not exist and cannot be made:
    there is no state to keep, but hooks would still run twice.
 
-flock, not fcntl locks: they belong to the open file, not the process, so a read-only
-descriptor can hold an exclusive one and no close elsewhere in the process drops it.
+flock, not fcntl (POSIX) locks: an exclusive fcntl lock needs a descriptor open for writing,
+and closing any other descriptor of the file in the process drops it; a flock belongs to its
+open file, read-only or not.
 """
 
 from __future__ import annotations
