@@ -171,9 +171,10 @@ def load(path: Path, *, reader: Optional[Callable[[Path], str]] = None) -> Confi
     and so is one that anyone but root could have changed (the rule of hook files)."""
     from . import yaml  # noqa: PLC0415 - see parse_yaml
 
-    raw = yaml.read(path, reader)
-    # It says what runs as root: trusted as a hook is, every problem told at once.
-    _, distrust = files.untrusted(str(path), what=files.CONFIG)
+    # It says what runs as root: trusted as a hook is, and the checked real file is read (a
+    # symbolic link others can retarget is followed once, before the check).
+    real, distrust = files.untrusted(str(path), what=files.CONFIG)
+    raw = yaml.read(path, reader or (lambda _: yaml.read_bounded(Path(real))))
     try:
         config = parse(raw, str(path), path)
     except ConfigError as e:
