@@ -67,7 +67,11 @@ def put_back(
     rule = state.config.events.get(event.event_type, EventRule())
     held = window._start_at(event, rule, state, now)
     waiting = tracked.phase is Phase.COORDINATING
-    unmarking = waiting and _marked(state, tracked)  # as returned.mark_taken_back
+    # Its ready written, or being written (or by the process before a restart): the peers'
+    # timer asks after every step, a Boot's too; one that became coordinating in this step
+    # (its before-hooks just ended) never wrote it, and is undone at once.
+    asked = event.event_id in state.peers
+    unmarking = waiting and asked and _marked(state, tracked)  # as returned.mark_taken_back
     fields: dict[str, object] = {"phase": tracked.phase.value, "stage": Stage.CANCELLED.value}
     if held is not None:
         fields["hooks_start_at"] = _iso_wall(held.at + (state.wall_offset or 0.0))
