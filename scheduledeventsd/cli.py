@@ -20,7 +20,7 @@ from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_d
 from .model import EVENT_TYPES
 from .observe import fleet as fleet_view
 from .observe import observer, report
-from .plan.fleet import parse_instant
+from .plan.fleet import out_of_range, parse_instant
 from .plan.scenarios import SCENARIOS
 from .providers.identity import resolve
 from .providers.imds import ImdsError
@@ -228,10 +228,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _instant(text: str) -> dt.datetime:
+    """`plan --from`: an ISO 8601 instant the plan can run from (its year 9999 overflowed)."""
     try:
-        return parse_instant(text)
+        parsed = parse_instant(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
+    problem = out_of_range(parsed)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return parsed
 
 
 def _load_config(path: Path) -> Optional[config.Config]:

@@ -311,6 +311,21 @@ def test_bad_fleet_input_is_named_by_file_and_key_path_with_exit_2(
     assert "nothing was planned" in err
 
 
+@pytest.mark.parametrize("start", ["9999-12-31T23:00:00Z", "1960-01-01T00:00:00Z"])
+def test_a_from_the_plan_cannot_run_from_is_refused_naming_from_with_exit_2(
+    tmp_path, capsys, start
+):
+    """`--from` in year 9999 (or before 1970) is refused as a `not_before` there is: exit 2,
+    `--from` and the range named. On the old code year 9999 raised OverflowError (a
+    traceback) and 1960 was planned."""
+    path = files(tmp_path, wave(4).replace("not_before: 2026-11-28T05:30:00Z", "notice: 7d"))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["plan", "--fleet", str(path), "--from", start])
+    assert stopped.value.code == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"argument --from: must be an instant from 1970 to 8999, got {start[:-1]}" in err
+
+
 def test_durations_and_ranges():
     assert [fleet.duration(v) for v in ("30s", "10m", "2h", "7d", "1h30m", 90, "1w")] == [
         30, 600, 7200, 604800, 5400, 90, 604800,
