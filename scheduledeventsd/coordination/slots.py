@@ -167,14 +167,7 @@ class _Worker:
         self.vm = effect.vm_name
         self.prefixes = {g: group_prefix(settings, g) for g in concurrency.groups}
         self.root = slotset.root(self.prefixes)  # read and watched: every group's keys
-        self.value = json.dumps(
-            {
-                "vm": self.vm,
-                "event": self.event_id,
-                "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            },
-            sort_keys=True,
-        ).encode()
+        self.value = self._stamped()  # stamped again as it takes its slot (`_take`)
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
@@ -200,6 +193,14 @@ class _Worker:
         self._lapsed = False  # on the hold lease as etcd went away: kept there, or lost then
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
+
+    def _stamped(self) -> bytes:
+        """Its slot keys' value, `at` now: when it took the slot, as `fleet` shows it (stamped
+        when it began to wait, `fleet` said a VM held the slot since before it took it)."""
+        at = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return json.dumps(
+            {"vm": self.vm, "event": self.event_id, "at": at}, sort_keys=True
+        ).encode()
 
     def start(self) -> None:
         self._thread.start()
@@ -503,6 +504,7 @@ class _Worker:
             self._shared.hold(self._client, keep, self._token)
         took = False
         if taking.take:  # under the lease as it is now: never one a swap is revoking
+            self.value = self._stamped()  # before: an answer lost after the put wrote it
             with self._shared.using(self._client) as lease:
                 took = self._client.put_all(taking.take, self.value, lease)
         if took:
