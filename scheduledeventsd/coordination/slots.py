@@ -36,6 +36,7 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
@@ -423,7 +424,8 @@ class _Worker:
                     again = True
                     if taking is None:
                         self._line.leave(self._client)
-                        self._tell(SlotGranted, self._confirmed, held=True)
+                        sharing = self._holders(seen.values())
+                        self._tell(SlotGranted, self._confirmed, sharing, held=True)
                         self._lapsed = False
                         return self._hold()
                     if taking.full and (self._lapsed or taking.holders != holders):
@@ -516,6 +518,13 @@ class _Worker:
             self._lease = lease
             return None
         return taking
+
+    def _holders(self, kvs: Iterable[KeyValue]) -> tuple[str, ...]:
+        """Who holds its groups' slots as it took its own: itself and the others in `kvs`
+        (`status` showed the holders of the last refusal while this VM held the slot)."""
+        ours = tuple(self.prefixes.values())
+        found = {holder(kv.value) or "?" for kv in kvs if kv.key.startswith(ours)}
+        return tuple(sorted(found | {self.vm}))
 
     def _changed(self, changes: Changes, seen: dict[str, KeyValue]) -> bool:
         """Wait for a change to the keys of this VM's groups on `changes` (the watch), applied

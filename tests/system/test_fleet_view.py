@@ -75,12 +75,17 @@ def test_fleet_shows_the_holder_alive_and_the_waiter_with_why_in_text_and_json(t
     assert json.loads(as_json.stdout)["down"] == []
 
 
-def test_a_holder_is_shown_since_it_took_the_slot_not_since_it_began_to_wait(tier, sim, hooks):
+def test_a_holder_is_shown_since_it_took_the_slot_and_its_status_names_it_a_holder(
+    tier, sim, hooks
+):
     """vm-2 waits while vm-1 drains for 6 s, then takes the slot: `fleet` shows it holding
-    since then. On the old code the slot key's `at` was stamped when vm-2's worker began to
-    wait, so `since` was the waiting mark's own instant, seconds before it held anything."""
+    since then, and vm-2's `status` names it as the holder. On the old code the slot key's
+    `at` was stamped when vm-2's worker began to wait (`since` was the waiting mark's own
+    instant, seconds before it held anything), and `status` said "last seen holders vm-1",
+    the holder when it was refused, while vm-2 held the slot."""
     holding(tier, hooks, "vm-1", 6)
-    two = tier.start("vm-2", long_drain(tier, hooks, tier.config("vm-2"), 10))
+    cfg = long_drain(tier, hooks, tier.config("vm-2"), 10)
+    two = tier.start("vm-2", cfg)
     second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
     two.wait_log("event_waiting", event_id=second, reason="slot")
     (group,) = json.loads(fleet(tier, "--json").stdout)["groups"]
@@ -91,6 +96,16 @@ def test_a_holder_is_shown_since_it_took_the_slot_not_since_it_began_to_wait(tie
     assert (holder["vm"], holder["event"]) == ("vm-2", second)
     waited = _instant(holder["since"]) - _instant(waiter["since"])
     assert waited > 2, (waiter["since"], holder["since"])  # vm-1 drained 6 s meanwhile
+    path = tier.factories["vm-2"].write_config(cfg, "status.yaml")
+    shown = wait_for(
+        lambda: (
+            (s := cli("status", "--config", str(path))).stdout.count(f"held for {second}") and s
+        ),
+        10,
+        "vm-2's status written since it took the slot",
+    )
+    (line,) = [x for x in shown.stdout.splitlines() if x.startswith("concurrency:")]
+    assert line.endswith(f"held for {second}; last seen holders vm-2"), line
 
 
 def _instant(text: str) -> float:
