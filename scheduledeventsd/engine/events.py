@@ -91,7 +91,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
         if was is not None and was.phase is Phase.NOT_OURS and was.event == event:
             events[event.event_id] = was  # another VM's, as it was: the most of them, at once
             continue
-        state, before = returned.over_and_back(state, was, On.LISTED)
+        state, before = returned.over_and_back(state, was, event, On.LISTED)
         state = returned.mark_taken_back(state, before, was_listed)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)

@@ -92,11 +92,6 @@ def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while
         assert not early, "approved on vm-a's ready while vm-a's node was restored"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a daemon killed while the put-back's cancelled-hooks run keeps the event OVER "
-    "while listed Scheduled: never prepared again, never ready; nobody approved (defect, review4)",
-)
 def test_a_vm_killed_during_the_put_back_prepares_again_at_the_new_lead(
     cluster,
     fleet,  # noqa: F811 - the fixture
