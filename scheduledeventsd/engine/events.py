@@ -6,7 +6,7 @@ from typing import Optional
 
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import first_sight, peers, postponed, returned, runs, stages
+from . import copies, first_sight, peers, postponed, returned, runs, stages
 from .frozen import replace
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
@@ -71,6 +71,7 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 {"incarnation": doc.incarnation, "reason": problem},
             )
         )
+    doc = copies.chosen(state, doc, out)
     state = replace(state, incarnation=doc.incarnation)
     if offset is not None:
         jumped = None if state.wall_offset is None else offset - state.wall_offset
