@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
 from scheduledeventsd.config import Config
-from scheduledeventsd.engine import Outcome, PostApproval, SpawnHooks, Stage, events
+from scheduledeventsd.engine import Outcome, Phase, PostApproval, SpawnHooks, Stage, events
 from tests.engine.test_promises import MUTANT_SETTINGS, RULES, SETTINGS, Promises, mutated
 
 
@@ -78,14 +78,18 @@ class RetypedPromises(Promises):
             self.before_started.discard(event_id)
         elif not self.stopping:  # seen at once: its stage runs (or once its before-run ends)
             self.owed.add(event_id)
+        tracked = self.state.events.get(event_id)
+        settled = tracked is None or tracked.phase not in (Phase.AFTER, Phase.ENDING)
+        if settled and event_id not in {e for e, _ in self.live.values()}:
+            self.staged.pop(event_id, None)  # a stage the new one may owe is its own, once
         # A stop takes no document: a decision's approval is posted again at the restart (from
-        # the state file), before the change is seen; it is judged then.
+        # the state file), before the change is seen; it is judged after.
         if not self.stopping:
-            approvable = self.approvable[event_id] = set()
+            self.approvable[event_id] = set()
             self.decided.discard(event_id)
-            if raw["EventStatus"] == "Scheduled" and self.decided_without_hooks(raw):
-                self.decided.add(event_id)
-                approvable.add(event_type)
+        if raw["EventStatus"] == "Scheduled" and self.decided_without_hooks(raw):
+            self.decided.add(event_id)
+            self.approvable.setdefault(event_id, set()).add(event_type)
         self.changed()
 
 
