@@ -12,7 +12,7 @@ from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
-from .state import Events, Known, State, Tracked, _forget, _move
+from .state import Events, Known, State, Tracked, _forget, _marked, _move
 from .vocabulary.constants import CLOCK_STEP
 from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import DocumentFetched
@@ -207,6 +207,8 @@ def _retyped(  # noqa: PLR0917 - one call site, in the document loop
         tracked = _move(tracked, On.LEFT, Phase.GONE)
     if tracked.phase is Phase.GONE:
         return first_sight.first_sight(event, _forget(state, tracked), incarnation, now, out)
+    if not before.left and _marked(state, tracked):  # a `ready` that was not for the new type
+        state = replace(state, unmarked=(*state.unmarked, tracked))  # deleted now (returned)
     return state, returned.left(tracked)
 
 

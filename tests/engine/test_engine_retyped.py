@@ -5,18 +5,21 @@ hooks of the old type), then it is judged anew for its new type. Fake clock."""
 
 from __future__ import annotations
 
-from scheduledeventsd.config import EventRule
+from scheduledeventsd.config import ApprovePolicy, EventRule
 from scheduledeventsd.engine import (
     ApprovalSent,
     CancelRuns,
+    Coordinate,
     DocumentFetched,
+    ForgetShared,
     HooksFinished,
     Outcome,
     Phase,
     PostApproval,
     SpawnHooks,
 )
-from tests.engine.test_engine import Machine, config, doc, event, logs, of
+from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
+from tests.engine.test_engine_fleet import ETCD, SHARED
 
 EVENTS = {
     "Freeze": EventRule(("checkpoint",), ("thaw",), ("thaw",)),
@@ -114,3 +117,23 @@ def test_a_waiting_event_whose_type_changes_is_placed_again_for_its_new_type():
     assert logs(m.effects, "event_type_changed")
     (drain,) = of(m.effects, SpawnHooks)
     assert drain.hooks == ("drain",)
+
+
+def test_a_shared_events_ready_is_deleted_at_the_change_not_once_its_stage_has_run():
+    """Another VM coordinating the event under its new type must not count this VM's `ready`,
+    written for the old type, while the old type's cancelled-hooks still run (as for an event
+    back under its EventId: engine/returned). Before: the type change was not seen at all."""
+    m = Machine(config(approve=ApprovePolicy.ALL, coordination=ETCD, events=EVENTS))
+    m.fetched(doc(event(event_type="Freeze", resources=SHARED)))
+    m.send(HooksFinished(1, Outcome.SUCCEEDED), at=101)
+    assert m.phase() is Phase.COORDINATING
+    m.fetched(doc(event(event_type="Reboot", resources=SHARED), incarnation=3), at=102)
+    assert of(m.effects, ForgetShared) == [ForgetShared("E1", VM)]
+    (thaw,) = of(m.effects, SpawnHooks)
+    assert thaw.hooks == ("thaw",)
+    m.send(HooksFinished(thaw.run, Outcome.SUCCEEDED), at=103)
+    m.fetched(doc(event(event_type="Reboot", resources=SHARED), incarnation=3), at=104)
+    (drain,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(drain.run, Outcome.SUCCEEDED), at=105)
+    assert of(m.effects, Coordinate), "ready again, for the Reboot"
+    assert not of(m.effects, PostApproval)
