@@ -168,18 +168,25 @@ def _resources_changed(
         )
     )
     # Its stage's hooks get the event as it was when it named this VM.
-    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
-        # No longer naming this VM proves nothing of that boot (what is listed now is another
-        # VM's): cancelled-hooks, as without a boot.
-        stage = Stage.CANCELLED
-        fields = {"phase": before.phase.value, "stage": stage.value}
-        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
-        state, tracked = stages._start_stage(state, before, On.LEFT, stage, out)
-    else:
-        state, tracked = _left(state, before, out)
+    state, tracked = _ended(state, before, out)
     if tracked.phase is Phase.GONE:
         return _forget(state, tracked), None
     return state, tracked
+
+
+def _ended(
+    state: State, before: Tracked, out: list[Effect], why: str = "it left the document"
+) -> tuple[State, Tracked]:
+    """Handled as leaving, where what is listed now proves nothing of a boot since its before-
+    hooks (its Resources dropped this VM, its type changed)."""
+    if before.phase is not Phase.REBOOTED:
+        return _left(state, before, out, why)
+    # Not `_left`: gone after a boot proves the maintenance; this does not: cancelled-hooks, as
+    # without a boot.
+    stage = Stage.CANCELLED
+    fields = {"phase": before.phase.value, "stage": stage.value}
+    out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+    return stages._start_stage(state, before, On.LEFT, stage, out)
 
 
 def _retyped(  # noqa: PLR0917 - one call site, in the document loop
@@ -202,7 +209,7 @@ def _retyped(  # noqa: PLR0917 - one call site, in the document loop
                 f"{before.event.event_type} is undone, then it is judged anew",
             )
         )
-    state, tracked = _left(state, before, out, f"its EventType changed to {event.event_type}")
+    state, tracked = _ended(state, before, out, f"its EventType changed to {event.event_type}")
     if tracked.phase is Phase.OVER:  # its stage had no hooks: nothing is owed any more
         tracked = _move(tracked, On.LEFT, Phase.GONE)
     if tracked.phase is Phase.GONE:

@@ -14,6 +14,7 @@ from scheduledeventsd.engine import (
     ForgetShared,
     HooksFinished,
     Outcome,
+    Persist,
     Phase,
     PostApproval,
     SpawnHooks,
@@ -137,3 +138,24 @@ def test_a_shared_events_ready_is_deleted_at_the_change_not_once_its_stage_has_r
     m.send(HooksFinished(drain.run, Outcome.SUCCEEDED), at=105)
     assert of(m.effects, Coordinate), "ready again, for the Reboot"
     assert not of(m.effects, PostApproval)
+
+
+def test_after_a_new_boot_a_change_of_type_proves_nothing_of_that_boot():
+    """Prepared as a Freeze, the VM booted, and the first document lists a Reboot: as when its
+    Resources drop this VM, its cancelled-hooks run (not its after-hooks: the boot may have been
+    a crash), then the Reboot is judged anew."""
+    m = machine()
+    m.fetched(doc(event(event_type="Freeze")))  # the VM goes down while checkpoint runs
+    saved = of(m.effects, Persist)[-1].events
+    again = Machine(config(events=EVENTS), loaded=saved, boot="boot-2")
+    assert again.phase() is Phase.REBOOTED
+    again.fetched(doc(event(event_type="Reboot"), incarnation=3), at=101)
+    assert not logs(again.effects, "reboot_detected")
+    (cancelled,) = logs(again.effects, "event_cancelled")
+    assert cancelled.fields["event_type"] == "Freeze"
+    (thaw,) = of(again.effects, SpawnHooks)
+    assert (thaw.stage.value, thaw.hooks) == ("cancelled", ("thaw",))
+    again.send(HooksFinished(thaw.run, Outcome.SUCCEEDED), at=102)
+    again.fetched(doc(event(event_type="Reboot"), incarnation=3), at=103)
+    (drain,) = of(again.effects, SpawnHooks)
+    assert drain.hooks == ("drain",)
