@@ -19,19 +19,35 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
 from scheduledeventsd.config import Config
-from scheduledeventsd.engine import Outcome, Phase, PostApproval, SpawnHooks, Stage, events
-from tests.engine.test_promises import MUTANT_SETTINGS, RULES, SETTINGS, Promises, mutated
+from scheduledeventsd.engine import Outcome, PostApproval, SpawnHooks, Stage, events
+from tests.engine.test_promises import (
+    GATED_SETTINGS,
+    MUTANT_SETTINGS,
+    RULES,
+    SETTINGS,
+    GatedPromises,
+    Promises,
+    mutated,
+)
 
 
 class RetypedPromises(Promises):
     def __init__(self) -> None:
         self.run_types: dict[int, str] = {}  # before-run -> the type it prepares for
         self.approvable: dict[str, set[str]] = {}  # event -> the types it may be approved as
+        self.stage_types: dict[str, str] = {}  # event -> the type its last stage ran for
         super().__init__()
 
     def check(self, effect: object, message: object) -> None:
         if isinstance(effect, SpawnHooks) and effect.stage is Stage.BEFORE:
             self.run_types[effect.run] = effect.event.event_type
+        elif isinstance(effect, SpawnHooks):
+            # (b) per event: the stage of the one of another type (judged anew, with or
+            # without a before-run) is its own, once.
+            event_id, event_type = effect.event.event_id, effect.event.event_type
+            if self.stage_types.get(event_id, event_type) != event_type:
+                self.staged.pop(event_id, None)
+            self.stage_types[event_id] = event_type
         elif isinstance(effect, PostApproval):
             event_id, event_type = effect.event.event_id, effect.event.event_type
             # Decided by a rule for the type it has (judged anew under today's rules: Promises)
@@ -81,10 +97,6 @@ class RetypedPromises(Promises):
             self.before_started.discard(event_id)
         elif not self.stopping:  # seen at once: its stage runs (or once its before-run ends)
             self.owed.add(event_id)
-        tracked = self.state.events.get(event_id)
-        settled = tracked is None or tracked.phase not in (Phase.AFTER, Phase.ENDING)
-        if settled and event_id not in {e for e, _ in self.live.values()}:
-            self.staged.pop(event_id, None)  # a stage the new one may owe is its own, once
         # A stop takes no document: a decision's approval is posted again at the restart (from
         # the state file), before the change is seen; it is judged after.
         if not self.stopping:
@@ -127,3 +139,15 @@ def test_the_model_catches_an_approval_on_the_hooks_of_the_type_an_event_had():
             WithoutStages, settings=settings(MUTANT_SETTINGS, max_examples=2000)
         )
     assert "(l)" in str(caught.value), f"caught for another reason: {caught.value}"
+
+
+class GatedRetypedPromises(RetypedPromises, GatedPromises):
+    """The same step through the gates (test_promises.GatedPromises): a slot held, a node drained
+    for the old type are given back and restored as when an event leaves, (j) and (k) kept."""
+
+
+def test_the_engine_keeps_its_promises_through_the_gates_when_the_type_of_an_event_changes():
+    """(a)-(l) through windows, slots, drains and restores."""
+    run_state_machine_as_test(
+        GatedRetypedPromises, settings=settings(GATED_SETTINGS, max_examples=100)
+    )
