@@ -36,6 +36,7 @@ class RetypedPromises(Promises):
         self.run_types: dict[int, str] = {}  # before-run -> the type it prepares for
         self.approvable: dict[str, set[str]] = {}  # event -> the types it may be approved as
         self.stage_types: dict[str, str] = {}  # event -> the type its last stage ran for
+        self.fresh: set[str] = set()  # its type changed since its last stage ran
         super().__init__()
 
     def check(self, effect: object, message: object) -> None:
@@ -45,9 +46,10 @@ class RetypedPromises(Promises):
             # (b) per event: the stage of the one of another type (judged anew, with or
             # without a before-run) is its own, once.
             event_id, event_type = effect.event.event_id, effect.event.event_type
-            if self.stage_types.get(event_id, event_type) != event_type:
+            if self.stage_types.get(event_id, event_type) != event_type or event_id in self.fresh:
                 self.staged.pop(event_id, None)
             self.stage_types[event_id] = event_type
+            self.fresh.discard(event_id)
         elif isinstance(effect, PostApproval):
             event_id, event_type = effect.event.event_id, effect.event.event_type
             # Decided by a rule for the type it has (judged anew under today's rules: Promises)
@@ -93,6 +95,7 @@ class RetypedPromises(Promises):
         self.types[event_id] = event_type
         self.ended.add(event_id)  # the old type is over for this VM
         self.returned.add(event_id)  # judged anew: prepared again after its stage
+        self.fresh.add(event_id)
         if not owed:  # nothing is owed for the old type: its preparation is over
             self.before_started.discard(event_id)
         elif not self.stopping:  # seen at once: its stage runs (or once its before-run ends)
