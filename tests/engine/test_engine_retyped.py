@@ -159,3 +159,21 @@ def test_after_a_new_boot_a_change_of_type_proves_nothing_of_that_boot():
     again.fetched(doc(event(event_type="Reboot"), incarnation=3), at=103)
     (drain,) = of(again.effects, SpawnHooks)
     assert drain.hooks == ("drain",)
+
+
+def test_a_restart_while_the_old_types_stage_runs_still_prepares_the_new_type():
+    """The old type's cancelled-hooks cut off by a restart (never run again) leave it `over`
+    while listed; marked as left (engine/returned), it is judged anew at the first document,
+    never kept over while the Reboot is listed Scheduled."""
+    m = machine()
+    m.fetched(doc(event(event_type="Freeze")))
+    m.send(HooksFinished(1, Outcome.FAILED), at=101)  # hooks_failed: prepared, not approved
+    m.fetched(doc(event(event_type="Reboot"), incarnation=3), at=102)
+    (thaw,) = of(m.effects, SpawnHooks)
+    assert thaw.hooks == ("thaw",)
+    saved = of(m.effects, Persist)[-1].events
+    again = Machine(config(events=EVENTS), loaded=saved, now=200.0)  # the same boot
+    assert again.phase() is Phase.OVER
+    again.fetched(doc(event(event_type="Reboot"), incarnation=3), at=201)
+    (drain,) = of(again.effects, SpawnHooks)
+    assert (drain.stage.value, drain.hooks) == ("before", ("drain",))
