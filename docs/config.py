@@ -200,6 +200,7 @@ def shipped() -> str:
     lines = [
         "# scheduledeventsd configuration. Every key shown has its default; any may be omitted.",
         "# Check it with: scheduledeventsd check-config",
+        "# It says what runs as root: refused if anyone but root can write it or a folder above.",
         "# Reference: man scheduledeventsd(8) or docs/reference/configuration.md. Generated from",
         "# scheduledeventsd/config/schema.py by docs/config.py: edit the schema, not this file.",
         "# The shipped hooks only log what they would do: edit them before relying on them.",

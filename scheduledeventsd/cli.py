@@ -96,9 +96,9 @@ def parser() -> argparse.ArgumentParser:
         "also for a section left unset: the provider and why it was chosen, the endpoint, the "
         "events and hooks, the windows, concurrency, coordination (etcd or the gate), the "
         "Pacemaker cluster, the HTTP endpoint, health and each webhook (by its host). It refuses "
-        "what run refuses, a state directory another user owns or group or others can write "
-        "included. Exit status 0 if valid, 2 if not, with every problem named by file and key "
-        "path.",
+        "what run refuses, a config file or a state directory another user owns or group or "
+        "others can write included. Exit status 0 if valid, 2 if not, with every problem named "
+        "by file and key path.",
     )
     _add_config(p)
     p.add_argument(

@@ -1,7 +1,7 @@
 """What only this machine can say about a path the configuration names: a program root will
-run (its file and every directory above it private to root), a secret readable by root alone,
-a directory to write into. Skipped with `check_files=False` (the documented defaults on a
-machine without them)."""
+run (its file and every directory above it private to root; the configuration file itself,
+which says what runs, too), a secret readable by root alone, a directory to write into.
+Skipped with `check_files=False` (the documented defaults on a machine without them)."""
 
 from __future__ import annotations
 
@@ -33,50 +33,71 @@ def check_argument(c: Checker, where: str, arg: str) -> str:
 
 
 def check_trusted(c: Checker, where: str, path: str, *, executable: bool) -> str:
+    real, problem = untrusted(path, executable=executable)
+    if problem:
+        c.fail(where, problem)
+    return real
+
+
+HOOK = ("the hook", "the daemon runs it as root")
+CONFIG = ("the configuration", "it says what the daemon runs as root")
+
+
+def untrusted(
+    path: str, *, executable: bool = False, what: tuple[str, str] = HOOK
+) -> tuple[str, str]:
+    """The real file behind `path` and why root cannot trust it ("" when it can): someone
+    other than root (or the daemon's own user) could change it, or replace it through a
+    directory on its way. `what` names the file and why it matters, for the problem's text."""
     real = os.path.realpath(path)
     try:
         st = os.stat(real)
     except OSError as e:
-        c.fail(where, f"{path}: {e.strerror.lower() if e.strerror else e}")
-        return path
-    shown = path if real == path else f"{path} (-> {real})"
+        return path, f"{path}: {e.strerror.lower() if e.strerror else e}"
+    shown = path if real == os.path.abspath(path) else f"{path} (-> {real})"
     if not stat.S_ISREG(st.st_mode):
-        c.fail(where, f"{shown}: not a regular file")
-    elif executable and not os.access(real, os.X_OK):
-        c.fail(where, f"{shown}: not executable")
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        c.fail(where, f"{shown}: writable by group or others; the daemon runs it as root")
-    elif st.st_uid not in (0, os.geteuid()):
-        c.fail(where, f"{shown}: owned by uid {st.st_uid}, not root; the daemon runs it as root")
-    else:
-        check_directories(c, where, real)
-    return real
+        return real, f"{shown}: not a regular file"
+    if executable and not os.access(real, os.X_OK):
+        return real, f"{shown}: not executable"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return real, f"{shown}: writable by group or others; {what[1]}"
+    if st.st_uid not in (0, os.geteuid()):
+        return real, f"{shown}: owned by uid {st.st_uid}, not root; {what[1]}"
+    return real, untrusted_directories(real, what)
 
 
-def check_directories(c: Checker, where: str, real: str) -> None:
-    """Whoever can write a directory on the path can swap the hook for their own program. A
+def untrusted_directories(real: str, what: tuple[str, str] = HOOK) -> str:
+    """Whoever can write a directory on the path can swap the file for their own. A
     root-owned sticky directory (/tmp) is fine: others cannot replace root's entry in it."""
     for directory in reversed(Path(real).parents):
         try:
             st = os.stat(directory)
         except OSError as e:
-            c.fail(where, f"{directory}: {e.strerror.lower() if e.strerror else e}")
-            return
+            return f"{directory}: {e.strerror.lower() if e.strerror else e}"
         if st.st_uid not in (0, os.geteuid()):
-            c.fail(
-                where,
+            return (
                 f"{real}: its directory {directory} is owned by uid {st.st_uid}, who could "
-                "replace the hook; the daemon runs it as root",
+                f"replace {what[0]}; {what[1]}"
             )
-            return
         writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if writable and not st.st_mode & stat.S_ISVTX:
-            c.fail(
-                where,
+            return (
                 f"{real}: its directory {directory} is writable by group or others, who could "
-                "replace the hook; the daemon runs it as root",
+                f"replace {what[0]}; {what[1]}"
             )
-            return
+    return ""
+
+
+def check_state_dir(c: Checker, text: str) -> Path:
+    """A state directory that exists as something else (a file) can hold neither the state
+    nor its lock: refused here, not run on without either. Absent: the daemon makes it;
+    unreadable or read-only: the daemon runs degraded (a disk fault, not a config error)."""
+    path = Path(text)
+    if c.check_files and os.path.lexists(path) and not path.is_dir():
+        c.fail(
+            "state_dir", f"{path}: not a directory; the daemon keeps its state and its lock in it"
+        )
+    return path
 
 
 def check_textfile(c: Checker, text: Optional[str]) -> Optional[Path]:

@@ -81,7 +81,7 @@ def parse(
         path=path,
         metadata=sections.metadata(c, top.get("metadata", {}), cloud),
         vm_name=None if vm_name == "auto" else vm_name,
-        state_dir=Path(top.get("state_dir", schema.text("state_dir"))),
+        state_dir=files.check_state_dir(c, top.get("state_dir", schema.text("state_dir"))),
         approve=approve,
         user_events=UserEvents(top.get("user_events", schema.text("user_events"))),
         hooks=hooks,
@@ -167,10 +167,20 @@ def parse_yaml(text: str) -> Any:  # noqa: ANN401 - YAML
 
 
 def load(path: Path, *, reader: Optional[Callable[[Path], str]] = None) -> Config:
-    """Read and validate a config file; a missing file is an error, never silent defaults."""
+    """Read and validate a config file; a missing file is an error, never silent defaults,
+    and so is one that anyone but root could have changed (the rule of hook files)."""
     from . import yaml  # noqa: PLC0415 - see parse_yaml
 
-    config = parse(yaml.read(path, reader), str(path), path)
+    # It says what runs as root: trusted as a hook is, and the checked real file is read (a
+    # symbolic link others can retarget is followed once, before the check).
+    real, distrust = files.untrusted(str(path), what=files.CONFIG)
+    raw = yaml.read(path, reader or (lambda _: yaml.read_bounded(Path(real))))
+    try:
+        config = parse(raw, str(path), path)
+    except ConfigError as e:
+        raise ConfigError([distrust, *e.problems] if distrust else e.problems) from None
+    if distrust:
+        raise ConfigError([distrust])
     return replace(config, warnings=config.warnings + _secret_warnings(config, path))
 
 

@@ -122,7 +122,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "state_dir",
         Kind.PATH,
-        "Where the daemon keeps what it must not forget.",
+        "Where the daemon keeps what it must not forget, and its lock (a directory).",
         "/var/lib/scheduledeventsd",
     ),
     Key(

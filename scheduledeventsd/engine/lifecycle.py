@@ -46,7 +46,7 @@ class On(str, enum.Enum):
     SEEN = "first seen"
     LISTED = "listed again"
     STARTED = "listed Started"
-    LEFT = "left the document"
+    LEFT = "left the document"  # also: its EventType changed (events._retyped: the old one left)
     LEAD_TIME = "its start instant came"
     SLOT = "a concurrency slot is ours"
     SLOT_LOST = "its concurrency slot was lost"
@@ -312,6 +312,13 @@ _ROWS: list[Transition] = [
         _t(p, On.LISTED, _ENDS, f"{_POSTPONED}: cancelled-hooks, then judged anew (it waits)")
         for p in (P.NOT_APPROVED, P.HOOKS_FAILED)
     ],
+    _t(
+        P.COORDINATING,
+        On.LISTED,
+        _ENDS,
+        f"{_POSTPONED}: it stops waiting for its peers, its ready taken back, cancelled-hooks, "
+        "then judged anew (it waits, and coordinates again once prepared)",
+    ),
     *[_t(p, On.RESTARTED, [p], "carries on") for p in _KEPT],
     *[
         _t(p, On.REBOOTED, [p, *_REBOOTS], "judged by the next document if it was prepared")

@@ -1,7 +1,8 @@
 """A prepared event whose NotBefore moved later by more than its lead (Google Cloud moves its
 upcoming window by days): the node is not kept drained for the whole delay. Its cancelled-hooks
 run (the node restored first), then it is judged anew, as first seen, and waits for its new lead
-as an event that far away waits."""
+as an event that far away waits. A shared one waiting for its peers stops waiting and takes its
+`ready` back first: it coordinates again, for the same EventId, once prepared again."""
 
 from __future__ import annotations
 
@@ -11,17 +12,19 @@ from ..config import EventRule
 from ..model import SCHEDULED, Event
 from ..records import Level, What
 from . import peers, stages
+from .frozen import replace
 from .gates import window
 from .gates.lead import lead
 from .lifecycle import On, Phase, Rule, Stage
 from .notes import _iso_wall, _note
-from .state import State, Tracked, _with
+from .state import State, Tracked, _marked, _with
 from .vocabulary.effects import Effect
 from .vocabulary.messages import HooksFinished, PeersChanged
 
-# Prepared and left to proceed at NotBefore: no hook runs for it, no approval is posted, no peer
-# waits on its answer (a failure it still tells them is stopped: put_back).
-POSTPONABLE = frozenset({Phase.NOT_APPROVED, Phase.HOOKS_FAILED})
+# Prepared and left to proceed at NotBefore (no hook runs for it, no approval is posted), or
+# waiting for its peers: put_back stops that (its watch or gate, a failure it still tells them)
+# and takes its `ready` back, so no VM is approved on it while this node is not prepared.
+POSTPONABLE = frozenset({Phase.NOT_APPROVED, Phase.HOOKS_FAILED, Phase.COORDINATING})
 
 
 def moved_later(state: State, before: Tracked, event: Event, now: float) -> Optional[float]:
@@ -29,7 +32,7 @@ def moved_later(state: State, before: Tracked, event: Event, now: float) -> Opti
     (POSTPONABLE, still Scheduled) whose NotBefore moved later by more than its lead, and whose
     before-hooks a lead or a window would now hold back (an event first seen now would wait).
     Later than the NotBefore it was prepared for: a move seen while its before-hooks ran (or it
-    waited for its peers or its cluster) counts once they are done, as do small moves adding up."""
+    waited for its cluster) counts once they are done, as do small moves adding up."""
     rule = state.config.events.get(event.event_type)
     was, new = before.prepared_for or before.event.not_before, event.not_before
     if (
@@ -52,7 +55,10 @@ def put_back(
 ) -> tuple[State, Tracked]:
     """Undo its preparation: event_cancelled (its hooks_start_at, the new wait), then its
     cancelled-hooks after the node's restore; their end forgets it and the next poll judges it
-    anew (returned.came_back: listed, cancelled, Scheduled)."""
+    anew (returned.came_back: listed, cancelled, Scheduled). A shared one waiting for its peers
+    stops (peers._stop_asking: its watch ends, its `ready` withdrawn) and its mark is deleted
+    now (ForgetShared, retried until etcd answers), not once its cancelled-hooks end: a VM that
+    sees the move later would count that `ready` while this node is being restored."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
     held = window._start_at(event, rule, state, now)
@@ -71,8 +77,11 @@ def put_back(
             "run, then it waits for its new lead and is prepared again",
         )
     )
-    if event.event_id in state.peers:  # HOOKS_FAILED told its peers so: that is over too
+    waiting = tracked.phase is Phase.COORDINATING
+    if waiting or event.event_id in state.peers:  # HOOKS_FAILED told its peers so: over too
         state, tracked = peers._stop_asking(state, tracked, out)
+    if waiting and _marked(state, tracked):  # as returned.mark_taken_back
+        state = replace(state, unmarked=(*state.unmarked, tracked))
     return stages._start_stage(state, tracked, On.LISTED, Stage.CANCELLED, out)
 
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import stat
 import tempfile
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -28,9 +26,9 @@ from ..engine import ClusterMark, Known, Tracked
 from ..engine.gates import onward
 from ..engine.lifecycle import DURABLE, PREPARED, Drain, Phase, Rule, Slot, Stage
 from ..model import iso_utc, parse_event, parse_not_before
+from . import lock
 
 STATE_FILE = "state.json"
-LOCK_TRIES = 10  # 0.1 s apart
 STATUS_FILE = "status.json"
 _VERSION = 2  # 2 keeps each event's VM name, incarnation and stage; 1 is still read
 # Phases added since the release that first wrote version 2, written as the phase that release
@@ -80,26 +78,24 @@ class StateStore:
         self.mark_unrecorded = False  # an older file, with a node drained for an event
         self.repaired: tuple[str, ...] = ()  # what `load` dropped to read the file (state_repaired)
 
-    def lock(self) -> None:
-        """Two daemons on one state directory would both run every hook: refuse the second.
-        And one that others can write: whoever can write the state can make hooks be skipped."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    def lock(self) -> str:
+        """Two daemons on one state directory would both run every hook: refuse the second,
+        whatever the directory's condition (lock.py). And one that others can write: whoever
+        can write the state can make hooks be skipped. Returns why the directory cannot be
+        written ("" if it can): the daemon runs on, degraded, holding the lock all the same."""
+        made = ""
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            made = f"{self.path.parent}: cannot lock or create: {e}"
         unsafe = unsafe_state_dir(self.path.parent)
         if unsafe:
             raise StateError(unsafe)
-        fd = os.open(self.path.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        for attempt in range(LOCK_TRIES):  # `status` may hold it for an instant (daemon_running)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if attempt == LOCK_TRIES - 1:
-                    os.close(fd)
-                    raise StateError(
-                        f"{self.path.parent} is in use by another scheduledeventsd"
-                    ) from None
-                time.sleep(0.1)
-        self._lock_fd = fd
+        try:
+            self._lock_fd, problem = lock.acquire(self.path.parent)
+        except lock.InUseError as e:
+            raise StateError(str(e)) from None
+        return made or problem
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -170,21 +166,11 @@ class StateStore:
 
 
 def daemon_running(directory: Path) -> Optional[bool]:
-    """Whether a daemon holds `directory`'s lock (None: cannot tell, e.g. not root). A shared,
-    non-blocking try, released at once; the daemon's own lock waits out such a moment."""
+    """Whether a daemon holds `directory`'s lock (None: cannot tell, e.g. not root)."""
     try:
-        fd = os.open(directory / "lock", os.O_RDONLY | os.O_CLOEXEC)
+        return lock.held(directory)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return False
 
 
 def read_status(directory: Path) -> dict[str, Any]:

@@ -62,6 +62,11 @@ def table(doc: Document, vm_name: str, now: dt.datetime, config: Config) -> str:
     else:
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines += [f"skipped: {s}" for s in doc.skipped]
+    lines += [
+        f"duplicate: Events[{c.index}] {c.event.event_id}, unlike Events[{c.first}] (the daemon "
+        "judges the copy naming this VM)"
+        for c in doc.copies
+    ]
     return "\n".join(lines)
 
 

@@ -153,11 +153,11 @@ class Daemon:
         try:
             try:
                 if not self.dry_run:  # beside the service, on its state directory
-                    self.store.lock()
+                    problem = self.store.lock()
             except StateError as e:
                 self.log.error("state_unavailable", error=str(e))
                 return 1
-            except OSError as e:
+            except OSError as e:  # nothing to lock at all: run, degraded
                 problem = f"{self.store.path.parent}: cannot lock or create: {e}"
             self.telemetry.start()  # the port only once the state directory is ours
             loaded, load_problem = self.store.load()

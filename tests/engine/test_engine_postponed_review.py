@@ -74,11 +74,13 @@ def test_the_notbefore_it_was_prepared_for_survives_a_restart():
     assert undrain.stage.value == "cancelled"
 
 
-def test_a_shared_event_moved_while_it_waited_for_its_peers_is_put_back_when_one_fails():
+def test_a_shared_event_moved_while_it_waited_for_its_peers_is_put_back_before_one_fails():
     """Azure, a shared Reboot prepared (ready written), waiting for the other VMs; its NotBefore
-    moved 3 days later meanwhile; then a peer's `failed` leaves it not approved, drained. Before:
-    the move was taken while it waited, so nothing had moved, and the node stayed drained for
-    3 days; now its cancelled-hooks run (and its mark is deleted once they end)."""
+    moved 3 days later meanwhile; then a peer's `failed`. Before (first): the move was taken
+    while it waited, so nothing had moved, and the node stayed drained for 3 days. Then: put
+    back only once that `failed` came. Now: put back as the move is seen (it stops waiting,
+    test_engine_postponed_shared), and the `failed` after it changes nothing; its mark is
+    deleted then, and once its cancelled-hooks end."""
     rule = EventRule(("drain",), cancelled=("undrain",), start_before=LEAD)
     m = Machine(fleet(events={"Reboot": rule}), now=MONO0)
     shared = dataclasses.replace(due_in(30 * 60), resources=SHARED)
@@ -86,10 +88,11 @@ def test_a_shared_event_moved_while_it_waited_for_its_peers_is_put_back_when_one
     m.send(HooksFinished(before.run, Outcome.SUCCEEDED), at=MONO0 + 1)
     assert m.phase() is Phase.COORDINATING
     later = dataclasses.replace(due_in(3 * 86400), resources=SHARED)
-    when_seen(m, later, incarnation=3, at=MONO0 + 5)
-    assert not of(m.effects, SpawnHooks)
-    effects = m.send(PeersChanged("E1", {VM: "ready", "vm-b": "failed"}), at=MONO0 + 6)
-    (undrain,) = of(effects, SpawnHooks)
+    (undrain,) = of(when_seen(m, later, incarnation=3, at=MONO0 + 5), SpawnHooks)
     assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
+    assert of(m.effects, ForgetShared) == [ForgetShared("E1", VM)]
+    effects = m.send(PeersChanged("E1", {VM: "ready", "vm-b": "failed"}), at=MONO0 + 6)
+    assert not of(effects, SpawnHooks)
+    assert not logs(effects, "event_not_approved")
     effects = m.send(HooksFinished(undrain.run, Outcome.SUCCEEDED), at=MONO0 + 7)
     assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]

@@ -18,7 +18,9 @@ effects are held against what the README promises, written here independently of
     within the poll backoff's cap once the rate limit allows, orders it), and a step at the
     instant it asked to wake at does not ask to wake at that same instant again (no busy loop);
 (i) after- and cancelled-hooks run only for an event that was over for this VM when the engine
-    last saw it: gone, no longer Scheduled, or no longer naming it (a new boot alone is no proof).
+    last saw it: gone, no longer Scheduled, or no longer naming it (a new boot alone is no proof);
+    cancelled-hooks also for one prepared whose NotBefore moved later by more than its lead
+    (put back, engine/postponed.py: prepared again at its new lead).
 
 Issue 26 added what found its #1, #16 and #17 (`resources_change`, `unknown_status`,
 `reload_with_slots`, restarts on a new boot while the event is still Scheduled): a new boot
@@ -194,6 +196,8 @@ class Promises(RuleBasedStateMachine):
         self.dropped: set[str] = set()  # its Resources once stopped naming this VM
         self.ended: set[str] = set()  # a document showed it over for this VM
         self.returned: set[str] = set()  # back while its stage was owed (migration_again)
+        self.postponed: set[str] = set()  # prepared, then moved later by more than its lead
+        self.prepared_nb: dict[str, float | None] = {}  # the NotBefore it was prepared for
         self.not_before: dict[str, float] = {}  # wall time; absent: none, or out of range
         self.posting: list[str] = []
         self.stopping = False
@@ -283,22 +287,30 @@ class Promises(RuleBasedStateMachine):
             if effect.stage is Stage.BEFORE and event_id in self.staged:
                 # Judged anew: it dropped this VM, then named it again, or it came back.
                 again = event_id in self.dropped or event_id in self.returned
+                again = again or event_id in self.postponed  # put back: prepared again
                 assert again, "(b) before-hooks again after its stage ran"
                 del self.staged[event_id]
                 self.returned.discard(event_id)
+                self.prepared_nb.pop(event_id, None)
+                self.postponed.discard(event_id)
             if effect.stage is Stage.BEFORE:
+                self.prepared_nb.setdefault(event_id, self.not_before.get(event_id))
                 self.before_started.add(event_id)
                 self.before_ok.discard(event_id)
             else:
-                assert event_id in self.ended, f"(i) {effect.stage.value}-hooks, but not over"
+                put_back = effect.stage is Stage.CANCELLED and event_id in self.postponed
+                assert event_id in self.ended or put_back, (
+                    f"(i) {effect.stage.value}-hooks, but not over"
+                )
                 self.staged[event_id] = self.staged.get(event_id, 0) + 1
                 self.owed.discard(event_id)
-                # Issue 28: again only while they have not succeeded and its slot is held.
+                # Issue 28: again only while they have not succeeded and its slot is held, or
+                # asked for (hold.keeps: after a lease expired, or queued again after a boot).
                 now = self.state.events.get(event_id)
                 again = (
                     now is not None
                     and now.phase is lifecycle.Phase.AFTER
-                    and now.slot is lifecycle.Slot.HELD
+                    and now.slot in (lifecycle.Slot.HELD, lifecycle.Slot.ASKED)
                 )
                 assert self.staged[event_id] == 1 or again, "(b) after- or cancelled-hooks twice"
         elif isinstance(effect, CancelRuns):
@@ -891,9 +903,13 @@ class GatedPromises(Promises):
             event_id = effect.event.event_id
             if event_id in self.staged:  # judged anew: it dropped this VM, then named it again
                 again = event_id in self.dropped or event_id in self.returned  # or came back
+                again = again or event_id in self.postponed  # put back: prepared again
                 assert again, "(b) drained again after its stage ran"
                 del self.staged[event_id]
                 self.returned.discard(event_id)
+                self.prepared_nb.pop(event_id, None)
+                self.postponed.discard(event_id)
+            self.prepared_nb.setdefault(event_id, self.not_before.get(event_id))
             self.before_started.add(event_id)
             self.before_ok.discard(event_id)
             self.drain_asked.add(event_id)
@@ -1129,8 +1145,9 @@ class GatedPromises(Promises):
         elif tracked is not None or any(e == event_id for e, _ in self.live.values()):
             return  # not forgotten yet
         else:
-            for known in (self.staged, self.not_before):
+            for known in (self.staged, self.not_before, self.prepared_nb):
                 known.pop(event_id, None)
+            self.postponed.discard(event_id)
             for seen in (self.before_started, self.before_ok, self.decided, self.owed):
                 seen.discard(event_id)
             self.dropped.discard(event_id)
@@ -1162,6 +1179,13 @@ class GatedPromises(Promises):
             return
         self.not_before[event_id] += by
         self.doc[event_id] = dict(self.doc[event_id], NotBefore=rfc1123(self.not_before[event_id]))
+        rule_ = self.cfg.events.get(self.types[event_id])
+        prepared_for = self.prepared_nb.get(event_id)
+        # Later than the NotBefore it was prepared for by more than its lead (moves add up):
+        # it may be put back (engine/postponed.py).
+        moved = None if prepared_for is None else self.not_before[event_id] - prepared_for
+        if rule_ is not None and moved is not None and moved > (rule_.start_before or 0.0):
+            self.postponed.add(event_id)
         self.changed()
 
 
@@ -1524,3 +1548,38 @@ def test_an_event_back_under_its_id_cancelled_across_restarts_gets_its_cancelled
     m.wait(0.5)
     m.owed_stages_run_once_nothing_blocks_them()
     assert ("E0", Stage.CANCELLED) in m.live.values()
+
+
+class CoordinatedPromises(GatedPromises):
+    """GatedPromises with `approve: all`: a shared event waits for vm-b (etcd), which never
+    answers, in COORDINATING."""
+
+    def configured(self) -> Config:
+        return dataclasses.replace(super().configured(), approve=ApprovePolicy.ALL)
+
+
+def test_a_shared_event_waiting_for_its_peers_put_back_by_a_move_keeps_every_promise():
+    """A shared Reboot drained and prepared, waiting for vm-b, moved 7 days later: put back
+    (its ready taken back, the node restored, then its cancelled-hooks, once), then drained
+    and prepared again before its new NotBefore, where it waits for vm-b again. The model
+    allows these cancelled-hooks and that second preparation only for a move later than the
+    lead since it was prepared (before: (i) refused any put-back's cancelled-hooks, and no
+    history reached one: approve was never `all`, and no move came after a preparation)."""
+    m = CoordinatedPromises()
+    m.before_a_change("autumn", "succeed")
+    m.add_planned("Reboot", 900.0, shared=True)
+    m.wait_hours(1.0)  # slot, drain, before-hooks: it waits for vm-b
+    assert m.state.events["E0"].phase is lifecycle.Phase.COORDINATING
+    m.window_moved(0, 7 * DAY)
+    assert m.postponed == {"E0"}
+    m.wait_hours(1.0)  # the node restored, its cancelled-hooks run; judged anew
+    m.owed_stages_run_once_nothing_blocks_them()
+    m.the_node_is_never_left_marked()
+    assert m.staged == {"E0": 1}
+    assert m.state.events["E0"].phase is not lifecycle.Phase.COORDINATING
+    for _ in range(7):
+        m.wait_hours(24.0)
+    assert m.state.events["E0"].phase is lifecycle.Phase.COORDINATING, "prepared again"
+    assert (m.staged, m.postponed) == ({}, set())
+    m.held_back_hooks_start_by_their_lead()
+    m.the_node_is_never_left_marked()
