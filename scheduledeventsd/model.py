@@ -82,12 +82,25 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """A later entry of Events under an EventId already listed, unlike the first (IMDS is
+    untrusted input). Which of them is this VM's the parser cannot say (it does not know the
+    VM's name): each is kept for the engine to choose (engine/copies); an identical one is
+    skipped."""
+
+    index: int  # its place in Events
+    first: int  # the place of the first entry under its EventId (the one in `events`)
+    event: Event
+
+
+@dataclass(frozen=True)
 class Document:
     """A whole response; `skipped` says why any event in it could not be used."""
 
     incarnation: int
     events: tuple[Event, ...]
     skipped: tuple[str, ...] = ()
+    copies: tuple[Copy, ...] = ()  # unlike copies of an EventId in `events`: the engine chooses
 
 
 def iso_utc(when: Optional[dt.datetime]) -> str:
@@ -272,18 +285,23 @@ def _parse_document(body: bytes, cache: Optional[EventCache]) -> Document:
         raise DocumentError(f"Events is not a list: {short(raw_events)}")
     events: list[Event] = []
     skipped: list[str] = []
-    seen: set[str] = set()
+    copies: list[Copy] = []
+    seen: dict[str, tuple[int, Event]] = {}
     for index, raw_event in enumerate(raw_events):
         try:
             event = parse_event(raw_event) if cache is None else cache.parse(raw_event)
         except (ValueError, TypeError, RecursionError) as e:
             skipped.append(f"Events[{index}]: {e}")
             continue
-        if event.event_id in seen:
-            skipped.append(f"Events[{index}]: duplicate EventId {event.event_id}")
+        first = seen.get(event.event_id)
+        if first is not None:
+            if event == first[1]:
+                skipped.append(f"Events[{index}]: duplicate EventId {event.event_id}")
+            else:  # another VM's copy listed first must not hide this VM's: engine/copies
+                copies.append(Copy(index, first[0], event))
             continue
-        seen.add(event.event_id)
+        seen[event.event_id] = (index, event)
         events.append(event)
     if cache is not None:
         cache.rotate()
-    return Document(incarnation=incarnation, events=tuple(events), skipped=tuple(skipped))
+    return Document(incarnation, tuple(events), tuple(skipped), tuple(copies))

@@ -44,6 +44,7 @@ class What(str, enum.Enum):
     EVENT_WAITING = "event_waiting"
     EVENT_RULE = "event_rule"
     EVENT_STATUS_CHANGED = "event_status_changed"
+    EVENT_TYPE_CHANGED = "event_type_changed"
     EVENT_GONE = "event_gone"
     EVENT_GONE_WHILE_HOOKS_RUNNING = "event_gone_while_hooks_running"
     EVENT_COMPLETED = "event_completed"

@@ -6,13 +6,13 @@ from typing import Optional
 
 from ..model import SCHEDULED, STARTED, Document, Event
 from ..records import Level, Record, What
-from . import first_sight, peers, postponed, returned, runs, stages
+from . import copies, first_sight, peers, postponed, returned, runs, stages
 from .frozen import replace
 from .gates import drain, onward, pipeline, slot, window
 from .lifecycle import PREPARED, Drain, On, Phase, Rule, Stage
 from .notes import _note, _unhandled
 from .poll import timing
-from .state import Events, Known, State, Tracked, _forget, _move
+from .state import Events, Known, State, Tracked, _forget, _marked, _move
 from .vocabulary.constants import CLOCK_STEP
 from .vocabulary.effects import Effect, StopDraining
 from .vocabulary.messages import DocumentFetched
@@ -71,6 +71,7 @@ def _document_fetched(state: State, msg: DocumentFetched, now: float, out: list[
                 {"incarnation": doc.incarnation, "reason": problem},
             )
         )
+    doc = copies.chosen(state, doc, out)
     state = replace(state, incarnation=doc.incarnation)
     if offset is not None:
         jumped = None if state.wall_offset is None else offset - state.wall_offset
@@ -91,7 +92,7 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
         if was is not None and was.phase is Phase.NOT_OURS and was.event == event:
             events[event.event_id] = was  # another VM's, as it was: the most of them, at once
             continue
-        state, before = returned.over_and_back(state, was, On.LISTED)
+        state, before = returned.over_and_back(state, was, event, On.LISTED)
         state = returned.mark_taken_back(state, before, was_listed)
         if before is not None and before.event.resources != event.resources:
             state, before = _resources_changed(state, before, event, out)
@@ -101,6 +102,8 @@ def _on_document(state: State, doc: Document, now: float, out: list[Effect]) -> 
             tracked = before if before.event == event else replace(before, event=event)
         elif not event.names(before.vm_name or state.vm_name):
             tracked = before  # it dropped this VM: its stage runs with the event that named it
+        elif before.event.event_type != event.event_type:
+            state, tracked = _retyped(state, before, event, doc.incarnation, now, out)
         else:
             state, tracked = _listed(state, before, event, doc.incarnation, now, out)
         if tracked.phase is not Phase.GONE:
@@ -165,18 +168,55 @@ def _resources_changed(
         )
     )
     # Its stage's hooks get the event as it was when it named this VM.
-    if before.phase is Phase.REBOOTED:  # not `_left`: gone after a boot proves the maintenance
-        # No longer naming this VM proves nothing of that boot (what is listed now is another
-        # VM's): cancelled-hooks, as without a boot.
-        stage = Stage.CANCELLED
-        fields = {"phase": before.phase.value, "stage": stage.value}
-        out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
-        state, tracked = stages._start_stage(state, before, On.LEFT, stage, out)
-    else:
-        state, tracked = _left(state, before, out)
+    state, tracked = _ended(state, before, out)
     if tracked.phase is Phase.GONE:
         return _forget(state, tracked), None
     return state, tracked
+
+
+def _ended(
+    state: State, before: Tracked, out: list[Effect], why: str = "it left the document"
+) -> tuple[State, Tracked]:
+    """Handled as leaving, where what is listed now proves nothing of a boot since its before-
+    hooks (its Resources dropped this VM, its type changed)."""
+    if before.phase is not Phase.REBOOTED:
+        return _left(state, before, out, why)
+    # Not `_left`: gone after a boot proves the maintenance; this does not: cancelled-hooks, as
+    # without a boot.
+    stage = Stage.CANCELLED
+    fields = {"phase": before.phase.value, "stage": stage.value}
+    out.append(_note(Level.WARNING, What.EVENT_CANCELLED, before.event, **fields))
+    return stages._start_stage(state, before, On.LEFT, stage, out)
+
+
+def _retyped(  # noqa: PLR0917 - one call site, in the document loop
+    state: State, before: Tracked, event: Event, incarnation: int, now: float, out: list[Effect]
+) -> tuple[State, Tracked]:
+    """Its EventType changed under the same EventId: what was made ready for the old type is
+    no preparation for the new one. The old event is taken as gone (`_left`: its before-hooks
+    stopped, its node restored, its after- or cancelled-hooks of the old type run with the
+    event as it was) and the new one as news (engine/returned): judged as first seen at once
+    if nothing is owed, else once that stage has ended. Never approved on another type's hooks."""
+    if not before.left:  # said once: while its owed stage runs, what is listed is news to come
+        out.append(
+            _note(
+                Level.WARNING,
+                What.EVENT_TYPE_CHANGED,
+                event,
+                previous_type=before.event.event_type,
+                phase=before.phase.value,
+                reason="the same EventId with another EventType: what was done for "
+                f"{before.event.event_type} is undone, then it is judged anew",
+            )
+        )
+    state, tracked = _ended(state, before, out, f"its EventType changed to {event.event_type}")
+    if tracked.phase is Phase.OVER:  # its stage had no hooks: nothing is owed any more
+        tracked = _move(tracked, On.LEFT, Phase.GONE)
+    if tracked.phase is Phase.GONE:
+        return first_sight.first_sight(event, _forget(state, tracked), incarnation, now, out)
+    if not before.left and _marked(state, tracked):  # a `ready` that was not for the new type
+        state = replace(state, unmarked=(*state.unmarked, tracked))  # deleted now (returned)
+    return state, returned.left(tracked)
 
 
 _WAITED = {Phase.WAITING: "their lead time", Phase.QUEUED: "a concurrency slot"}
@@ -246,10 +286,12 @@ def _resume(
     return pipeline._prepare(state, tracked, on, now, out)
 
 
-def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracked]:
-    """An event that left the document: over if it had started or we approved it, else
-    cancelled by Azure. Hooks still running for it are stopped first (ENDING); then its after-
-    or cancelled-hooks run (kept until they end)."""
+def _left(
+    state: State, gone: Tracked, out: list[Effect], why: str = "it left the document"
+) -> tuple[State, Tracked]:
+    """An event that left the document (or whose EventType changed: `why`): over if it had
+    started or we approved it, else cancelled by Azure. Hooks still running for it are stopped
+    first (ENDING); then its after- or cancelled-hooks run (kept until they end)."""
     on = On.LEFT
     phase = gone.phase
     if phase is Phase.NOT_OURS:
@@ -279,7 +321,7 @@ def _left(state: State, gone: Tracked, out: list[Effect]) -> tuple[State, Tracke
                 What.EVENT_GONE_WHILE_HOOKS_RUNNING,
                 gone.event,
                 phase=phase.value,
-                reason="it left the document; its hooks are stopped",
+                reason=f"{why}; its hooks are stopped",
             )
         )
         out.append(_note(level, what, gone.event, phase=phase.value, stage=stage.value))

@@ -46,7 +46,7 @@ class On(str, enum.Enum):
     SEEN = "first seen"
     LISTED = "listed again"
     STARTED = "listed Started"
-    LEFT = "left the document"
+    LEFT = "left the document"  # also: its EventType changed (events._retyped: the old one left)
     LEAD_TIME = "its start instant came"
     SLOT = "a concurrency slot is ours"
     SLOT_LOST = "its concurrency slot was lost"

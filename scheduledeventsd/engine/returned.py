@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..model import SCHEDULED
+from ..model import SCHEDULED, Event
 from .frozen import replace
 from .lifecycle import On, Phase, Stage
 from .state import State, Tracked, _forget, _marked, _move
@@ -30,11 +30,15 @@ def came_back(state: State, tracked: Tracked) -> bool:
 
 
 def over_and_back(
-    state: State, before: Optional[Tracked], on: On
+    state: State, before: Optional[Tracked], listed: Event, on: On
 ) -> tuple[State, Optional[Tracked]]:
-    """Over (its stage cut off by a restart) after it left, and listed again: forgotten (None),
-    so the document's event is judged at once as first seen."""
-    if before is None or before.phase is not Phase.OVER or not before.left:
+    """Over (its stage cut off by a restart) after it left, and listed again; or cancelled
+    (put back: postponed.py) and listed Scheduled: forgotten (None), so the document's event
+    is judged at once as first seen, as `came_back` does when that stage ends."""
+    if before is None or before.phase is not Phase.OVER:
+        return state, before
+    put_back = before.stage is Stage.CANCELLED and listed.status == SCHEDULED
+    if not (before.left or put_back):
         return state, before
     return _forget(state, _move(before, on, Phase.GONE)), None
 

@@ -1,12 +1,10 @@
 """Review of the put-back of a shared event waiting for its peers (engine/postponed.py,
-merge 0549f7d): histories that break its promise (prepared again at the new lead, no VM
-approved early, no VM drained for nothing). Each defect is an xfail(strict) test. Fake clock."""
+merge 0549f7d): histories that broke its promise (prepared again at the new lead, no VM
+approved early, no VM drained for nothing), each fixed since. Fake clock."""
 
 from __future__ import annotations
 
 import json
-
-import pytest
 
 from scheduledeventsd.engine import Coordinate, HooksFinished, Outcome, Phase, SpawnHooks
 from scheduledeventsd.host import store
@@ -27,11 +25,6 @@ from tests.engine.test_engine_postponed_shared import RULE, coordinating, shared
 from tests.engine.test_engine_when import seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a restart while the put-back's cancelled-hooks run leaves the event OVER while it is "
-    "listed Scheduled: never prepared again at its new lead, never ready (defect, review4)",
-)
 def test_a_restart_during_the_put_back_still_prepares_the_event_again_at_its_new_lead():
     """The daemon restarts (or is killed, or the VM reboots) while the cancelled-hooks of a
     shared event put back by a 3-day move run (state file: after, stage cancelled). Boot marks
@@ -58,11 +51,6 @@ def test_a_restart_during_the_put_back_still_prepares_the_event_again_at_its_new
     assert again.phase() is Phase.COORDINATING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the same without peers (before the merge too): a GCP window put back, its "
-    "cancelled-hooks cut off by a restart, stays OVER and is never drained again (review4)",
-)
 def test_a_restart_during_a_windows_put_back_still_prepares_it_again_at_its_new_lead():
     """Google Cloud's upcoming window prepared, moved 3 days later (put back), the daemon
     restarted while its cancelled-hooks run: at the new lead it must be drained again."""

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduledeventsd.host.hooks import MAX_LINE
+from scheduledeventsd.simulators.azure import Fault
 from tests.conftest import VM, cli, wait_for
 from tests.system.test_observability import Receiver
 
@@ -282,3 +283,27 @@ def test_a_record_holding_a_name_the_os_decoded_with_surrogateescape_reaches_jou
     (entry,) = wait_for(lambda: journal.entries("LOG_EVENT=config_warning"), 5, "the record")
     assert entry["WARNING"] == "/etc/scheduledeventsd/conf-\ufffd.yaml: readable by others"
     assert entry["MESSAGE"].startswith("config_warning: warning=/etc/scheduledeventsd/conf-\ufffd")
+
+
+def test_a_duplicate_event_id_whose_second_copy_names_this_vm_is_prepared_and_approved(
+    daemons, sim, hooks
+):
+    """IMDS is untrusted: `Events[0]` is X for another VM, `Events[1]` X for this one. Before:
+    the first copy won (event_skipped, then event_ignored 'not for this VM'), and this VM was
+    never prepared. Now the copy naming this VM is judged, and the skip record says so."""
+    cfg = daemons.config(
+        vm_name=VM,
+        hooks={"drain": [{"command": [hooks.recorder("drain")]}]},
+        events={"Reboot": ["drain"]},
+    )
+    daemon = daemons.start(cfg)
+    copy = {"EventId": "X", "EventType": "Reboot", "EventStatus": "Scheduled", "NotBefore": ""}
+    events = [{**copy, "Resources": ["other-vm"]}, {**copy, "Resources": [VM]}]
+    body = json.dumps({"DocumentIncarnation": sim.incarnation + 1, "Events": events})
+    sim.add_fault(Fault("body", body=body, count=0, path="/metadata/scheduledevents"))
+    skipped = daemon.wait_log("event_skipped")
+    assert skipped["reason"].startswith("Events[0]: duplicate EventId X, unlike Events[1]:")
+    daemon.wait_log("event_approved", event_id="X")
+    assert hooks.order() == ["drain"]
+    assert not daemon.logs("event_ignored", event_id="X")
+    assert [a.event_id for a in sim.approvals] == ["X"]

@@ -1,6 +1,6 @@
 """Review of the put-back of a shared event waiting for its peers (merge 0549f7d), against
 three real daemons and a real 3-member etcd: histories where a VM is approved before every VM
-named said `ready` for its current preparation. Each defect is an xfail(strict) test."""
+named said `ready` for its current preparation. Each defect was a strict xfail until fixed."""
 
 from __future__ import annotations
 
@@ -90,11 +90,6 @@ def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while
         fleet.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a daemon killed while the put-back's cancelled-hooks run keeps the event OVER "
-    "while listed Scheduled: never prepared again, never ready; nobody approved (defect, review4)",
-)
 def test_a_vm_killed_during_the_put_back_prepares_again_at_the_new_lead(
     cluster,
     fleet,  # noqa: F811 - the fixture
