@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from scheduledeventsd.config import EventRule
+from scheduledeventsd.config import Coordination, Etcd, EventRule
 from scheduledeventsd.engine import (
     AskGate,
     CancelRuns,
@@ -212,3 +212,19 @@ def test_a_reload_that_removes_etcd_ends_the_wait_for_the_delete():
     assert "a reload removed etcd coordination" in unmarked.fields["reason"]
     (undrain,) = of(effects, SpawnHooks)
     assert undrain.stage.value == "cancelled"
+
+
+def test_a_reload_to_another_etcd_asks_for_the_delete_again_and_still_waits():
+    """The old coordinator's delete, tried again while etcd did not answer, ends with it: the
+    new one is asked (ForgetShared again), and the undo still waits for its answer."""
+    m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
+    coordinating(m, shared(30 * 60))
+    seen(m, shared(3 * 86400), incarnation=3, at=MONO0 + 60)
+    other = Coordination(etcd=Etcd(endpoints=("http://10.0.0.9:2379",)))
+    effects = m.send(
+        Reloaded(dataclasses.replace(m.state.config, coordination=other)), at=MONO0 + 61
+    )
+    assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
+    assert not of(effects, SpawnHooks)
+    assert m.state.events["E1"].unmarking
+    assert of(m.send(SharedForgotten("E1"), at=MONO0 + 62), SpawnHooks)
