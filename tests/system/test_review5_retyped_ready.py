@@ -21,7 +21,7 @@ from tests.system.test_fleet import _shared_event_coordinators
 def test_a_ready_written_for_the_old_type_does_not_count_for_the_new_one(cluster):
     from scheduledeventsd.engine import Coordinate, PeersChanged  # noqa: PLC0415
 
-    settings, shared, coordinators, inboxes = _shared_event_coordinators(cluster, "vm-a", "vm-b")
+    _, shared, coordinators, inboxes = _shared_event_coordinators(cluster, "vm-a", "vm-b")
     shared = dataclasses.replace(shared, resources=("vm-a", "vm-b"))
     freeze = dataclasses.replace(shared, event_type="Freeze")
     reboot = dataclasses.replace(shared, event_type="Reboot")
