@@ -12,15 +12,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from . import __version__, config
 from .config import loader
-from .host.store import STATUS_FILE, daemon_running, read_status, unsafe_state_dir
+from .host.store import STATUS_FILE, daemon_running, unsafe_state_dir
 from .model import EVENT_TYPES
 from .observe import fleet as fleet_view
-from .observe import observer, report
-from .plan.fleet import parse_instant
+from .observe import observer, report, status_doc
+from .plan.fleet import out_of_range, parse_instant
 from .plan.scenarios import SCENARIOS
 from .providers.identity import resolve
 from .providers.imds import ImdsError
@@ -228,10 +228,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _instant(text: str) -> dt.datetime:
+    """`plan --from`: an ISO 8601 instant the plan can run from (its year 9999 overflowed)."""
     try:
-        return parse_instant(text)
+        parsed = parse_instant(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
+    problem = out_of_range(parsed)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return parsed
 
 
 def _load_config(path: Path) -> Optional[config.Config]:
@@ -352,8 +357,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
-def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]:
-    """The status and, for a daemon that stopped, why it is only its last one (else "")."""
+def _status_document(cfg: config.Config) -> tuple[Optional[status_doc.StatusDocument], str]:
+    """The status (its shape checked as it comes in) and, for a daemon that stopped, why it
+    is only its last one (else "")."""
     problems = []
     if cfg.listen is not None:
         host = cfg.listen.host
@@ -363,14 +369,11 @@ def _status_document(cfg: config.Config) -> tuple[Optional[dict[str, Any]], str]
         import requests  # noqa: PLC0415 - `status` only: the daemon's memory stays without it
 
         try:
-            doc = _fetch_status(url)
-            if isinstance(doc, dict) and "written_at_unix" in doc:
-                return doc, ""
-            problems.append(f"{url}: not a status document")
+            return status_doc.checked(_fetch_status(url)), ""
         except (requests.RequestException, ValueError, OSError) as e:
             problems.append(f"{url}: {e}")
     try:
-        doc = read_status(cfg.state_dir)
+        doc = status_doc.read(cfg.state_dir)
     except (OSError, ValueError) as e:
         problems.append(f"{cfg.state_dir / STATUS_FILE}: {e}")
         return None, "; ".join(problems)

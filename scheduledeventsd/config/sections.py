@@ -65,6 +65,7 @@ def hooks(c: Checker, raw: Any, label: str = "hooks") -> Mapping[str, Hook]:  # 
             continue
         if not isinstance(commands, list) or not commands:
             c.fail(where, f"must be a non-empty list of commands, got {kind_of(commands)}")
+            found[name] = Hook(name, ())  # defined, wrongly: said here, not again by the rules
             continue
         parsed = [command(c, entry) for entry in c.entries(commands, where, "hooks.NAME")]
         found[name] = Hook(name, tuple(cmd for cmd in parsed if cmd is not None))

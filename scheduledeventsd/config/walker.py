@@ -129,6 +129,10 @@ def bounded(text: str) -> str:
 def kind_of(value: Any) -> str:  # noqa: ANN401
     if value is None:
         return "nothing"
+    if isinstance(value, str) and not value:  # "got a string" for "" said nothing
+        return "an empty string"
+    if isinstance(value, list) and not value:
+        return "an empty list"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string"}.get(
         type(value), f"a {type(value).__name__}"
     )

@@ -36,6 +36,7 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable
 from typing import Callable, Optional
 
 from ..config import Concurrency, Etcd
@@ -167,14 +168,7 @@ class _Worker:
         self.vm = effect.vm_name
         self.prefixes = {g: group_prefix(settings, g) for g in concurrency.groups}
         self.root = slotset.root(self.prefixes)  # read and watched: every group's keys
-        self.value = json.dumps(
-            {
-                "vm": self.vm,
-                "event": self.event_id,
-                "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            },
-            sort_keys=True,
-        ).encode()
+        self.value = self._stamped()  # stamped again as it takes its slot (`_take`)
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
@@ -200,6 +194,14 @@ class _Worker:
         self._lapsed = False  # on the hold lease as etcd went away: kept there, or lost then
         self._wake = threading.Event()  # `_hold` looks again now (moved, released, stopped)
         self._unwatch = lease.watch(self)
+
+    def _stamped(self) -> bytes:
+        """Its slot keys' value, `at` now: when it took the slot, as `fleet` shows it (stamped
+        when it began to wait, `fleet` said a VM held the slot since before it took it)."""
+        at = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return json.dumps(
+            {"vm": self.vm, "event": self.event_id, "at": at}, sort_keys=True
+        ).encode()
 
     def start(self) -> None:
         self._thread.start()
@@ -422,7 +424,8 @@ class _Worker:
                     again = True
                     if taking is None:
                         self._line.leave(self._client)
-                        self._tell(SlotGranted, self._confirmed, held=True)
+                        sharing = self._holders(seen.values())
+                        self._tell(SlotGranted, self._confirmed, sharing, held=True)
                         self._lapsed = False
                         return self._hold()
                     if taking.full and (self._lapsed or taking.holders != holders):
@@ -503,6 +506,7 @@ class _Worker:
             self._shared.hold(self._client, keep, self._token)
         took = False
         if taking.take:  # under the lease as it is now: never one a swap is revoking
+            self.value = self._stamped()  # before: an answer lost after the put wrote it
             with self._shared.using(self._client) as lease:
                 took = self._client.put_all(taking.take, self.value, lease)
         if took:
@@ -514,6 +518,13 @@ class _Worker:
             self._lease = lease
             return None
         return taking
+
+    def _holders(self, kvs: Iterable[KeyValue]) -> tuple[str, ...]:
+        """Who holds its groups' slots as it took its own: itself and the others in `kvs`
+        (`status` showed the holders of the last refusal while this VM held the slot)."""
+        ours = tuple(self.prefixes.values())
+        found = {holder(kv.value) or "?" for kv in kvs if kv.key.startswith(ours)}
+        return tuple(sorted(found | {self.vm}))
 
     def _changed(self, changes: Changes, seen: dict[str, KeyValue]) -> bool:
         """Wait for a change to the keys of this VM's groups on `changes` (the watch), applied

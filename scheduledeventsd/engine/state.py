@@ -183,7 +183,7 @@ class State:
     coordination: Failures = field(default_factory=Failures)  # etcd or the gate, all events
     strict: bool = False  # tests: a transition the table does not declare raises
     faults: int = 0  # exceptions the daemon caught and survived (a defect: see the journal)
-    slot_holders: tuple[str, ...] = ()  # who held the group's slots when one was last refused
+    slot_holders: tuple[str, ...] = ()  # who held the group's slots when last refused or taken
     slot_leases: Mapping[str, SlotLease] = field(default_factory=dict)  # HELD slots, by EventId
     kept: frozenset[str] = frozenset()  # HELD slots moved to the hold lease (gates/through)
     sent: tuple[float, ...] = ()  # when the last IMDS requests went out (the rate limit's window)

@@ -20,6 +20,7 @@ from ..engine.gates.lead import lead
 from ..engine.gates.window import Held, hold
 from ..model import SCHEDULED, Event, iso_utc
 from ..windows import current_or_next
+from .status_doc import StatusDocument
 
 BLIND_AFTER = 300.0  # seconds without a successful poll: `status` exits 1, an alert fires
 MAX_HOOK_RESULTS = 50  # per event; a long-lived event cannot grow the status without bound
@@ -260,7 +261,7 @@ def _iso(wall: Optional[float]) -> Optional[str]:
     return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def problems(doc: Mapping[str, Any], now: float) -> list[str]:
+def problems(doc: StatusDocument, now: float) -> list[str]:
     """Why a status document is not healthy (`status` exits 1 when this is not empty)."""
     found: list[str] = []
     written = doc.get("written_at_unix")

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from ..config import Config
 from ..engine.gates.window import Held, hold
 from ..model import Document, Event, iso_utc
+from .status_doc import StatusDocument
 
 
 def hooks_start(event: Event, config: Config, now: dt.datetime) -> Optional[Held]:
@@ -90,7 +91,7 @@ def as_json(doc: Document, vm_name: str, config: Config, now: dt.datetime) -> st
     )
 
 
-def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
+def status(doc: StatusDocument, now: float, problems: list[str]) -> str:
     """`scheduledeventsd status`: the daemon's view, the events of this VM, what is wrong."""
     poll = doc.get("poll") or {}
     health = doc.get("health") or {}
@@ -153,14 +154,14 @@ def status(doc: Mapping[str, Any], now: float, problems: list[str]) -> str:
         if e.get("waiting_for"):
             lines.append(f"    hooks start {_waiting(e)}")
         moments = [
-            f"{label} {_clock(e.get(key))}"
-            for label, key in (
-                ("detected", "detected_at"),
-                ("hooks done", "hooks_done_at"),
-                ("approved", "approved_at"),
-                ("after-hooks", "after_hooks_at"),
+            f"{label} {_clock(at)}"
+            for label, at in (
+                ("detected", e.get("detected_at")),
+                ("hooks done", e.get("hooks_done_at")),
+                ("approved", e.get("approved_at")),
+                ("after-hooks", e.get("after_hooks_at")),
             )
-            if e.get(key)
+            if at
         ]
         if moments:
             lines.append("    " + ", ".join(moments))

@@ -371,10 +371,19 @@ def _instant(c: Checker, where: str, value: Any) -> Optional[dt.datetime]:  # no
             c.fail(where, f"must be an ISO 8601 instant, got {value!r}")
             return None
     parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
-    if not EARLIEST <= parsed < LATEST:
-        c.fail(where, f"must be an instant from 1970 to 8999, got {parsed.isoformat()}")
+    problem = out_of_range(parsed)
+    if problem is not None:
+        c.fail(where, problem)
         return None
     return parsed
+
+
+def out_of_range(parsed: dt.datetime) -> Optional[str]:
+    """Why an instant (`not_before`, `--from`) cannot be planned, or None: the plan's instants
+    run a year or two past it and must still render."""
+    if not EARLIEST <= parsed < LATEST:
+        return f"must be an instant from 1970 to 8999, got {parsed.isoformat()}"
+    return None
 
 
 def parse_instant(text: str) -> dt.datetime:

@@ -63,12 +63,8 @@ def effect(seen_by: SeenBy, vm: Vm, asked: Effect, t: float) -> None:
     if isinstance(asked, Record):
         event_id = asked.fields.get("event_id")
         seen = seen_by.get((vm.name, str(event_id)))
-        if seen is None:
-            return
-        if asked.what is What.EVENT_WAITING:
-            _waiting(seen, asked.fields, t)
-        elif asked.what is What.SLOT_UNAVAILABLE:
-            seen.no_slot = True
+        if seen is not None:
+            _recorded(seen, asked, t)
         return
     if isinstance(asked, SpawnHooks):
         seen = seen_by.get((vm.name, asked.event.event_id))
@@ -87,6 +83,16 @@ def effect(seen_by: SeenBy, vm: Vm, asked: Effect, t: float) -> None:
         seen = seen_by.get((vm.name, asked.event.event_id))
         if seen is not None and seen.drain_from is None:
             seen.drain_from = t
+
+
+def _recorded(seen: Seen, record: Record, t: float) -> None:
+    """What a record of its event tells: a wait, no slot, or that it started unprepared."""
+    if record.what is What.EVENT_WAITING:
+        _waiting(seen, record.fields, t)
+    elif record.what is What.SLOT_UNAVAILABLE:
+        seen.no_slot = True
+    elif record.what is What.EVENT_MISSED:
+        seen.missed = True
 
 
 def _waiting(seen: Seen, fields: Mapping[str, object], t: float) -> None:

@@ -33,8 +33,10 @@ happen:
                              "exceeds_max", "short_s" (seconds with one or more of its VMs
                              in maintenance), "approved_early", "last_back"}]}}
 
-A VM is in maintenance, as `concurrency` counts it, from the first of its slot, its drain and
-its before-hooks until its after-hooks are done (back up, if it has none).
+A VM is in maintenance, as `concurrency` counts it, from the first of its slot, its drain, its
+before-hooks and its event's start (when it went down: approved, or NotBefore), whether or not
+its hooks ran, until its after-hooks are done (back up, if it has none). `late`: its
+preparation was not finished by NotBefore, or its VM went down before it began.
 """
 
 from __future__ import annotations
@@ -144,8 +146,7 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     found = set()
     if seen.cancelled is not None:  # never due: nothing was late or cut
         return ["no_window"] if _no_window(plan, seen) else []
-    prepared = seen.hooks_end is not None and seen.hooks_end <= seen.not_before
-    if seen.hooks_start is not None and (seen.cut_off or not prepared) and not _never_due(seen):
+    if _late(plan, seen):
         found.add("late")
     if seen.no_slot:
         found.add("no_slot")
@@ -156,6 +157,33 @@ def flags(plan: Plan, seen: Seen) -> list[str]:
     if _no_window(plan, seen):
         found.add("no_window")
     return sorted(found)
+
+
+def _late(plan: Plan, seen: Seen) -> bool:
+    """Its preparation was not finished by NotBefore: its before-hooks ran past it or were cut
+    off, or its VM went down before they began (no notice, a gate or the drain still holding
+    it) while its config prepares for the event."""
+    if _never_due(seen):
+        return False
+    if seen.hooks_start is not None:
+        prepared = seen.hooks_end is not None and seen.hooks_end <= seen.not_before
+        return seen.cut_off or not prepared
+    if seen.down is None:
+        return False
+    held = (seen.asked_slot, seen.drain_from, seen.gated_from)
+    return any(t is not None for t in held) or (seen.missed and _prepares(plan, seen))
+
+
+def _prepares(plan: Plan, seen: Seen) -> bool:
+    """Its VM's config prepares for its type (before-hooks, a slot or a cluster drain), as the
+    engine would have had it been seen in time: a type it leaves alone is never late."""
+    config = plan.by_name[seen.vm].config
+    rule = config.events.get(seen.event_type)
+    if rule is None:
+        return False
+    slot = config.concurrency is not None and rule.obeys_windows(seen.event_type)
+    drain = config.cluster is not None and config.cluster.drains(seen.event_type)
+    return bool(rule.before or rule.fast) or slot or drain
 
 
 def _never_due(seen: Seen) -> bool:
@@ -273,8 +301,8 @@ def _groups(plan: Plan, rows: Sequence[Seen]) -> list[dict[str, Any]]:
                     most = limit.max if most is None else max(most, limit.max)
         by_vm: dict[str, list[tuple[float, float]]] = {}
         for r in members:
-            if r.prepared_from is not None and r.maintenance_to is not None:
-                by_vm.setdefault(r.vm, []).append((r.prepared_from, r.maintenance_to))
+            if r.maintenance_from is not None and r.maintenance_to is not None:
+                by_vm.setdefault(r.vm, []).append((r.maintenance_from, r.maintenance_to))
         at_once, short = _sweep([span for spans in by_vm.values() for span in _merged(spans)])
         backs = [r.back for r in members if r.back is not None]
         found.append({

@@ -37,17 +37,20 @@ class Seen:
     after_failed: list[float] = field(default_factory=list)  # ... failed (run again: a retry)
     after_done: Optional[float] = None  # the engine had nothing left to do for it, back up
     cut_off: bool = False  # its before-hooks were running when the VM went down
+    missed: bool = False  # event_missed: it started before its before-hooks did
     slot_from: Optional[float] = None
     slot_to: Optional[float] = None
     never_back: bool = False  # Preempt, Terminate: the VM is gone
     cancelled: Optional[float] = None  # withdrawn by the cloud before it started
 
     @property
-    def prepared_from(self) -> Optional[float]:
+    def maintenance_from(self) -> Optional[float]:
         """When it entered maintenance as `concurrency` counts it: the earliest of its slot,
-        its drain, its before-hooks."""
-        found = [t for t in (self.slot_from, self.drain_from, self.hooks_start) if t is not None]
-        return min(found) if found else None
+        its drain, its before-hooks and its start (down), prepared or not: a VM the cloud took
+        before any hook ran is no less out of the tier."""
+        found = (self.slot_from, self.drain_from, self.hooks_start, self.down)
+        known = [t for t in found if t is not None]
+        return min(known) if known else None
 
     @property
     def maintenance_to(self) -> Optional[float]:

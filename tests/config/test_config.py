@@ -202,6 +202,39 @@ def test_check_config_exits_2_with_every_problem_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "hooks:\n  drain: []\nevents:\n  Reboot: [drain]\n",
+            "hooks.drain: must be a non-empty list of commands, got an empty list",
+        ),
+        (
+            'vm_name: ""\nhooks: {}\nevents: {}\n',
+            "vm_name: must be a non-empty string, got an empty string",
+        ),
+        (
+            "hooks:\n  drain:\n    - command: []\nevents:\n  Reboot: [drain]\n",
+            "hooks.drain[0].command: must be a non-empty list of strings, got an empty list",
+        ),
+    ],
+    ids=["hook-with-no-commands", "empty-vm-name", "command-with-no-argv"],
+)
+def test_an_empty_value_is_called_empty_and_a_hook_defined_empty_is_not_undefined(
+    tmp_path, text, expected
+):
+    """check-config said "got a list" / "got a string" of an empty one, and for `drain: []`
+    added a false `events.Reboot[0]: hook 'drain' is not defined under hooks (defined: none)`:
+    the hook is defined, wrongly, and said so once (the schema wants its commands; an empty
+    list runs nothing and is a mistake)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    result = cli("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[:-1] == [f"error: {path}: {expected}"]
+    assert result.stderr.splitlines()[-1] == f"{path}: 1 problem(s); nothing was started"
+
+
 def test_run_with_a_bad_config_exits_2_before_doing_anything(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("vm_name: [a]\n")

@@ -47,6 +47,7 @@ from scheduledeventsd.engine import (
 from scheduledeventsd.engine.lifecycle import Slot
 from scheduledeventsd.observe.metrics import Metrics
 from scheduledeventsd.observe.observer import Observer
+from scheduledeventsd.observe.report import status
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
 from tests.engine.test_engine_when import EVENTS, MONO0, WALL0, due_in, seen
 from tests.engine.test_engine_when import machine as when_machine
@@ -679,6 +680,21 @@ def test_with_several_groups_the_hooks_wait_for_a_slot_in_every_one_and_say_whic
     assert not of(m.effects, ReleaseSlot)
     m.send(HooksFinished(after.run, Outcome.SUCCEEDED), at=MONO0 + 5)
     assert of(m.effects, ReleaseSlot) == [ReleaseSlot("E1")], "both groups' slots, together"
+
+
+def test_the_holders_the_keeper_saw_as_it_took_the_slot_are_the_last_seen_and_include_this_vm():
+    """Told busy by vm-c, then granted with vm-c gone: `status` said "last seen holders vm-c"
+    (or "-" when it never waited) while this VM held the slot; SlotGranted now carries who
+    holds the group's slots as it took its own (this VM among them), and the status shows
+    them."""
+    m = when_machine(concurrency=Concurrency("web", 2, TTL), coordination=ETCD)
+    seen(m, due_in(3 * 86400))
+    m.send(SlotBusy("E1", ("vm-c", "vm-d")), at=MONO0 + 1)
+    m.send(SlotGranted("E1", MONO0 + 2, (VM, "vm-d")), at=MONO0 + 2)
+    assert m.state.events["E1"].slot is Slot.HELD
+    shown = Observer(WALL0).document(m.state, WALL0 + 3, HealthFrom.DETECTED)
+    assert shown["concurrency"]["last_seen_holders"] == [VM, "vm-d"]
+    assert f"held for E1; last seen holders {VM}, vm-d" in status(shown, WALL0 + 3, [])
 
 
 def test_a_reload_that_adds_a_group_asks_again_and_approves_only_once_every_group_is_held():

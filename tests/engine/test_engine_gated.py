@@ -385,8 +385,8 @@ def test_the_planner_plans_a_fleet_through_a_holding_gate_from_its_effects_decla
 ):
     """A gate whose effect declares the answer `plan` gives (GateEffect.planned) is passed as
     soon as its turn comes (approved at 02:30 as without it); one that declares none holds the
-    event, which is then never approved early. On the old code the plan stopped: the planner
-    cannot carry out AskHold."""
+    event, which is then never approved early, and is late. On the old code the plan stopped:
+    the planner cannot carry out AskHold (and later, the held event was not flagged)."""
     from tests.engine.test_plan import at, files, planned, wave  # noqa: PLC0415
 
     found: list[str] = []
@@ -404,4 +404,5 @@ def test_the_planner_plans_a_fleet_through_a_holding_gate_from_its_effects_decla
         assert gated == [{"phase": "gated", "from": at(28, "02:00:00"), "to": at(28, "02:00:00")}]
     else:
         assert row["hooks_start"] is None, "held until it went down: never prepared"
+        assert row["flags"] == ["late"]  # the old planner read its before-hooks only: none
         assert gated == [{"phase": "gated", "from": at(28, "02:00:00"), "to": at(28, "05:30:00")}]

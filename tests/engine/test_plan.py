@@ -311,6 +311,21 @@ def test_bad_fleet_input_is_named_by_file_and_key_path_with_exit_2(
     assert "nothing was planned" in err
 
 
+@pytest.mark.parametrize("start", ["9999-12-31T23:00:00Z", "1960-01-01T00:00:00Z"])
+def test_a_from_the_plan_cannot_run_from_is_refused_naming_from_with_exit_2(
+    tmp_path, capsys, start
+):
+    """`--from` in year 9999 (or before 1970) is refused as a `not_before` there is: exit 2,
+    `--from` and the range named. On the old code year 9999 raised OverflowError (a
+    traceback) and 1960 was planned."""
+    path = files(tmp_path, wave(4).replace("not_before: 2026-11-28T05:30:00Z", "notice: 7d"))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["plan", "--fleet", str(path), "--from", start])
+    assert stopped.value.code == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"argument --from: must be an instant from 1970 to 8999, got {start[:-1]}" in err
+
+
 def test_durations_and_ranges():
     assert [fleet.duration(v) for v in ("30s", "10m", "2h", "7d", "1h30m", 90, "1w")] == [
         30, 600, 7200, 604800, 5400, 90, 604800,
@@ -617,6 +632,58 @@ def test_a_not_before_already_past_starts_the_event_when_it_is_posted(tmp_path):
     for r in data["rows"]:
         assert (r["down"], r["back"]) == ("2026-11-23T01:00:00Z", "2026-11-23T01:05:00Z")
         assert (r["approved"], r["approved_early"]) == ("2026-11-23T01:00:00Z", False)
+
+
+@pytest.mark.parametrize("notice", ["notice: 0s", "not_before: 2026-11-20T00:00:00Z"])
+def test_vms_the_cloud_takes_before_any_hook_ran_are_late_and_in_maintenance(
+    tmp_path, capsys, notice
+):
+    """No notice (or a NotBefore already past): the four VMs go down when it is posted, none of
+    them drained. Each is `late` (its drain, which the config asks for, never ran) and counts
+    in maintenance from then until it is back: four at once against max 1, so the CI gate the
+    docs describe fails (exit 1). On the old code: no flag, "at most 0 in maintenance at
+    once", "short for 0h00m00s", "problems: none", exit 0."""
+    path = files(tmp_path, wave(4).replace("not_before: 2026-11-28T05:30:00Z", notice))
+    code = cli.main(["plan", "--fleet", str(path), "--from", START_ISO, "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    for r in data["rows"]:
+        assert (r["hooks_start"], r["down"]) == (None, START_ISO)
+        assert r["flags"] == ["late"]
+    (group,) = data["summary"]["groups"]
+    assert (group["most_at_once"], group["exceeds_max"], group["short_s"]) == (4, True, 300)
+    assert data["summary"]["problems"]["late"] == 4
+    assert cli.main(["plan", "--fleet", str(path), "--from", START_ISO]) == 1
+    text = capsys.readouterr().out
+    assert "at most 4 in maintenance at once (max 1)  EXCEEDS max; short for 0h05m00s" in text
+    assert text.splitlines()[-1] == "problems: 4 late, web over its max"
+
+
+@pytest.mark.parametrize(
+    ("name", "short", "rule", "late"),
+    [
+        ("redeploy", 600, "", False),  # no rule for Redeploy: left alone, never late
+        ("host-failure", 600, "", False),
+        ("live-migration", 5, "", False),
+        ("host-failure", 600, "  Redeploy: [drain]\n", True),  # Started when first seen
+        ("live-migration", 5, "  Freeze: [drain]\n", False),  # 15 minutes: drained in time
+    ],
+)
+def test_a_scenarios_vm_is_in_maintenance_while_down_whether_or_not_its_hooks_ran(
+    tmp_path, capsys, name, short, rule, late
+):
+    """`plan --scenario`: the VM is out of its group while it is down even with no hook for
+    its type; a host failure (Started when first seen) is late where the config prepares for
+    Redeploy. On the old code: "at most 0 in maintenance at once", short 0 s, never late."""
+    (tmp_path / "web.yaml").write_text(WEB.replace("events:\n", "events:\n" + rule))
+    code = cli.main(["plan", "--scenario", name, "--config", str(tmp_path / "web.yaml"),
+                     "--from", START_ISO, "--format", "json"])  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    (row,) = data["rows"]
+    (group,) = data["summary"]["groups"]
+    assert (group["most_at_once"], group["short_s"]) == (1, short)
+    assert ("late" in row["flags"]) is late
+    assert code == (1 if late else 0)
 
 
 def test_an_event_its_vm_was_gone_before_is_neither_late_nor_approved(tmp_path):

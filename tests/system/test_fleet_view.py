@@ -6,6 +6,7 @@ without etcd exits 2 and touches nothing, and /metrics shows each group's held s
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 
@@ -72,6 +73,43 @@ def test_fleet_shows_the_holder_alive_and_the_waiter_with_why_in_text_and_json(t
     (waiter,) = group["waiting"]
     assert (waiter["vm"], waiter["event"]) == ("vm-2", second)
     assert json.loads(as_json.stdout)["down"] == []
+
+
+def test_a_holder_is_shown_since_it_took_the_slot_and_its_status_names_it_a_holder(
+    tier, sim, hooks
+):
+    """vm-2 waits while vm-1 drains for 6 s, then takes the slot: `fleet` shows it holding
+    since then, and vm-2's `status` names it as the holder. On the old code the slot key's
+    `at` was stamped when vm-2's worker began to wait (`since` was the waiting mark's own
+    instant, seconds before it held anything), and `status` said "last seen holders vm-1",
+    the holder when it was refused, while vm-2 held the slot."""
+    holding(tier, hooks, "vm-1", 6)
+    cfg = long_drain(tier, hooks, tier.config("vm-2"), 10)
+    two = tier.start("vm-2", cfg)
+    second = sim.add_event("Reboot", ["vm-2"], not_before_in=3600)
+    two.wait_log("event_waiting", event_id=second, reason="slot")
+    (group,) = json.loads(fleet(tier, "--json").stdout)["groups"]
+    (waiter,) = group["waiting"]
+    two.wait_log("slot_acquired", event_id=second, timeout=30)
+    (group,) = json.loads(fleet(tier, "--json").stdout)["groups"]
+    (holder,) = group["holders"]
+    assert (holder["vm"], holder["event"]) == ("vm-2", second)
+    waited = _instant(holder["since"]) - _instant(waiter["since"])
+    assert waited > 2, (waiter["since"], holder["since"])  # vm-1 drained 6 s meanwhile
+    path = tier.factories["vm-2"].write_config(cfg, "status.yaml")
+    shown = wait_for(
+        lambda: (
+            (s := cli("status", "--config", str(path))).stdout.count(f"held for {second}") and s
+        ),
+        10,
+        "vm-2's status written since it took the slot",
+    )
+    (line,) = [x for x in shown.stdout.splitlines() if x.startswith("concurrency:")]
+    assert line.endswith(f"held for {second}; last seen holders vm-2"), line
+
+
+def _instant(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_holder_stopped_for_its_maintenance_is_named_and_freeing_it_lets_the_next_go(

@@ -86,6 +86,8 @@ def _granted(state: State, msg: SlotGranted, now: float, out: list[Effect]) -> S
         out.append(ReleaseSlot(msg.event_id))  # it went meanwhile, or gave up waiting
         return state
     back = tracked.slot is Slot.HELD  # after a restart: the slot it held, under a new lease
+    if msg.holders:  # who holds the slots now: this VM, and those it shares them with
+        state = replace(state, slot_holders=msg.holders)
     groups = _groups(state)
     out.append(_note(Level.INFO, What.SLOT_ACQUIRED, tracked.event, **groups, taken_back=back))
     tracked = move(tracked, SlotOn.GRANTED, Slot.HELD)

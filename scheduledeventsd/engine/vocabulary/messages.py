@@ -190,6 +190,9 @@ class SlotGranted(GateMessage):
     # Monotonic: when the request that etcd last acknowledged for the slot's lease (its grant
     # or a keep-alive) was sent; the lease lives at least `ttl` from then. None: now.
     confirmed: Optional[float] = None
+    # Every VM holding a slot of its groups as it took its own, itself among them (`status`'s
+    # last seen holders); empty: not known (another event joining a held slot).
+    holders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
