@@ -2,22 +2,15 @@
 EventType must not count for the same EventId listed with another. The VM that sees the change
 first deletes only its own mark; another VM that has not seen it yet (its poll later, its IMDS
 failing) keeps its `ready` of the old type, and the coordinator reports it as ready. Each defect
-is an xfail(strict) test."""
+was an xfail(strict) test, now fixed."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from tests.system.test_fleet import _shared_event_coordinators
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: peers.state_of reads only `state`, never `event_type`: vm-b's ready for "
-    "the Freeze counts for vm-a's Reboot of the same EventId, and vm-a approves it",
-)
 def test_a_ready_written_for_the_old_type_does_not_count_for_the_new_one(cluster):
     from scheduledeventsd.engine import Coordinate, PeersChanged  # noqa: PLC0415
 
