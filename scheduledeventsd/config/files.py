@@ -63,7 +63,9 @@ def untrusted(
         return real, f"{shown}: writable by group or others; {what[1]}"
     if st.st_uid not in (0, os.geteuid()):
         return real, f"{shown}: owned by uid {st.st_uid}, not root; {what[1]}"
-    return real, untrusted_directories(real, what)
+    given = os.path.abspath(path)  # a link: whoever can write its directory can repoint it
+    linked = untrusted_directories(given, what) if given != real else ""
+    return real, untrusted_directories(real, what) or linked
 
 
 def untrusted_directories(real: str, what: tuple[str, str] = HOOK) -> str:

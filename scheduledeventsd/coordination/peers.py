@@ -78,15 +78,21 @@ def record(effect: Coordinate) -> bytes:
     ).encode()
 
 
-def state_of(value: Optional[bytes]) -> str:
-    """`ready`, `failed`, or `` for anything else (a value we cannot read is not a ready)."""
+def state_of(value: Optional[bytes], event_type: str = "") -> str:
+    """`ready`, `failed`, or `` for anything else (a value we cannot read is not a ready; nor
+    one written for another EventType of the EventId: that VM prepared for another event)."""
     if value is None:
         return ""
     try:
         decoded = json.loads(value)
     except (ValueError, RecursionError):
         return ""
-    state = decoded.get("state") if isinstance(decoded, dict) else None
+    if not isinstance(decoded, dict):
+        return ""
+    written_for = decoded.get("event_type")
+    if event_type and isinstance(written_for, str) and written_for != event_type:
+        return ""
+    state = decoded.get("state")
     return state if state in ("ready", "failed") else ""
 
 
@@ -202,6 +208,7 @@ class _Worker:
         self._lease = lease
         self._after = after  # the delete of this EventId's mark a ForgetShared started
         self.effect = effect
+        self._type = effect.event.event_type  # a mark written for another type is not counted
         self._send = send
         self._client = EtcdClient(settings)
         self._stopped = threading.Event()
@@ -278,7 +285,7 @@ class _Worker:
                     self._write_and_report(own, prefix, settled)  # the lease expired: again
                 else:
                     kvs = self._client.range_with(prefix, settled)[1]
-                    self._report(round_states(kvs, prefix, own, settled))
+                    self._report(round_states(kvs, prefix, own, settled, self._type))
                 if self._stopped.is_set():  # (not closed while it settled)
                     return
             if self._stopped.is_set():
@@ -286,14 +293,14 @@ class _Worker:
             # Silent for WATCH_CHECK: read again (needs a quorum; it also covers a VM that
             # completed the set and died before it settled), watch again.
             revision, kvs = self._client.range_with(prefix, settled)
-            self._report(round_states(kvs, prefix, own, settled))
+            self._report(round_states(kvs, prefix, own, settled, self._type))
 
     def _write_and_report(self, own: str, prefix: str, settled: str) -> int:
         """Write this VM's mark and report what the write's answer shows; the revision. The
         VM whose write decides the event knows it from that answer, not from a read or watch
         event after it: it tells the engine first, then wakes the others (the settled key)."""
         revision, kvs = self._write(own, prefix, settled)
-        states = round_states(kvs, prefix, own, settled)
+        states = round_states(kvs, prefix, own, settled, self._type)
         if not self._decides(states):
             self._report(states)
             return revision
@@ -351,8 +358,12 @@ class _Worker:
                 self._decided = True
 
 
-def round_states(kvs: list[KeyValue], prefix: str, own: str, settled: str) -> dict[str, str]:
-    """The VMs' states in this round of the event, from one read of `prefix` and `settled`.
+def round_states(
+    kvs: list[KeyValue], prefix: str, own: str, settled: str, event_type: str = ""
+) -> dict[str, str]:
+    """The VMs' states in this round of the event, from one read of `prefix` and `settled`;
+    a mark written for another `event_type` (the EventId listed with another type since: a VM
+    that has not seen it yet) is no state at all.
 
     A `ready` written before the settled key was last written (its mod_revision below the
     settled key's), read by a VM whose own mark was written after it, is from a round already
@@ -366,7 +377,7 @@ def round_states(kvs: list[KeyValue], prefix: str, own: str, settled: str) -> di
     for kv in kvs:
         if not kv.key.startswith(prefix):
             continue
-        state = state_of(kv.value)
+        state = state_of(kv.value, event_type)
         if state == "ready" and mine > floor > kv.revision:
             continue  # a ready from before: not this round's
         states[_name(kv.key, prefix)] = state

@@ -94,6 +94,8 @@ def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Ef
 
 def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
     approvals = state.approvals
+    if state.incarnation is None:  # not before a document says what the events are now
+        return state
     due = [
         t.event
         for event_id, t in ours(state.events)

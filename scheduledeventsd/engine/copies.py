@@ -11,11 +11,16 @@ from .frozen import replace
 from .state import State
 from .vocabulary.effects import Effect
 
+# Copies naming this VM with unlike types: the one approval (StartRequests names only the
+# EventId) must not go out on a lighter type's hooks (a checkpoint for what is a reboot), and the
+# choice must not flip with the copies' order (prepared again at every poll, never approved).
+_WEIGHT = {"Freeze": 1, "Reboot": 2, "Redeploy": 3, "Preempt": 4, "Terminate": 5}
+
 
 def chosen(state: State, doc: Document, out: list[Effect]) -> Document:
-    """The document with, for each EventId listed more than once, its first copy naming this
-    VM (else its first copy); every copy left out is said (event_skipped, which one was kept
-    and why)."""
+    """The document with, for each EventId listed more than once, its copy naming this VM of
+    the heaviest type, the first of them (else its first copy); every copy left out is said
+    (event_skipped, which one was kept and why)."""
     if not doc.copies:
         return doc
     events = list(doc.events)
@@ -27,9 +32,15 @@ def chosen(state: State, doc: Document, out: list[Effect]) -> Document:
         groups.setdefault(event_id, [first]).append((copy.index, copy.event))
     for event_id, group in groups.items():
         ours = [(i, e) for i, e in group if _names_this_vm(state, e)]
-        index, kept = ours[0] if ours else group[0]
+        heaviest = max(ours, key=lambda copy: _WEIGHT.get(copy[1].event_type, 0), default=None)
+        index, kept = heaviest or group[0]
         events[place[event_id]] = kept
-        why = "the first naming this VM" if ours else "the first (none names this VM)"
+        if not ours:
+            why = "the first (none names this VM)"
+        elif len({e.event_type for _, e in ours}) > 1:
+            why = "the heaviest type naming this VM (prepared for it, not for a lighter one)"
+        else:
+            why = "the first naming this VM"
         for i, _ in group:
             if i != index:
                 reason = (

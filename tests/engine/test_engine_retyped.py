@@ -177,3 +177,38 @@ def test_a_restart_while_the_old_types_stage_runs_still_prepares_the_new_type():
     again.fetched(doc(event(event_type="Reboot"), incarnation=3), at=201)
     (drain,) = of(again.effects, SpawnHooks)
     assert (drain.stage.value, drain.hooks) == ("before", ("drain",))
+
+
+def _approving_then_restarted():
+    """A Freeze prepared and its approval on its way when the daemon is killed: the restarted
+    daemon has it `approving` from its state file."""
+    m = machine()
+    m.fetched(doc(event(event_type="Freeze")))
+    (checkpoint,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(checkpoint.run, Outcome.SUCCEEDED), at=101)
+    assert of(m.effects, PostApproval)
+    again = Machine(config(events=EVENTS), loaded=dict(m.state.events), now=110)
+    assert again.phase() is Phase.APPROVING
+    return again
+
+
+def test_after_a_restart_no_approval_goes_out_before_a_document_lists_the_event_as_it_was():
+    """Before: the restarted daemon posted the approval its state file had pending before any
+    document: an event become a Reboot while it was down was approved on the Freeze's hooks."""
+    m = _approving_then_restarted()
+    posted = [*of(m.effects, PostApproval), *of(m.tick(111), PostApproval)]
+    posted += of(m.tick(120), PostApproval)
+    assert not posted, "not before a document says what the event is now"
+    m.fetched(doc(event(event_type="Reboot"), incarnation=3), at=121)
+    assert logs(m.effects, "event_type_changed")
+    assert not of(m.effects, PostApproval)
+    assert not of(m.tick(122), PostApproval), "never on the Freeze's hooks"
+
+
+def test_after_a_restart_the_pending_approval_goes_out_once_a_document_lists_it_unchanged():
+    """The approval the state file had pending is not lost: posted once the first document
+    after the restart lists the event as it was."""
+    m = _approving_then_restarted()
+    m.fetched(doc(event(event_type="Freeze"), incarnation=3), at=111)
+    posted = [*of(m.effects, PostApproval), *of(m.tick(112), PostApproval)]
+    assert [p.event.event_type for p in posted] == ["Freeze"]

@@ -17,8 +17,13 @@ def approval_due(
 ) -> Optional[float]:
     """When an APPROVING event's approval goes out (approval's timer): after a failure's
     backoff, when the rate limit allows; none while it is on its way, or while its slot is
-    being confirmed."""
-    if event_id in state.approvals.posting or _slot_pending(state, event_id, now):
+    being confirmed, or before a document since the start (or a rename) says the event is
+    still what it was prepared for (its type may have changed while the daemon was down)."""
+    if (
+        state.incarnation is None
+        or event_id in state.approvals.posting
+        or _slot_pending(state, event_id, now)
+    ):
         return None
     return max(state.approvals.failures.get(event_id, NO_FAILURES).retry_at, allowed)
 

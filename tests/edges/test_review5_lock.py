@@ -1,0 +1,94 @@
+"""Review of fix/trust (e3eb381): the single-instance lock (host/lock.py) stands on different
+inodes depending on the directory's condition when each daemon started. A daemon that locked
+the directory itself (read-only, no lock file) or the directory above (state_dir not there yet)
+does not keep off a second daemon started once the lock file can be made. Each defect is an
+xfail(strict) test."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from scheduledeventsd.host.store import StateError, StateStore
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review5: the first daemon holds the directory's inode (read-only then), the second "
+    "(the file system writable again) makes `lock` and holds that: two daemons",
+)
+def test_a_daemon_holding_the_directory_keeps_off_one_that_can_make_the_lock_file(tmp_path):
+    first = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # what acquire() holds, case 3
+    try:
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _refused(StateStore(tmp_path))
+    finally:
+        os.close(first)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review5: the first daemon holds the directory above (state_dir could not be made); "
+    "once state_dir exists, the second locks its lock file: two daemons",
+)
+def test_a_daemon_holding_the_directory_above_keeps_off_one_started_once_it_exists(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    first = StateStore(blocker / "state")
+    assert "cannot lock or create" in first.lock()  # holds tmp_path
+    try:
+        blocker.unlink()
+        (blocker / "state").mkdir(parents=True)  # the admin (or StateDirectory=) makes it
+        _refused(StateStore(blocker / "state"))
+    finally:
+        first.unlock()
+
+
+def _refused(second: StateStore) -> None:
+    try:
+        with pytest.raises(StateError, match="in use by another"):
+            second.lock()
+    except BaseException:
+        second.unlock()  # it took a lock: not left held for the next test
+        raise
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review5: cases 3 and 4 lock a directory any user can open (here the one above a "
+    "state_dir that cannot be made): nobody's flock keeps root's daemon off, 'in use by another "
+    "scheduledeventsd'; the 0600 lock file's promise (no one else can hold it) is lost",
+)
+def test_another_users_flock_on_the_directory_above_does_not_keep_the_daemon_off():
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    if os.geteuid() != 0:
+        pytest.skip("plays another user: needs root")
+    above = tempfile.mkdtemp(prefix="review5-lock-")  # not under pytest's 0700 tmp: nobody reads it
+    os.chmod(above, 0o755)  # noqa: S103 - the point: a directory others can open
+    blocker = os.path.join(above, "file")
+    Path(blocker).write_text("")
+    hold = (
+        f"import fcntl, os, sys, time; fd = os.open({above!r}, os.O_RDONLY | os.O_DIRECTORY); "
+        "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); time.sleep(60)"
+    )
+    nobody = subprocess.Popen(
+        ["/usr/bin/python3", "-c", hold], user=65534, group=65534, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert nobody.stdout is not None
+        assert nobody.stdout.readline() == "held\n"
+        store = StateStore(Path(blocker) / "state")
+        try:
+            assert "cannot lock or create" in store.lock(), "runs degraded, its own lock"
+        finally:
+            store.unlock()
+    finally:
+        nobody.kill()
+        nobody.wait()
+        os.unlink(blocker)
+        os.rmdir(above)
