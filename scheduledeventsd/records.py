@@ -49,6 +49,7 @@ class What(str, enum.Enum):
     EVENT_GONE_WHILE_HOOKS_RUNNING = "event_gone_while_hooks_running"
     EVENT_COMPLETED = "event_completed"
     EVENT_CANCELLED = "event_cancelled"
+    EVENT_UNMARKED = "event_unmarked"
     REBOOT_DETECTED = "reboot_detected"
     HOOKS_INTERRUPTED = "hooks_interrupted"
     HOOKS_CANCELLED = "hooks_cancelled"

@@ -17,7 +17,8 @@ the worker takes its ready back (deleted while it holds what it wrote): an event
 same EventId is not approved on a ready from before while that VM's hooks run again.
 Once the engine has forgotten the event (ForgetShared: its stage has run and it left, or it is
 judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
-(no other mark left): the daemon's lease lives as long as the daemon, so nothing else would. A
+(no other mark left): the daemon's lease lives as long as the daemon, so nothing else would;
+once etcd answered, the engine is told (SharedForgotten: a put-back's undo waits for it). A
 VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
 what it knew before (its state file) the same way. A VM down for the maintenance forgets only
 once back: its ready from before is older than the settled key, and every read takes that key
@@ -33,7 +34,7 @@ import urllib.parse
 from typing import Callable, Optional, TypeVar
 
 from ..config import Etcd
-from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged
+from ..engine import Coordinate, CoordinationFailed, Message, PeersChanged, SharedForgotten
 from .daemon_lease import DaemonLease
 from .etcd import EtcdClient, EtcdError, KeyValue
 
@@ -150,7 +151,8 @@ class EtcdCoordinator:
 
     def _forget(self, event_id: str, vm_name: str, end: threading.Event) -> None:
         """Tried again (FORGET_RETRY) while etcd does not answer, until this daemon stops or
-        a new worker for the EventId writes its mark anew."""
+        a new worker for the EventId writes its mark anew. Deleted: SharedForgotten (a
+        put-back's undo waits for it: engine/postponed), unless a later one took over."""
         prefix = event_prefix(self.settings, event_id)
         own = prefix + _segment(vm_name.casefold())
         wait = FORGET_RETRY[0]
@@ -159,6 +161,8 @@ class EtcdCoordinator:
                 if end.wait(wait):
                     return  # the daemon stops (its lease takes the mark) or it is written anew
                 wait = min(wait * 2, FORGET_RETRY[1])
+            if not end.is_set():
+                self._send(SharedForgotten(event_id))
         finally:
             with self._lock:
                 if self._forgetting.get(event_id) is threading.current_thread():

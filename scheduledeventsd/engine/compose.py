@@ -38,6 +38,7 @@ from .vocabulary.messages import (
     Reloaded,
     ReloadFailed,
     ReloadRequested,
+    SharedForgotten,
     StopRequested,
     Tick,
 )
@@ -193,6 +194,7 @@ _OWN_HANDLERS: Mapping[type, Handler] = {
     StopRequested: lifetime._stop_requested,
     PeersChanged: postponed._peers_changed,
     CoordinationFailed: peers._coordination_failed,
+    SharedForgotten: postponed._shared_forgotten,
     GateAnswered: peers._gate_answered,
     Faulted: lifetime._faulted,
 }

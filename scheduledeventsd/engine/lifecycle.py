@@ -62,6 +62,7 @@ class On(str, enum.Enum):
     GATE_NEVER = "the gate said never"
     ACCEPTED = "approval accepted"
     STAGE_ENDED = "after/cancelled-hooks ended"
+    UNMARKED = "etcd confirmed its ready deleted"
     RESTARTED = "daemon restarted, same boot"
     REBOOTED = "daemon restarted on a new boot"
     RENAMED = "the VM name changed"
@@ -142,6 +143,7 @@ _REBOOTS = (P.REBOOTED, *_ENDS)
 _REQUEUED = "queued again after a restart (prepared before it)"
 _UNRUN = "never started, they waited for the node's restore: it is asked again, then they run"
 _HELD = "holding a concurrency slot: they run again every after_retry until they succeed"
+_UNMARKING = "put back, its ready not yet known deleted: ForgetShared again, its stage still waits"
 # Any gate but the slot's and the drain's holds an event in GATED (component.wait_at); what a
 # restart or its leaving means for it, its gate declares (component.Gate: restarted, left).
 _RESTARTS = (On.RESTARTED, On.REBOOTED)
@@ -335,6 +337,13 @@ _ROWS: list[Transition] = [
         "again after being cancelled), judged anew at the next poll, as at first sight",
     ),
     _t(P.AFTER, On.STAGE_ENDED, [P.AFTER], f"failed or cut off {_HELD}"),
+    _t(
+        P.AFTER,
+        On.UNMARKED,
+        _ENDS,
+        "put back while its ready stood in etcd: its cancelled-hooks (the node restored first) "
+        "wait until then (SharedForgotten; or a reload removed etcd)",
+    ),
     _t(P.AFTER, On.LEAD_TIME, [P.AFTER, P.OVER, P.GONE], "after_retry: again if held, else over"),
     *[
         _t(P.AFTER, on, [P.AFTER], "nothing until its stage has run (back after it left: news)")
@@ -344,6 +353,7 @@ _ROWS: list[Transition] = [
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     *[_t(P.AFTER, on, [P.AFTER], d) for on in (On.RESTARTED, On.REBOOTED) for d in (_HELD, _UNRUN)],
+    *[_t(P.AFTER, on, [P.AFTER], _UNMARKING) for on in (On.RESTARTED, On.REBOOTED)],
     *[_t(P.OVER, on, [P.OVER], "nothing") for on in (On.LISTED, On.STARTED)],
     _t(P.OVER, On.LISTED, [P.GONE], "it left, then came back: a new one, judged anew at once"),
     _t(P.OVER, On.LEFT, [P.GONE], "forgotten"),

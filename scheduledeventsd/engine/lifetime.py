@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..records import Level, Record, What
-from . import approval, events, reload, runs, stages
+from . import approval, events, postponed, reload, runs, stages
 from .frozen import replace
 from .gates import drain, hold, onward, slot, through, window
 from .lifecycle import Drain, On, Phase, Slot, Stage
@@ -106,6 +106,8 @@ def _boot(state: State, msg: Boot, now: float, out: list[Effect]) -> State:
 def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
     """What a restart means for an event the state file kept: its runs died with us."""
     phase = tracked.phase
+    if tracked.unmarking:  # put back: its stage still waits for etcd to drop its ready
+        return postponed.restarted(state, tracked, on)
     if phase is Phase.AFTER and tracked.drain is not Drain.NONE:
         # They never started: they waited for the node's restore, asked again now (a mark
         # kept as drained, by the coupling drain._restore_first); not cut off.

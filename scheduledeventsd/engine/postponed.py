@@ -2,10 +2,12 @@
 upcoming window by days): the node is not kept drained for the whole delay. Its cancelled-hooks
 run (the node restored first), then it is judged anew, as first seen, and waits for its new lead
 as an event that far away waits. A shared one waiting for its peers stops waiting and takes its
-`ready` back first: it coordinates again, for the same EventId, once prepared again."""
+`ready` back first, and its node is undone only once etcd confirmed that `ready` deleted: it
+coordinates again, for the same EventId, once prepared again."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from ..config import EventRule
@@ -17,9 +19,9 @@ from .gates import window
 from .gates.lead import lead
 from .lifecycle import On, Phase, Rule, Stage
 from .notes import _iso_wall, _note
-from .state import State, Tracked, _marked, _with
+from .state import State, Tracked, _marked, _move, _with
 from .vocabulary.effects import Effect
-from .vocabulary.messages import HooksFinished, PeersChanged
+from .vocabulary.messages import HooksFinished, PeersChanged, SharedForgotten
 
 # Prepared and left to proceed at NotBefore (no hook runs for it, no approval is posted), or
 # waiting for its peers: put_back stops that (its watch or gate, a failure it still tells them)
@@ -58,13 +60,23 @@ def put_back(
     anew (returned.came_back: listed, cancelled, Scheduled). A shared one waiting for its peers
     stops (peers._stop_asking: its watch ends, its `ready` withdrawn) and its mark is deleted
     now (ForgetShared, retried until etcd answers), not once its cancelled-hooks end: a VM that
-    sees the move later would count that `ready` while this node is being restored."""
+    sees the move later would count that `ready`. Its undo (restore, cancelled-hooks) waits
+    for etcd to confirm that delete (SharedForgotten: `unmarking`): a VM cut off from etcd
+    stays prepared while its `ready` may complete the others' set."""
     event = tracked.event
     rule = state.config.events.get(event.event_type, EventRule())
     held = window._start_at(event, rule, state, now)
+    waiting = tracked.phase is Phase.COORDINATING
+    # Its ready written, or being written (or by the process before a restart): the peers'
+    # timer asks after every step, a Boot's too; one that became coordinating in this step
+    # (its before-hooks just ended) never wrote it, and is undone at once.
+    asked = event.event_id in state.peers
+    unmarking = waiting and asked and _marked(state, tracked)  # as returned.mark_taken_back
     fields: dict[str, object] = {"phase": tracked.phase.value, "stage": Stage.CANCELLED.value}
     if held is not None:
         fields["hooks_start_at"] = _iso_wall(held.at + (state.wall_offset or 0.0))
+    if unmarking:
+        fields["waits_for"] = "etcd"
     out.append(
         _note(
             Level.WARNING,
@@ -74,15 +86,69 @@ def put_back(
             moved_s=round(moved),
             reason=f"its NotBefore moved {moved:.0f} s later, more than its lead "
             f"({lead(rule):.0f} s): its node is not kept prepared meanwhile; its cancelled-hooks "
-            "run, then it waits for its new lead and is prepared again",
+            + (_WAITS if unmarking else "run, ")
+            + "then it waits for its new lead and is prepared again",
         )
     )
-    waiting = tracked.phase is Phase.COORDINATING
     if waiting or event.event_id in state.peers:  # HOOKS_FAILED told its peers so: over too
         state, tracked = peers._stop_asking(state, tracked, out)
-    if waiting and _marked(state, tracked):  # as returned.mark_taken_back
+    if unmarking:
         state = replace(state, unmarked=(*state.unmarked, tracked))
+        stage = {"run": None, "stage": Stage.CANCELLED, "start_at": math.inf}
+        return state, _move(tracked, On.LISTED, Phase.AFTER, **stage, unmarking=True)
     return stages._start_stage(state, tracked, On.LISTED, Stage.CANCELLED, out)
+
+
+_WAITS = "run once etcd confirmed this VM's ready deleted (until then another VM may count it), "
+
+
+def _shared_forgotten(state: State, msg: SharedForgotten, now: float, out: list[Effect]) -> State:
+    """etcd confirmed this VM's mark deleted: a put-back event waiting for that is undone now."""
+    tracked = state.events.get(msg.event_id)
+    if tracked is None or not tracked.unmarking or state.stopping is not None:
+        return state  # another round's mark, or nothing waits; stopping: after the restart
+    return undo(state, tracked, "etcd confirmed this VM's ready deleted", out)
+
+
+def undo(
+    state: State, tracked: Tracked, why: str, out: list[Effect], level: Level = Level.INFO
+) -> State:
+    """The cancelled stage of a put-back event that waited for its mark's delete, now."""
+    out.append(
+        _note(
+            level,
+            What.EVENT_UNMARKED,
+            tracked.event,
+            stage=Stage.CANCELLED.value,
+            reason=f"{why}: its cancelled-hooks run now (the node restored first)",
+        )
+    )
+    cancelled = replace(tracked, unmarking=False)
+    state, tracked = stages._start_stage(state, cancelled, On.UNMARKED, Stage.CANCELLED, out)
+    return _with(state, tracked.event.event_id, tracked)
+
+
+def restarted(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
+    """A restart while it waits for its mark's delete: asked again (ForgetShared; the old
+    process's thread died with it), and it still waits."""
+    state = replace(state, unmarked=(*state.unmarked, tracked))
+    return state, _move(tracked, on, Phase.AFTER, start_at=math.inf)
+
+
+def reloaded(state: State, changed: bool, out: list[Effect]) -> State:
+    """A reload: the delete asked again through a new etcd (`changed`: the old one's attempts
+    end with it); with etcd no longer configured nothing can confirm it, and the wait ends (the
+    mark goes with the old lease, within its ttl): the node is not kept prepared for days."""
+    for t in state.events.values():
+        if not t.unmarking:
+            continue
+        if state.config.ready_via != "etcd":
+            why = "a reload removed etcd coordination: nothing can confirm this VM's ready "
+            why += "deleted (it goes with its lease, within ttl)"
+            state = undo(state, t, why, out, Level.WARNING)
+        elif changed:
+            state = replace(state, unmarked=(*state.unmarked, t))
+    return state
 
 
 def _hooks_finished(state: State, msg: HooksFinished, now: float, out: list[Effect]) -> State:

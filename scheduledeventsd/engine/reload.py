@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..records import Level, Record, What
-from . import peers
+from . import peers, postponed
 from .frozen import replace
 from .gates import drain, onward, slot, window
 from .lifecycle import On, Phase
@@ -46,6 +46,7 @@ def _reloaded(state: State, msg: Reloaded, now: float, out: list[Effect]) -> Sta
                 state, t = peers._stop_asking(state, t, out)  # noqa: PLW2901
                 state = _with(state, event_id, t)
     state = replace(state, config=new)
+    state = postponed.reloaded(state, new.coordination != old.coordination, out)
     state = drain._cluster_reloaded(state, old, out)
     state = slot._slots_reloaded(state, old, now, out)
     for event_id, t in state.events.items():

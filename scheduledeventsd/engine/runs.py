@@ -115,7 +115,15 @@ def _run_stage(state: State, tracked: Tracked, out: list[Effect]) -> tuple[State
 def _awaiting_restore(tracked: Tracked) -> bool:
     """Its after- or cancelled-hooks wait for its node's restore to be answered (not for their
     next try, gates/hold: the node restored, or never marked for it)."""
+    if tracked.unmarking:  # the restore waits too (postponed: until etcd drops its ready)
+        return False
     return tracked.phase is Phase.AFTER and tracked.run is None and tracked.drain is not Drain.NONE
+
+
+def _keeps_mark(tracked: Tracked) -> bool:
+    """Its node's mark is still wanted: its stage not reached, or put back while etcd has not
+    confirmed its ready deleted (postponed: it stays prepared until then)."""
+    return tracked.phase not in (Phase.AFTER, Phase.OVER) or tracked.unmarking
 
 
 def _over(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:

@@ -55,6 +55,9 @@ class Tracked:
     gates: tuple[tuple[str, str], ...] = ()
     gated: str = ""  # GATED: the name of the gate that holds it (component.wait_at)
     left: bool = False  # it left while its stage was owed: listed again, a new one (returned)
+    # AFTER, put back (postponed) while its `ready` stood in etcd: its cancelled stage (the
+    # node's restore, its hooks) waits until etcd confirms that mark deleted (SharedForgotten).
+    unmarking: bool = False
 
 
 Known = Mapping[str, Tracked]

@@ -230,6 +230,7 @@ def _encode(known: Mapping[str, Tracked]) -> dict[str, Any]:
                 **({"gates": dict(t.gates)} if t.gates else {}),  # every other gate's slice
                 **({"gated": t.gated} if t.gated else {}),  # the gate that holds it
                 **({"left": True} if t.left else {}),  # left, its stage owed (returned)
+                **({"unmarking": True} if t.unmarking else {}),  # put back: its undo waits
                 # the NotBefore it was prepared for, which may have moved since (postponed)
                 **({"prepared_for": iso_utc(t.prepared_for)} if t.prepared_for else {}),
             }
@@ -269,6 +270,14 @@ def _readable_gates(
             repair += "; the event it held waits again, placed by the next document"
         repairs.append(f"{repair}; dropped")
     return kept, phase, gated
+
+
+def _flag(entry: dict[str, Any], key: str) -> bool:
+    """A true-or-false field of an event, false where an older file has none."""
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be true or false")
+    return value
 
 
 def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: ANN401 - file contents
@@ -312,9 +321,8 @@ def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: AN
         prepared = entry.get("prepared", phase in PREPARED)  # older files: as its phase says
         if not isinstance(prepared, bool):
             raise TypeError("prepared must be true or false")
-        left = entry.get("left", False)  # absent in older files: it had not left
-        if not isinstance(left, bool):
-            raise TypeError("left must be true or false")
+        left = _flag(entry, "left")  # absent in older files: it had not left
+        unmarking = _flag(entry, "unmarking")  # absent in older files: its undo did not wait
         prepared_for = entry.get("prepared_for", "")  # absent in older files: its NotBefore
         if not isinstance(prepared_for, str):
             raise TypeError("prepared_for must be a time")
@@ -333,5 +341,6 @@ def _decode(raw: Any, repairs: Optional[list[str]] = None) -> Known:  # noqa: AN
             gates=tuple(sorted((k, v) for k, v in gates.items() if v)),
             gated=gated,
             left=left,
+            unmarking=unmarking,
         )
     return known

@@ -43,6 +43,7 @@ from ..engine import (
     ReleaseSlot,
     ResolveName,
     RestoreNode,
+    SharedForgotten,
     SlotFailed,
     SpawnHooks,
     StopCoordinating,
@@ -137,7 +138,9 @@ def _stop_coordinating(plan: Loop, vm: Vm, e: StopCoordinating, t: float) -> Non
 
 
 def _forget_shared(plan: Loop, vm: Vm, e: ForgetShared, t: float) -> None:
+    """Deleted at once, and said so, as the daemon's thread does (a put-back's undo waits)."""
     plan.peers.forget(vm.name, e.event_id)
+    plan.send(vm, SharedForgotten(e.event_id), t)
 
 
 def _ask(plan: Loop, vm: Vm, e: Union[AskGate, AskCluster], t: float) -> None:

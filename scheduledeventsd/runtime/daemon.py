@@ -55,6 +55,7 @@ from ..engine import (
     ReleaseSlot,
     ResolveName,
     RestoreNode,
+    SharedForgotten,
     SpawnHooks,
     StopCoordinating,
     StopDraining,
@@ -364,7 +365,9 @@ class Daemon:
             if effect.event_id:  # its after-hooks wait for the answer
                 self.log.info("would_restore_node", event_id=effect.event_id)
                 self.inbox.put(ClusterRestored(effect.event_id))
-        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining, ForgetShared)):
+        elif isinstance(effect, ForgetShared):  # a put-back's undo waits for it (postponed)
+            self.inbox.put(SharedForgotten(effect.event_id))
+        elif isinstance(effect, (ReleaseSlot, HoldSlot, StopDraining)):
             pass
         elif isinstance(effect, Coordinate):
             self.log.info(

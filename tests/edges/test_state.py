@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from scheduledeventsd.engine import Phase, Tracked
+from scheduledeventsd.engine import Phase, Stage, Tracked
 from scheduledeventsd.engine.lifecycle import DURABLE
 from scheduledeventsd.host.store import STATE_FILE, StateError, StateStore
 from scheduledeventsd.model import Event
@@ -334,6 +334,29 @@ def test_an_event_that_left_is_saved_as_such_and_read_by_the_previous_release(
     raw["events"][0]["left"] = "yes"
     (tmp_path / STATE_FILE).write_text(json.dumps(raw))
     assert "left must be true or false" in StateStore(tmp_path).load()[1]
+
+
+def test_an_event_whose_undo_waits_for_etcd_is_saved_as_such_and_older_files_load_it(
+    tmp_path, previous_release
+):
+    """`unmarking` (engine/postponed.py): a restart while a put-back shared event waits for
+    etcd to confirm its ready deleted still waits (and asks again); the previous release reads
+    the file all the same, and files without the key load it as not waiting."""
+    known = {
+        "E1": Tracked(EVENT, Phase.AFTER, stage=Stage.CANCELLED, prepared=True, unmarking=True)
+    }
+    StateStore(tmp_path).save(known)
+    raw = json.loads((tmp_path / STATE_FILE).read_text())
+    assert raw["events"][0]["unmarking"] is True
+    assert StateStore(tmp_path).load() == (known, "")
+    read = read_by_previous(previous_release, tmp_path)
+    assert (read["problem"], read["phases"]) == ("", {"E1": "after"})
+    del raw["events"][0]["unmarking"]
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    assert StateStore(tmp_path).load()[0]["E1"].unmarking is False
+    raw["events"][0]["unmarking"] = 1
+    (tmp_path / STATE_FILE).write_text(json.dumps(raw))
+    assert "unmarking must be true or false" in StateStore(tmp_path).load()[1]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from scheduledeventsd.engine import (
     Outcome,
     PeersChanged,
     Phase,
+    SharedForgotten,
     SpawnHooks,
 )
 from scheduledeventsd.host import store
@@ -88,11 +89,12 @@ def test_a_shared_event_moved_while_it_waited_for_its_peers_is_put_back_before_o
     m.send(HooksFinished(before.run, Outcome.SUCCEEDED), at=MONO0 + 1)
     assert m.phase() is Phase.COORDINATING
     later = dataclasses.replace(due_in(3 * 86400), resources=SHARED)
-    (undrain,) = of(when_seen(m, later, incarnation=3, at=MONO0 + 5), SpawnHooks)
-    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
+    assert not of(when_seen(m, later, incarnation=3, at=MONO0 + 5), SpawnHooks)
     assert of(m.effects, ForgetShared) == [ForgetShared("E1", VM)]
     effects = m.send(PeersChanged("E1", {VM: "ready", "vm-b": "failed"}), at=MONO0 + 6)
     assert not of(effects, SpawnHooks)
     assert not logs(effects, "event_not_approved")
+    (undrain,) = of(m.send(SharedForgotten("E1"), at=MONO0 + 6.5), SpawnHooks)  # etcd confirmed
+    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
     effects = m.send(HooksFinished(undrain.run, Outcome.SUCCEEDED), at=MONO0 + 7)
     assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from scheduledeventsd.config import EventRule
+from scheduledeventsd.config import Coordination, Etcd, EventRule
 from scheduledeventsd.engine import (
     AskGate,
     CancelRuns,
@@ -21,6 +21,8 @@ from scheduledeventsd.engine import (
     PeersChanged,
     Phase,
     PostApproval,
+    Reloaded,
+    SharedForgotten,
     SpawnHooks,
     StopCoordinating,
 )
@@ -67,11 +69,12 @@ def test_a_shared_event_waiting_for_its_peers_moved_days_later_is_put_back_then_
     assert cancelled.fields["hooks_start_at"] == "2026-11-29T11:00:00Z", "its new lead"
     assert of(effects, StopCoordinating) == [StopCoordinating(("E1",))], "its ready withdrawn"
     assert of(effects, ForgetShared) == [ForgetShared("E1", VM)], "and its mark deleted now"
-    (undrain,) = of(effects, SpawnHooks)
-    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
+    assert not of(effects, SpawnHooks), "its undo waits for etcd to confirm that delete"
     assert not of(effects, Coordinate)
     effects = m.send(PeersChanged("E1", ALL_READY), at=MONO0 + 61)  # read before the withdraw
     assert not of(effects, PostApproval), "not approved on a ready taken back"
+    (undrain,) = of(m.send(SharedForgotten("E1"), at=MONO0 + 61.5), SpawnHooks)
+    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
     m.send(HooksFinished(undrain.run, Outcome.SUCCEEDED), at=MONO0 + 62)
     assert "E1" not in m.state.events, "forgotten: judged anew at the next poll"
     effects = seen(m, moved, incarnation=3, at=MONO0 + 63)
@@ -149,4 +152,79 @@ def test_a_shared_event_waiting_across_a_restart_moved_days_later_deletes_its_ma
     effects = seen(again, shared(3 * 86400), incarnation=3, at=MONO0 + 11)
     assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
     assert not of(effects, Coordinate)
-    assert of(effects, SpawnHooks)[0].stage.value == "cancelled"
+    assert not of(effects, SpawnHooks), "undone once etcd confirmed that delete"
+    (undrain,) = of(again.send(SharedForgotten("E1"), at=MONO0 + 12), SpawnHooks)
+    assert undrain.stage.value == "cancelled"
+
+
+def test_a_put_back_shared_event_is_undone_only_once_etcd_confirmed_its_ready_deleted():
+    """Its `ready` stands in etcd until the delete goes through (a VM cut off from etcd: up to
+    its lease's ttl, or hold_max), and another VM's ready may complete the set with it: the
+    node stays prepared (no cancelled-hooks, no timer fires them, however long) until etcd
+    confirms the delete (SharedForgotten). A restart meanwhile asks for the delete again and
+    keeps waiting (the state file says so). Before: the cancelled-hooks (the undrain) started
+    at once, with that ready still counted by the others."""
+    m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
+    coordinating(m, shared(30 * 60))
+    effects = seen(m, shared(3 * 86400), incarnation=3, at=MONO0 + 60)
+    assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
+    assert not of(effects, SpawnHooks), "not undone while its ready may still count"
+    (cancelled,) = logs(effects, "event_cancelled")
+    assert cancelled.fields["waits_for"] == "etcd"
+    assert "once etcd confirmed this VM's ready deleted" in cancelled.fields["reason"]
+    waiting = m.state.events["E1"]
+    assert (waiting.phase, waiting.stage.value, waiting.run) == (Phase.AFTER, "cancelled", None)
+    assert waiting.unmarking
+    assert not of(m.tick(MONO0 + 3600), SpawnHooks), "no timer starts them meanwhile"
+    assert m.state.events["E1"].unmarking
+    loaded = store._decode(json.loads(json.dumps(store._encode(m.state.events))))
+    assert loaded["E1"].unmarking, "kept in the state file"
+    again = Machine(fleet(events={"Reboot": RULE}), loaded=loaded, now=MONO0 + 3700)
+    assert of(again.effects, ForgetShared) == [ForgetShared("E1", VM)], "asked again"
+    assert not of(again.effects, SpawnHooks)
+    assert not logs(again.effects, "after_hooks_interrupted"), "nothing was cut off"
+    assert again.wake() > MONO0 + 3700, "no busy loop while it waits"
+    effects = seen(again, shared(3 * 86400), incarnation=3, at=MONO0 + 3701)
+    assert not of(effects, SpawnHooks)
+    assert again.phase() is Phase.AFTER
+    effects = again.send(SharedForgotten("E1"), at=MONO0 + 3702)
+    (unmarked,) = logs(effects, "event_unmarked")
+    assert "etcd confirmed" in unmarked.fields["reason"]
+    (undrain,) = of(effects, SpawnHooks)
+    assert (undrain.stage.value, undrain.hooks) == ("cancelled", ("undrain",))
+    assert not again.state.events["E1"].unmarking
+    assert not of(again.send(SharedForgotten("E1"), at=MONO0 + 3703), SpawnHooks), "once"
+
+
+def test_a_reload_that_removes_etcd_ends_the_wait_for_the_delete():
+    """Nothing can confirm the delete any more (the mark goes with the old lease, within its
+    ttl): the wait ends at once, said by a warning, rather than the node kept prepared for
+    days."""
+    m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
+    coordinating(m, shared(30 * 60))
+    seen(m, shared(3 * 86400), incarnation=3, at=MONO0 + 60)
+    assert not of(m.effects, SpawnHooks)
+    effects = m.send(
+        Reloaded(dataclasses.replace(m.state.config, coordination=None)), at=MONO0 + 61
+    )
+    (unmarked,) = logs(effects, "event_unmarked")
+    assert unmarked.level.value == "warning"
+    assert "a reload removed etcd coordination" in unmarked.fields["reason"]
+    (undrain,) = of(effects, SpawnHooks)
+    assert undrain.stage.value == "cancelled"
+
+
+def test_a_reload_to_another_etcd_asks_for_the_delete_again_and_still_waits():
+    """The old coordinator's delete, tried again while etcd did not answer, ends with it: the
+    new one is asked (ForgetShared again), and the undo still waits for its answer."""
+    m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
+    coordinating(m, shared(30 * 60))
+    seen(m, shared(3 * 86400), incarnation=3, at=MONO0 + 60)
+    other = Coordination(etcd=Etcd(endpoints=("http://10.0.0.9:2379",)))
+    effects = m.send(
+        Reloaded(dataclasses.replace(m.state.config, coordination=other)), at=MONO0 + 61
+    )
+    assert of(effects, ForgetShared) == [ForgetShared("E1", VM)]
+    assert not of(effects, SpawnHooks)
+    assert m.state.events["E1"].unmarking
+    assert of(m.send(SharedForgotten("E1"), at=MONO0 + 62), SpawnHooks)

@@ -97,6 +97,7 @@ from scheduledeventsd.engine import (
     DocumentFetched,
     DrainNode,
     Exit,
+    ForgetShared,
     HooksFinished,
     NameResolved,
     Notify,
@@ -107,6 +108,7 @@ from scheduledeventsd.engine import (
     Reloaded,
     ReloadRequested,
     RestoreNode,
+    SharedForgotten,
     SlotBusy,
     SlotFailed,
     SlotGranted,
@@ -846,6 +848,7 @@ class GatedPromises(Promises):
         self.restoring: list[str] = []  # restores asked for and not done (their event ids)
         self.restore_asked_at: dict[str, float] = {}  # when its hooks began to wait for one
         self.check_asked = False
+        self.forgetting: set[str] = set()  # ForgetShared asked, etcd has not answered yet
         super().__init__()
 
     def configured(self) -> Config:
@@ -874,6 +877,7 @@ class GatedPromises(Promises):
         self.restoring = []
         self.restore_asked_at.clear()
         self.check_asked = False
+        self.forgetting.clear()  # the delete's thread died with it (asked again at the Boot)
         # A crash while the stage's hooks waited for the node's restore no longer exempts
         # them: they never started, and run after the restart (the node restored first).
         super().start_life(name_known=name_known)
@@ -925,6 +929,8 @@ class GatedPromises(Promises):
             self.restore_asked_at.pop(effect.event.event_id, None)
         elif isinstance(effect, CheckCluster):
             self.check_asked = True
+        elif isinstance(effect, ForgetShared):
+            self.forgetting.add(effect.event_id)
         elif isinstance(effect, PostApproval):
             self.approved_with_its_slot(effect.event)
             if effect.deadline is not None:
@@ -950,8 +956,11 @@ class GatedPromises(Promises):
 
     def stage_waits(self, event_id: str) -> bool:
         """Its stage's hooks wait for the node's restore, asked for (and retried) now, and for
-        no longer than the restore's deadline (a restore never answered counts as failed)."""
+        no longer than the restore's deadline (a restore never answered counts as failed); or,
+        put back (postponed), for etcd to answer the delete of its ready, asked for now."""
         tracked = self.state.events.get(event_id)
+        if self.unmarking(event_id):
+            return True
         waiting = tracked is not None and tracked.phase is lifecycle.Phase.AFTER
         asked = self.restore_asked_at.get(event_id, self.now)
         in_time = self.now <= asked + RESTORE_TIMEOUT + 1.0  # its deadline, placed a step later
@@ -968,6 +977,7 @@ class GatedPromises(Promises):
         if self.restoring:
             return
         running = {e for e, stage in self.live.values() if stage is Stage.BEFORE}
+        running |= {e for e in self.drained_for if self.unmarking(e)}  # restored once etcd says
         wanted = {e for e in self.drained_for if self.names_us(e) or e in running}
         assert wanted, (
             f"(k) the node is left marked: {sorted(self.drained_for)} over, and no restore asked"
@@ -1015,9 +1025,22 @@ class GatedPromises(Promises):
             for event_id in sorted(self.lease_sent):
                 self.feed(SlotKept(event_id, until - 0.05))
 
+    def unmarking(self, event_id: str) -> bool:
+        """(l) A put-back's undo waits for etcd to answer the delete of its ready (postponed),
+        never for nothing: that delete is asked for (again after a restart) until answered."""
+        tracked = self.state.events.get(event_id)
+        if tracked is None or not tracked.unmarking:
+            return False
+        assert event_id in self.forgetting, f"(l) {event_id}: its undo waits, no delete asked"
+        return True
+
     def etcd_answers(self) -> None:
         if self.etcd == "cut":
             return
+        if self.etcd != "down":  # etcd answers the deletes (retried till then by the daemon)
+            for event_id in sorted(self.forgetting):
+                self.forgetting.discard(event_id)
+                self.feed(SharedForgotten(event_id))
         for event_id in sorted(self.slot_asked - set(self.lease_sent)):
             if self.etcd == "grants":
                 self.feed(SlotGranted(event_id, confirmed=self.now - 0.05))
@@ -1582,4 +1605,38 @@ def test_a_shared_event_waiting_for_its_peers_put_back_by_a_move_keeps_every_pro
     assert m.state.events["E0"].phase is lifecycle.Phase.COORDINATING, "prepared again"
     assert (m.staged, m.postponed) == ({}, set())
     m.held_back_hooks_start_by_their_lead()
+    m.the_node_is_never_left_marked()
+
+
+def test_a_shared_event_put_back_while_cut_off_from_etcd_stays_prepared_until_etcd_answers():
+    """As above, but this VM is cut off from etcd when it sees the move: its ready from before
+    may still complete vm-b's set, so the node stays marked and its cancelled-hooks wait, for
+    hours and across a restart, with the delete of that ready asked for all along ((l), the
+    model world answers it only while etcd is reachable); etcd back, the node is restored and
+    its cancelled-hooks run, once. Before: restored and undone at once, while cut off."""
+    m = CoordinatedPromises()
+    m.before_a_change("autumn", "succeed")
+    m.add_planned("Reboot", 900.0, shared=True)
+    m.wait_hours(1.0)
+    assert m.state.events["E0"].phase is lifecycle.Phase.COORDINATING
+    m.etcd_becomes("cut")
+    m.window_moved(0, 7 * DAY)
+    m.wait_hours(6.0)
+    assert m.staged == {}, "not undone while its ready may still count"
+    assert m.node_marked, "the node kept marked"
+    assert not m.restoring
+    assert m.state.events["E0"].unmarking
+    m.owed_stages_run_once_nothing_blocks_them()
+    m.the_node_is_never_left_marked()
+    m.stop()
+    m.restart(rebooted=False, name_known=True)
+    assert m.forgetting == {"E0"}, "the delete asked again"
+    m.wait_hours(1.0)
+    assert m.staged == {}
+    assert m.state.events["E0"].unmarking
+    m.etcd_becomes("grants")
+    m.wait_hours(1.0)
+    assert m.staged == {"E0": 1}, "undone once etcd answered"
+    assert not m.node_marked
+    m.owed_stages_run_once_nothing_blocks_them()
     m.the_node_is_never_left_marked()

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import json
 
-from scheduledeventsd.engine import Coordinate, HooksFinished, Outcome, Phase, SpawnHooks
+from scheduledeventsd.engine import (
+    Coordinate,
+    HooksFinished,
+    Outcome,
+    Phase,
+    SharedForgotten,
+    SpawnHooks,
+)
 from scheduledeventsd.host import store
 from tests.engine.test_engine import Machine, of
 from tests.engine.test_engine_fleet import fleet
@@ -36,7 +43,8 @@ def test_a_restart_during_the_put_back_still_prepares_the_event_again_at_its_new
     m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
     coordinating(m, shared(30 * 60))
     moved = shared(3 * 86400)
-    (undrain,) = of(seen(m, moved, incarnation=3, at=MONO0 + 60), SpawnHooks)
+    seen(m, moved, incarnation=3, at=MONO0 + 60)
+    (undrain,) = of(m.send(SharedForgotten("E1"), at=MONO0 + 61), SpawnHooks)  # etcd confirmed
     assert undrain.stage.value == "cancelled"
     loaded = store._decode(json.loads(json.dumps(store._encode(m.state.events))))
     again = Machine(fleet(events={"Reboot": RULE}), loaded=loaded, now=MONO0 + 70)

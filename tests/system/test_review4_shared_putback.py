@@ -1,6 +1,6 @@
 """Review of the put-back of a shared event waiting for its peers (merge 0549f7d), against
 three real daemons and a real 3-member etcd: histories where a VM is approved before every VM
-named said `ready` for its current preparation. Each defect is an xfail(strict) test."""
+named said `ready` for its current preparation. Each defect was a strict xfail until fixed."""
 
 from __future__ import annotations
 
@@ -47,12 +47,6 @@ def start_each(f, sleeps, coordination, undo_sleeps=(0, 0, 0)):
     return configs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a VM cut off from etcd when it sees the move restores its node at once while its "
-    "ready from before stays in etcd (until its lease's ttl): the others are approved on it "
-    "(defect, review4)",
-)
 def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while_restored(
     tmp_path,
     cluster,
@@ -63,12 +57,12 @@ def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while
     """vm-a (its etcd through a proxy) and vm-b wait for vm-c's 4 s hook. vm-a's etcd is cut
     (connections refused), then vm-a's document moves NotBefore 3 days later (vm-b's and
     vm-c's not yet: their own simulator). vm-a puts the event back: its withdraw and its
-    ForgetShared cannot reach etcd, yet its cancelled-hook (the undrain) runs at once. Its
-    `ready` from before the move stays in etcd until its lease expires (ttl, 30 s), so when
-    vm-c's hook ends, vm-c's ready completes the set: vm-b and vm-c approve the event (for
-    every VM, vm-a's restored node too). The promise: nobody approved while a VM named is not
-    prepared; vm-a's node should not be restored before its ready is known to be gone (or
-    its lease expired)."""
+    ForgetShared cannot reach etcd, and its `ready` from before the move stays there (until
+    its lease expires: ttl, 30 s), so when vm-c's hook ends, vm-c's ready completes the set:
+    vm-b and vm-c approve the event (for every VM, vm-a too). The promise: nobody approved
+    while a VM named is not prepared; so vm-a's node is not restored (its cancelled-hook, the
+    undrain, does not run) before etcd confirmed its ready deleted; etcd back, it is. Before:
+    vm-a's undrain ran at once, and the others were approved on its ready while restored."""
     fleet.factories["vm-b"] = DaemonFactory(tmp_path / "vm-b", late_sim)
     fleet.factories["vm-c"] = DaemonFactory(tmp_path / "vm-c", late_sim)
     with ProxySet(cluster.endpoints, host="127.0.0.2") as path:
@@ -81,15 +75,19 @@ def test_a_vm_cut_off_from_etcd_when_it_sees_the_move_is_not_counted_ready_while
         sim.update_event(event_id, NotBefore=rfc1123(time.time() + 3 * DAY))  # vm-a's only
         note = fleet.daemons["vm-a"].wait_log("event_cancelled", timeout=10)
         assert note["phase"] == "coordinating"
-        wait_for(lambda: undone(fleet) == ["vm-a cancelled"], 10, "vm-a's cancelled-hook")
+        assert note["waits_for"] == "etcd"
         keys = of_event(cluster, fleet, event_id)
         assert any(k.endswith("/vm-a") for k in keys), "its ready from before still there"
         fleet.daemons["vm-c"].wait_log("hook_finished", timeout=15, hook="prepare")
         fleet.daemons["vm-c"].polls_seen(late_sim, count=8)
-        early = approvals(late_sim, event_id)
+        assert approvals(late_sim, event_id), "approved on vm-a's ready from before"
+        assert undone(fleet) == [], "vm-a's node not restored while its ready counts"
         path.restore()
+        unmarked = fleet.daemons["vm-a"].wait_log("event_unmarked", timeout=40)
+        assert "etcd confirmed" in unmarked["reason"]
+        wait_for(lambda: undone(fleet) == ["vm-a cancelled"], 10, "vm-a's cancelled-hook")
+        assert not any(k.endswith("/vm-a") for k in of_event(cluster, fleet, event_id))
         fleet.stop()
-        assert not early, "approved on vm-a's ready while vm-a's node was restored"
 
 
 def test_a_vm_killed_during_the_put_back_prepares_again_at_the_new_lead(

@@ -305,7 +305,7 @@ def _restored(state: State, msg: ClusterRestored, out: list[Effect]) -> State:
 
 def _drained_for_another(state: State, event_id: str) -> bool:
     return any(
-        t.drain is not Drain.NONE and k != event_id and t.phase not in (Phase.AFTER, Phase.OVER)
+        t.drain is not Drain.NONE and k != event_id and runs._keeps_mark(t)
         for k, t in state.events.items()
     )
 

@@ -124,7 +124,8 @@ def waiting(t: Tracked) -> bool:
     """An event whose after-hooks wait for their next try (run again while its slot is held;
     over once it is not: lost, or freed by an operator). Not one whose hooks wait for its
     node's restore (runs._awaiting_restore: its node still marked)."""
-    return t.phase is Phase.AFTER and t.run is None and t.drain is Drain.NONE
+    waits = t.phase is Phase.AFTER and t.run is None and t.drain is Drain.NONE
+    return waits and not t.unmarking  # put back: its stage waits for etcd (postponed)
 
 
 def due_for(state: State, event_id: str, t: Tracked, now: float, allowed: float) -> Optional[float]:

@@ -136,8 +136,9 @@ class StopCoordinating:
 class ForgetShared:
     """A shared event this VM may have written its mark for (etcd) is forgotten: over for it
     (its stage has run, it left the document) or judged anew; or listed again while that stage
-    still runs (returned.mark_taken_back). Its mark is deleted, and the event's settled key by
-    the last VM to forget it (idempotent); nothing waits for an answer."""
+    still runs (returned.mark_taken_back); or put back (postponed). Its mark is deleted, and the
+    event's settled key by the last VM to forget it (idempotent); SharedForgotten once etcd
+    answered the delete, which only a put-back's undo waits for."""
 
     event_id: str
     vm_name: str
@@ -292,7 +293,7 @@ FAILURE: Mapping[type, Optional[type]] = {
     CancelFetch: None,
     CancelRuns: None,
     StopCoordinating: None,
-    ForgetShared: None,  # its keys go with the daemon's lease at worst
+    ForgetShared: None,  # its keys go with the daemon's lease at worst (never a false answer)
     Record: None,
     Notify: None,
     UseConfig: None,

@@ -122,6 +122,14 @@ class CoordinationFailed:
 
 
 @dataclass(frozen=True)
+class SharedForgotten:
+    """etcd answered the delete of this VM's mark for a shared event (ForgetShared): a `ready`
+    from before is gone, no VM counts it any more (engine/postponed: a put-back's undo waits)."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
 class GateAnswered:
     run: int
     exit_status: Optional[int]  # None: it could not start, timed out or was stopped
@@ -274,6 +282,7 @@ Message = Union[
     StopRequested,
     PeersChanged,
     CoordinationFailed,
+    SharedForgotten,
     GateAnswered,
     Faulted,
     GateMessage,  # each gate's own (SlotGranted, ClusterDrained, ...)
