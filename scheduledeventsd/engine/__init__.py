@@ -83,6 +83,7 @@ from .vocabulary.effects import (
     StopDraining,
     UseConfig,
     WakeAt,
+    WithdrawApproval,
 )
 from .vocabulary.messages import (
     ApprovalFailed,
@@ -217,6 +218,7 @@ __all__ = [
     "UseConfig",
     "WakeAt",
     "What",
+    "WithdrawApproval",
     "_allowed_at",
     "_move",
     "_with",

@@ -12,22 +12,17 @@ from .frozen import replace
 from .lifecycle import Drain, On, Phase, Slot
 from .notes import _note
 from .poll import rate, timing, turns
-from .state import Approvals, State, Tracked, _move, _with, ours
+from .state import State, Tracked, _move, _with, ours
 from .vocabulary.constants import APPROVAL_BACKOFF
-from .vocabulary.effects import Effect, PostApproval
+from .vocabulary.effects import Effect, PostApproval, WithdrawApproval
 from .vocabulary.messages import ApprovalFailed, ApprovalSent
 
 
 def _approval_sent(state: State, msg: ApprovalSent, now: float, out: list[Effect]) -> State:
     approvals = state.approvals
     attempts = approvals.failures.get(msg.event_id, Failures()).count + 1
-    state = replace(
-        state,
-        approvals=Approvals(
-            {k: f for k, f in approvals.failures.items() if k != msg.event_id},
-            approvals.posting - {msg.event_id},
-        ),
-    )
+    failures = {k: f for k, f in approvals.failures.items() if k != msg.event_id}
+    state = replace(state, approvals=replace(approvals.answered(msg.event_id), failures=failures))
     tracked = state.events.get(msg.event_id)
     if tracked is None or tracked.phase is not Phase.APPROVING:
         return state
@@ -67,6 +62,8 @@ def _answered_late(state: State, msg: ApprovalSent, now: float) -> bool:
 
 def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Effect]) -> State:
     approvals = state.approvals
+    if msg.event_id in approvals.withdrawn:  # no longer wanted: nothing failed, nothing to say
+        return replace(state, approvals=approvals.answered(msg.event_id))
     failures, log = approvals.failures.get(msg.event_id, Failures()).failed(
         msg.kind, now, APPROVAL_BACKOFF
     )
@@ -83,12 +80,27 @@ def _approval_failed(state: State, msg: ApprovalFailed, now: float, out: list[Ef
                 retry_in_s=round(failures.retry_at - now, 2),
             )
         )
+    failed = {**approvals.failures, msg.event_id: failures}
+    return replace(state, approvals=replace(approvals.answered(msg.event_id), failures=failed))
+
+
+def _withdraw(state: State, out: list[Effect]) -> State:
+    """A coupling (compose): an approval asked for whose event stopped being APPROVING other
+    than by its answer (it left, changed type, was put back) is withdrawn, once: one still
+    queued behind another POST must not approve what the event is now (review5)."""
+    approvals = state.approvals
+    if not approvals.posting:
+        return state
+    unwanted = sorted(
+        event_id
+        for event_id in approvals.posting - approvals.withdrawn
+        if (t := state.events.get(event_id)) is None or t.phase is not Phase.APPROVING
+    )
+    if not unwanted:
+        return state
+    out.extend(WithdrawApproval(event_id) for event_id in unwanted)
     return replace(
-        state,
-        approvals=Approvals(
-            {**approvals.failures, msg.event_id: failures},
-            approvals.posting - {msg.event_id},
-        ),
+        state, approvals=replace(approvals, withdrawn=approvals.withdrawn | set(unwanted))
     )
 
 

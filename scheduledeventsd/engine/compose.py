@@ -122,11 +122,12 @@ def full_step(state: State, message: Message, now: float) -> tuple[State, tuple[
 
 
 # Couplings between the machines: rules on the state alone, each declared by its gate (and the
-# peers' own, first: a forgotten shared event's mark deleted), run after every message until
+# peers' own, first: a forgotten shared event's mark deleted; then the approvals': one asked for
+# and no longer wanted is withdrawn), run after every message until
 # none changes anything (h11's state-triggered transitions).
 # After them, what the step changed is persisted (notes._persist_on_change), then the status.
 _ROUNDS = 8  # a fixed point comes in one or two; never a loop that cannot end
-_OWN_COUPLINGS = (peers._forget_marks,)
+_OWN_COUPLINGS = (peers._forget_marks, approval._withdraw)
 
 
 def _couple(state: State, out: list[Effect]) -> State:

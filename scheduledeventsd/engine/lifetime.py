@@ -186,8 +186,7 @@ def _faulted(state: State, msg: Faulted, now: float, out: list[Effect]) -> State
     elif isinstance(dropped, (HooksFinished, GateAnswered)):
         state = runs._without_run(state, dropped.run)
     elif isinstance(dropped, (ApprovalSent, ApprovalFailed)):
-        posting = state.approvals.posting - {dropped.event_id}
-        state = replace(state, approvals=replace(state.approvals, posting=posting))
+        state = replace(state, approvals=state.approvals.answered(dropped.event_id))
     elif isinstance(dropped, NameResolved):
         state = replace(state, resolving=False)
     return state

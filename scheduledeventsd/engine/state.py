@@ -130,6 +130,14 @@ class Poll:
 class Approvals:
     failures: Mapping[str, Failures] = field(default_factory=dict)
     posting: frozenset[str] = frozenset()
+    # Posting, but no longer wanted (the event stopped being APPROVING): WithdrawApproval said.
+    withdrawn: frozenset[str] = frozenset()
+
+    def answered(self, event_id: str) -> Approvals:
+        """Its POST (or its withdrawal) has answered: neither posting nor withdrawn."""
+        return replace(
+            self, posting=self.posting - {event_id}, withdrawn=self.withdrawn - {event_id}
+        )
 
 
 @dataclass(frozen=True)

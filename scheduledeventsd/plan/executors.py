@@ -50,6 +50,7 @@ from ..engine import (
     StopDraining,
     UseConfig,
     WakeAt,
+    WithdrawApproval,
 )
 from .timeline import Seen
 from .vm import FETCH, START, Guard, Run, Vm
@@ -126,7 +127,8 @@ def _persist(plan: Loop, vm: Vm, e: Persist, t: float) -> None:
 
 
 def _nothing(plan: Loop, vm: Vm, e: Effect, t: float) -> None:
-    """Record (read by `_observe`), Notify, UseConfig (no reload in a plan)."""
+    """Record (read by `_observe`), Notify, UseConfig (no reload in a plan), WithdrawApproval
+    (the plan answers a PostApproval at once: none waits in a queue to be withdrawn)."""
 
 
 def _coordinate(plan: Loop, vm: Vm, e: Coordinate, t: float) -> None:
@@ -203,6 +205,7 @@ EXECUTORS: Mapping[type, Callable[[Loop, Vm, Any, float], None]] = {
     SpawnHooks: _spawn,
     CancelRuns: _cancel_runs,
     PostApproval: _post_approval,
+    WithdrawApproval: _nothing,
     Persist: _persist,
     Record: _nothing,
     Notify: _nothing,

@@ -61,6 +61,7 @@ from ..engine import (
     StopDraining,
     UseConfig,
     WakeAt,
+    WithdrawApproval,
 )
 from ..host import boot
 from ..host.hooks import CommandResult, ProcessRunner, run_hooks
@@ -74,6 +75,7 @@ from .lanes import (
     Lane,
     PollLane,
     Signalled,
+    Withdrawn,
     approve,
     fetch,
     name_error,
@@ -124,6 +126,7 @@ class Daemon:
         self._polling = wiring.client_for(config)  # told what was saved, before its first poll
         self._poller = PollLane("imds-poll", self.inbox, self._polling)
         self._approver = Lane("imds-approve", self.inbox, wiring.client_for(config))
+        self._withdrawn = Withdrawn()  # approvals queued on it that are not to be sent
         self._namer = Lane("imds-name", self.inbox, wiring.client_for(config))
         self._coordinator = wiring.coordinator(config, self.inbox.put)
         self._executors = Executors(self._context(config))  # the gates' effects
@@ -306,6 +309,8 @@ class Daemon:
             self._ask_imds(effect)
         elif isinstance(effect, CancelFetch):
             self._poller.cancel()
+        elif isinstance(effect, WithdrawApproval):
+            self._withdrawn.add(effect.event_id)
         elif isinstance(effect, SpawnHooks):
             self._spawn(effect)
         elif isinstance(effect, (Coordinate, StopCoordinating, ForgetShared, AskGate)):
@@ -331,8 +336,14 @@ class Daemon:
             self._namer.submit(resolve_name, name_error)
         else:
             event_id = effect.event.event_id
+            self._withdrawn.discard(event_id)  # asked for again: wanted
             self._approver.submit(
-                functools.partial(approve, event_id=event_id, deadline=effect.deadline),
+                functools.partial(
+                    approve,
+                    event_id=event_id,
+                    deadline=effect.deadline,
+                    withdrawn=self._withdrawn,
+                ),
                 lambda detail: ApprovalFailed(event_id, "internal", detail),
             )
 

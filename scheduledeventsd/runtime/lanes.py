@@ -187,13 +187,49 @@ def poll_error(detail: str) -> Message:
     return PollFailed("internal", detail)
 
 
-def approve(client: MetadataClient, *, event_id: str, deadline: Optional[float]) -> Message:
+class Withdrawn:
+    """The approvals the engine no longer wants (WithdrawApproval), marked by the loop and read
+    by the approver's lane just before it sends one: a POST still queued is not sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+
+    def add(self, event_id: str) -> None:
+        with self._lock:
+            self._ids.add(event_id)
+
+    def discard(self, event_id: str) -> None:
+        """A new approval of the event is asked for: judged anew, it is wanted."""
+        with self._lock:
+            self._ids.discard(event_id)
+
+    def take(self, event_id: str) -> bool:
+        """Whether it was withdrawn (the mark is used up)."""
+        with self._lock:
+            found = event_id in self._ids
+            self._ids.discard(event_id)
+            return found
+
+
+def approve(
+    client: MetadataClient,
+    *,
+    event_id: str,
+    deadline: Optional[float],
+    withdrawn: Optional[Withdrawn] = None,
+) -> Message:
     """Sent only before its deadline (its slot's lease; it may have queued behind another
-    POST) and answered by then, or given up: an answer proves IMDS had it in time."""
+    POST) and answered by then, or given up: an answer proves IMDS had it in time. Nor once
+    the engine withdrew it while it waited (the event changed type, left, was put back)."""
     started = time.monotonic()
     if deadline is not None and started >= deadline:
         return ApprovalFailed(
             event_id, "deadline", "not sent: its slot's lease could expire before an answer"
+        )
+    if withdrawn is not None and withdrawn.take(event_id):
+        return ApprovalFailed(
+            event_id, "withdrawn", "not sent: the event is no longer approving what it was"
         )
     try:
         client.approve([event_id], deadline=deadline)

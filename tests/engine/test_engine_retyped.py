@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from scheduledeventsd.config import ApprovePolicy, EventRule
 from scheduledeventsd.engine import (
+    ApprovalFailed,
     ApprovalSent,
     CancelRuns,
     Coordinate,
@@ -18,6 +19,7 @@ from scheduledeventsd.engine import (
     Phase,
     PostApproval,
     SpawnHooks,
+    WithdrawApproval,
 )
 from tests.engine.test_engine import VM, Machine, config, doc, event, logs, of
 from tests.engine.test_engine_fleet import ETCD, SHARED
@@ -212,3 +214,59 @@ def test_after_a_restart_the_pending_approval_goes_out_once_a_document_lists_it_
     m.fetched(doc(event(event_type="Freeze"), incarnation=3), at=111)
     posted = [*of(m.effects, PostApproval), *of(m.tick(112), PostApproval)]
     assert [p.event.event_type for p in posted] == ["Freeze"]
+
+
+def _freeze_posting():
+    """A Freeze prepared on its own hooks, its approval asked for and not answered yet (on the
+    daemon's lane it may wait behind another event's slow POST)."""
+    m = machine()
+    m.fetched(doc(event(event_type="Freeze")))
+    (checkpoint,) = of(m.effects, SpawnHooks)
+    m.send(HooksFinished(checkpoint.run, Outcome.SUCCEEDED), at=101)
+    (posted,) = of(m.effects, PostApproval)
+    assert posted.event.event_type == "Freeze"
+    return m
+
+
+def test_an_approval_asked_for_is_withdrawn_when_the_type_changes_before_its_answer():
+    """The Freeze become a Reboot while its approval is on its way: the engine withdraws it, so
+    one still queued is never sent for the Reboot, whose hooks did not run (review5). Its
+    answer, "withdrawn", is no failure (nothing said, no backoff), and the Reboot's own approval
+    goes out once its hooks succeed. Before: no withdrawal, the queued POST approved the Reboot."""
+    m = _freeze_posting()
+    m.fetched(doc(event(event_type="Reboot"), incarnation=3), at=102)
+    assert logs(m.effects, "event_type_changed")
+    assert of(m.effects, WithdrawApproval) == [WithdrawApproval("E1")]
+    (thaw,) = of(m.effects, SpawnHooks)
+    assert thaw.hooks == ("thaw",)
+    m.fetched(doc(event(event_type="Reboot"), incarnation=3), at=103)
+    assert not of(m.effects, WithdrawApproval), "said once"
+    m.send(ApprovalFailed("E1", "withdrawn", "not sent: no longer wanted"), at=104)
+    assert not logs(m.effects, "approval_failed"), "not sent is not a failure"
+    assert m.state.approvals.posting == frozenset() == m.state.approvals.withdrawn
+    assert "E1" not in m.state.approvals.failures
+    m.send(HooksFinished(thaw.run, Outcome.SUCCEEDED), at=105)
+    m.fetched(doc(event(event_type="Reboot"), incarnation=3), at=106)
+    (drain,) = of(m.effects, SpawnHooks)
+    assert drain.hooks == ("drain",)
+    m.send(HooksFinished(drain.run, Outcome.SUCCEEDED), at=107)
+    (approval,) = of(m.effects, PostApproval)
+    assert approval.event.event_type == "Reboot", "judged anew, its own approval is sent"
+    assert not of(m.effects, WithdrawApproval)
+
+
+def test_an_approval_asked_for_is_withdrawn_when_its_event_leaves_the_document():
+    """Gone (cancelled by Azure) before its approval's answer: nothing to approve any more."""
+    m = _freeze_posting()
+    m.fetched(doc(incarnation=3), at=102)
+    assert of(m.effects, WithdrawApproval) == [WithdrawApproval("E1")]
+
+
+def test_an_approval_answered_is_never_withdrawn():
+    """The ordinary path: approved by its answer, nothing is withdrawn then or after it is over."""
+    m = _freeze_posting()
+    m.send(ApprovalSent("E1"), at=102)
+    assert m.phase() is Phase.APPROVED
+    m.fetched(doc(incarnation=3), at=103)  # over: its after-hooks
+    assert not of(m.effects, WithdrawApproval)
+    assert m.state.approvals.withdrawn == frozenset()

@@ -1,24 +1,17 @@
 """Review of fix/retyped (8686c51), end to end (the real daemon, the IMDS simulator, real hook
 processes): an approval decided on the old type's hooks but still queued on the approval lane
 (behind another event's slow POST) when the type change is seen goes out after it, and IMDS
-approves the EventId, now the new type's, whose hooks never ran. Each defect is an
-xfail(strict) test."""
+approves the EventId, now the new type's, whose hooks never ran. Fixed: the engine withdraws
+it (WithdrawApproval) and the lane does not send it."""
 
 from __future__ import annotations
 
 import time
 
-import pytest
-
 from scheduledeventsd.simulators.azure import Fault
 from tests.conftest import VM, wait_for
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: a PostApproval queued on the approver lane is sent after the engine saw "
-    "the Freeze become a Reboot: approved on checkpoint, drain never ran (nothing withdraws it)",
-)
 def test_an_approval_queued_when_the_type_changes_is_not_sent_for_the_new_type(daemons, sim, hooks):
     cfg = daemons.config(
         metadata={"timeout": 8, "first_call_timeout": 10},

@@ -97,6 +97,15 @@ class PostApproval:
 
 
 @dataclass(frozen=True)
+class WithdrawApproval:
+    """An approval asked for is no longer wanted (its event stopped being APPROVING: it left,
+    changed type, was put back): not sent if still queued, answered ApprovalFailed("withdrawn").
+    One already on the wire cannot be taken back."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
 class Persist:
     events: Known  # only what matters after a restart
     mark: Optional[ClusterMark] = None  # what this daemon set on its cluster node
@@ -264,6 +273,7 @@ Effect = Union[
     SpawnHooks,
     CancelRuns,
     PostApproval,
+    WithdrawApproval,
     Persist,
     Record,
     Notify,
@@ -292,6 +302,7 @@ FAILURE: Mapping[type, Optional[type]] = {
     Persist: Persisted,  # with the error: state_degraded
     CancelFetch: None,
     CancelRuns: None,
+    WithdrawApproval: None,  # its PostApproval's answer says it (ApprovalFailed "withdrawn")
     StopCoordinating: None,
     ForgetShared: None,  # its keys go with the daemon's lease at worst (never a false answer)
     Record: None,
