@@ -114,27 +114,40 @@ def _take(directory: Path, fd: int, mode: int, *, stranger_may_hold: bool) -> No
 
 def _held_by_us(target: Path | int, *, exclusive_only: bool) -> bool:
     """Whether /proc/locks shows a flock on `target`'s inode held by a process of our user.
-    Unreadable /proc/locks: assume so (refusing beats two daemons)."""
+    Unreadable /proc/locks: assume so (refusing beats two daemons). A directory above is
+    matched on device and inode; the directory we are blocked on by inode alone (btrfs shows a
+    subvolume's device in stat, not the one /proc/locks prints)."""
     try:
         st = os.stat(target)
         text = LOCKS.read_text(encoding="ascii", errors="replace")
     except OSError:
         return True
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:"
     for line in text.splitlines():
         fields = line.split()
-        if "->" in fields:  # a waiter, not a holder
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "->": a waiter, not a holder
             continue
-        if len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != inode:
+        exact = fields[5] == f"{device}{st.st_ino}"
+        if not (exact or (not exclusive_only and fields[5].endswith(f":{st.st_ino}"))):
             continue
         if exclusive_only and fields[3] != "WRITE":
             continue
-        try:
-            if os.stat(f"/proc/{int(fields[4])}").st_uid == os.geteuid():
-                return True
-        except (OSError, ValueError):
-            continue  # gone, or in another pid namespace: not provably ours
+        if _euid(fields[4]) == os.geteuid():
+            return True
     return False
+
+
+def _euid(pid: str) -> int | None:
+    """The effective uid of `pid` from its status (the owner of its /proc files is root once it
+    made itself undumpable: a stranger could pass for root), None if gone or not visible."""
+    try:
+        with open(f"/proc/{int(pid)}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def held(directory: Path) -> bool:

@@ -82,7 +82,9 @@ def test_a_strangers_flock_on_a_readable_state_dir_neither_keeps_it_off_nor_lets
     """The state directory's own inode is locked too (shared, beside `lock`): a state directory
     others may read (check-config allows it) can be flocked by anyone, and such a stranger's
     lock is passed over (/proc/locks: held by another uid); `lock` still keeps a second daemon
-    off. Guards the design: a naive fix that always locked the directory would refuse here."""
+    off. The stranger makes itself undumpable (its /proc files become root's; its uid is read
+    from /proc/PID/status). Guards the design: a fix that always locked the directory would
+    refuse here."""
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
@@ -91,7 +93,8 @@ def test_a_strangers_flock_on_a_readable_state_dir_neither_keeps_it_off_nor_lets
     state = tempfile.mkdtemp(prefix="review5-lock-")  # not under pytest's 0700 tmp
     os.chmod(state, 0o755)  # noqa: S103 - the point: a state directory others can open
     hold = (
-        f"import fcntl, os, sys, time; fd = os.open({state!r}, os.O_RDONLY | os.O_DIRECTORY); "
+        "import ctypes, fcntl, os, sys, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # no dump
+        f"fd = os.open({state!r}, os.O_RDONLY | os.O_DIRECTORY); "
         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"
     )
     nobody = subprocess.Popen(
