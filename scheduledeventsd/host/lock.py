@@ -14,10 +14,14 @@ hook and both approve. Every daemon takes, exclusive unless said, each of these 
    an exclusive flock on a directory above its state directory (/proc/locks).
 
 A directory's lock can be taken by anyone who can open the directory (a state directory others
-can read, /var/lib): one that is held by no process of the daemon's user (/proc/locks: `FLOCK
-... pid maj:min:inode`, the pid's /proc entry owned by another uid, or not visible) is a
-stranger's and is passed over, so no other user can keep the daemon off. Not a fixed-path lock
-in /run: it would need root (or a RuntimeDirectory= per unit) and a name per state directory.
+can read, /var/lib): one still held after the retries by no process of the daemon's user
+(/proc/locks: `FLOCK ... pid maj:min:inode`, the uid from /proc/PID/status; a pid gone or not
+visible is not ours) is a stranger's and is passed over, so no other user can keep the daemon
+off. The prices, both in degraded cases only: on a read-only directory with no `lock`, such a
+stranger leaves the daemon with no lock; a process of the daemon's own user holding an
+exclusive flock above the state directory (a daemon whose state directory is above this one,
+read-only) keeps it off. Not a fixed-path lock in /run: it needs root (or a RuntimeDirectory=
+per unit), a name per state directory, and would not meet across mount namespaces.
 
 flock, not fcntl (POSIX) locks: an exclusive fcntl lock needs a descriptor open for writing,
 and closing any other descriptor of the file in the process drops it; a flock belongs to its
@@ -96,17 +100,19 @@ def _take_all(directory: Path, held: Held) -> str:
 
 
 def _take(directory: Path, fd: int, mode: int, *, stranger_may_hold: bool) -> None:
-    """Flock `fd`, waiting out `status` (it holds a shared lock for an instant); a lock that
-    only strangers hold is passed over when they may (see the module's docstring)."""
+    """Flock `fd`, waiting out `status` (it holds a shared lock for an instant, maybe as an
+    operator who can read the directory); a lock that only strangers still hold then is passed
+    over where they may hold it (see the module's docstring)."""
     for attempt in range(LOCK_TRIES):
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            if stranger_may_hold and not _held_by_us(fd, exclusive_only=False):
+            if attempt < LOCK_TRIES - 1:
+                time.sleep(0.1)
+            elif stranger_may_hold and not _held_by_us(fd, exclusive_only=False):
                 return
-            if attempt == LOCK_TRIES - 1:
+            else:
                 raise InUseError(f"{directory} is in use by another scheduledeventsd") from None
-            time.sleep(0.1)
         else:
             return
     raise AssertionError("unreachable")  # pragma: no cover
