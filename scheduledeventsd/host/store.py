@@ -72,7 +72,7 @@ class StateStore:
         """`read_only` (a dry run beside the service): a bad file is reported, never moved."""
         self.path = directory / STATE_FILE
         self.read_only = read_only
-        self._lock_fd: int | None = None
+        self._lock: lock.Held | None = None
         self._saved: tuple[Known, Optional[ClusterMark]] | None = None
         self.cluster_mark: Optional[ClusterMark] = None  # as `load` found it
         self.mark_unrecorded = False  # an older file, with a node drained for an event
@@ -92,15 +92,15 @@ class StateStore:
         if unsafe:
             raise StateError(unsafe)
         try:
-            self._lock_fd, problem = lock.acquire(self.path.parent)
+            self._lock, problem = lock.acquire(self.path.parent)
         except lock.InUseError as e:
             raise StateError(str(e)) from None
         return made or problem
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def load(self) -> tuple[Known, str]:
         """What was saved, and why it could not be used if so (then it starts empty).

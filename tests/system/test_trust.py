@@ -118,3 +118,54 @@ def test_a_second_daemon_is_refused_when_the_state_dir_cannot_be_made(
     first.wait_log("event_approved", event_id=event_id)
     assert hooks.order() == ["a"]
     assert first.stop() == 0
+
+
+@needs_root
+def test_a_daemon_started_once_a_read_only_state_dir_is_writable_again_is_refused(
+    daemons, sim, hooks
+):
+    """The first daemon starts on a read-only tmpfs with no `lock` (it locks the directory);
+    the file system is remounted read-write and a second daemon (same mount namespace) can make
+    `lock`. Before (review5): the second locked `lock`, a different inode, and ran too."""
+    import subprocess  # noqa: PLC0415
+
+    daemons.state_dir.mkdir()
+    wrapper = (
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
+        "sh",
+    )
+    cfg = _one_hook(daemons, hooks)
+    first = daemons.start(cfg, prefix=wrapper)
+    assert "Read-only file system" in first.wait_log("state_degraded")["error"]
+    inside = ("nsenter", "-t", str(first.proc.pid), "-m", "--")
+    subprocess.run([*inside, "mount", "-o", "remount,rw", str(daemons.state_dir)], check=True)
+    second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"), inside)
+    _second_is_refused(daemons, second)
+    event_id = sim.add_event("Reboot", [VM])
+    first.wait_log("event_approved", event_id=event_id)
+    assert hooks.order() == ["a"]
+    assert first.stop() == 0
+
+
+def test_a_daemon_started_once_the_state_dir_can_be_made_is_refused(daemons, sim, hooks, tmp_path):
+    """The first daemon starts while its state_dir cannot be made (it locks the directory
+    above); then the admin makes it, and a second daemon makes `lock` in it. Before (review5):
+    the second locked `lock` and ran too; both ran the hooks."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    daemons.state_dir = blocker / "state"
+    cfg = _one_hook(daemons, hooks)
+    first = daemons.start(cfg)
+    assert first.wait_log("state_degraded")["level"] == "warning"
+    blocker.unlink()
+    daemons.state_dir.mkdir(mode=0o700, parents=True)
+    second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"))
+    _second_is_refused(daemons, second)
+    event_id = sim.add_event("Reboot", [VM])
+    first.wait_log("event_approved", event_id=event_id)
+    assert hooks.order() == ["a"]
+    assert first.stop() == 0
