@@ -67,15 +67,10 @@ def restarted_without_etcd(m):
     return again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: a restart whose configuration no longer has etcd asks a ForgetShared no "
-    "coordinator carries out (daemon._coordinate drops it): the put-back waits for ever",
-)
 def test_a_restart_without_etcd_ends_the_wait_for_the_delete_as_a_reload_does():
     """Put back while its ready stood in etcd, then the daemon restarted with etcd removed
     from its file (not reloaded): nothing can confirm the delete any more, as after a reload
-    that removes etcd (postponed.reloaded), so its cancelled-hooks run, with a warning. Today:
+    that removes etcd (postponed.reloaded), so its cancelled-hooks run, with a warning. Before:
     ForgetShared at boot (no coordinator: dropped), and the event stays `unmarking` for ever,
     its cancelled-hooks never run, nothing said, a week later still."""
     m = Machine(fleet(events={"Reboot": RULE}), now=MONO0)
@@ -91,15 +86,10 @@ def test_a_restart_without_etcd_ends_the_wait_for_the_delete_as_a_reload_does():
     assert unmarked.level.value == "warning"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: restarted without etcd, a put-back drained through Pacemaker never asks "
-    "its node's restore: the node stays marked for good",
-)
 def test_a_restart_without_etcd_restores_the_node_of_a_put_back_shared_event():
     """With Pacemaker too: drained, waiting for vm-c, put back (the node kept marked until
     etcd confirms the delete), restarted with etcd removed: the node is restored (RestoreNode)
-    and not left marked for good. Today no RestoreNode, ever: the event keeps the mark
+    and not left marked for good. Before: no RestoreNode, ever: the event keeps the mark
     (runs._keeps_mark: unmarking), so not even the boot's restore of an unwanted mark."""
     m = Machine(fleet(events={"Reboot": RULE}, cluster=PACEMAKER), now=MONO0)
     drained_and_coordinating(m)
