@@ -342,7 +342,7 @@ _ROWS: list[Transition] = [
         On.UNMARKED,
         _ENDS,
         "put back while its ready stood in etcd: its cancelled-hooks (the node restored first) "
-        "wait until then (SharedForgotten; or a reload removed etcd)",
+        "wait until then (SharedForgotten; or a reload or restart removed etcd)",
     ),
     _t(P.AFTER, On.LEAD_TIME, [P.AFTER, P.OVER, P.GONE], "after_retry: again if held, else over"),
     *[

@@ -107,7 +107,7 @@ def _restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tup
     """What a restart means for an event the state file kept: its runs died with us."""
     phase = tracked.phase
     if tracked.unmarking:  # put back: its stage still waits for etcd to drop its ready
-        return postponed.restarted(state, tracked, on)
+        return postponed.restarted(state, tracked, on, out)
     if phase is Phase.AFTER and tracked.drain is not Drain.NONE:
         # They never started: they waited for the node's restore, asked again now (a mark
         # kept as drained, by the coupling drain._restore_first); not cut off.

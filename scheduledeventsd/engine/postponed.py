@@ -128,11 +128,19 @@ def undo(
     return _with(state, tracked.event.event_id, tracked)
 
 
-def restarted(state: State, tracked: Tracked, on: On) -> tuple[State, Tracked]:
+def restarted(state: State, tracked: Tracked, on: On, out: list[Effect]) -> tuple[State, Tracked]:
     """A restart while it waits for its mark's delete: asked again (ForgetShared; the old
-    process's thread died with it), and it still waits."""
-    state = replace(state, unmarked=(*state.unmarked, tracked))
-    return state, _move(tracked, on, Phase.AFTER, start_at=math.inf)
+    process's thread died with it), and it still waits; restarted without etcd, nothing can
+    confirm it, and the wait ends as at a reload that removes etcd (`reloaded`)."""
+    tracked = _move(tracked, on, Phase.AFTER, start_at=math.inf)
+    if state.config.ready_via != "etcd":
+        state = undo(state, tracked, _NO_ETCD.format(by="a restart"), out, Level.WARNING)
+        return state, state.events[tracked.event.event_id]
+    return replace(state, unmarked=(*state.unmarked, tracked)), tracked
+
+
+_NO_ETCD = "{by} removed etcd coordination: nothing can confirm this VM's ready deleted (it goes "
+_NO_ETCD += "with its lease, within ttl)"
 
 
 def reloaded(state: State, changed: bool, out: list[Effect]) -> State:
@@ -143,9 +151,7 @@ def reloaded(state: State, changed: bool, out: list[Effect]) -> State:
         if not t.unmarking:
             continue
         if state.config.ready_via != "etcd":
-            why = "a reload removed etcd coordination: nothing can confirm this VM's ready "
-            why += "deleted (it goes with its lease, within ttl)"
-            state = undo(state, t, why, out, Level.WARNING)
+            state = undo(state, t, _NO_ETCD.format(by="a reload"), out, Level.WARNING)
         elif changed:
             state = replace(state, unmarked=(*state.unmarked, t))
     return state
