@@ -9,8 +9,6 @@ import dataclasses
 import queue
 import time
 
-import pytest
-
 from scheduledeventsd.config import Etcd
 from scheduledeventsd.coordination.etcd import EtcdClient
 from scheduledeventsd.coordination.peers import EtcdCoordinator, event_prefix
@@ -20,19 +18,15 @@ from tests.engine.test_engine import event
 TRIES = 60
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: forget() does not wait for the worker StopCoordinating just withdrew: its "
-    "write can land after the delete, and SharedForgotten is sent with the ready in etcd",
-)
 def test_shared_forgotten_is_sent_only_once_no_ready_of_this_vm_stands(cluster):
     """The daemon's order for a put-back: Coordinate (its worker writes ready), then in one
     step StopCoordinating (withdraw) and ForgetShared. Once SharedForgotten is sent, this VM's
     mark must be gone and stay gone: the node is undone on it, and another VM whose ready
-    completes the set would be approved on a ready of a VM no longer prepared. Today, in a
-    quarter of the tries (15 of 60 on this machine), the stopped worker's put lands after the
-    delete: the ready is read back after SharedForgotten, until the withdraw deletes it (and
-    for the daemon's lifetime if that delete fails: the lease is the daemon's)."""
+    completes the set would be approved on a ready of a VM no longer prepared. Before the fix,
+    in a quarter of the tries (15 of 60 on this machine), the stopped worker's put landed after
+    the delete: the ready was read back after SharedForgotten, until the withdraw deleted it
+    (and for the daemon's lifetime if that delete failed: the lease is the daemon's). Now the
+    delete waits for the stopped worker's thread, which never starts a write once stopped."""
     settings = Etcd(endpoints=tuple(cluster.endpoints), prefix="/review6", timeout=2)
     inbox: queue.Queue[object] = queue.Queue()
     coordinator = EtcdCoordinator(settings, inbox.put, ttl=30)
