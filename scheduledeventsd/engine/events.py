@@ -233,9 +233,9 @@ def _listed(  # noqa: PLR0917 - one call site, in the document loop
         )
     on = On.STARTED if started and event.status == STARTED else On.LISTED
     tracked = replace(before, event=event, incarnation=incarnation)
-    moved = postponed.moved_later(state, before, event, now)
-    if moved is not None:  # not kept drained for days: prepared again at its new lead
-        return postponed.put_back(state, tracked, moved, now, out)
+    undone = postponed.listed(state, before, tracked, on, now, out)
+    if undone is not None:  # not kept drained for days; or kept as it starts
+        return undone
     phase = tracked.phase
     if phase in (Phase.WAITING, Phase.QUEUED, Phase.GATED):
         if on is On.STARTED:

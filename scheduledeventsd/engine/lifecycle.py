@@ -349,6 +349,13 @@ _ROWS: list[Transition] = [
         _t(P.AFTER, on, [P.AFTER], "nothing until its stage has run (back after it left: news)")
         for on in (On.LISTED, On.STARTED)
     ],
+    _t(
+        P.AFTER,
+        On.STARTED,
+        [P.DONE],
+        "put back while its ready stood in etcd, still prepared: in its maintenance, so not "
+        "undone; its after-hooks once it is over",
+    ),
     _t(P.AFTER, On.LEFT, [P.AFTER], "forgotten once its hooks end"),
     _t(P.AFTER, On.RESTARTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),
     _t(P.AFTER, On.REBOOTED, [P.OVER], "cut off: after_hooks_interrupted, never run again"),

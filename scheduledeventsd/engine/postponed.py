@@ -52,6 +52,18 @@ def moved_later(state: State, before: Tracked, event: Event, now: float) -> Opti
     return moved
 
 
+def listed(  # noqa: PLR0917 - one call site, events._listed
+    state: State, before: Tracked, tracked: Tracked, on: On, now: float, out: list[Effect]
+) -> Optional[tuple[State, Tracked]]:
+    """Listed again: moved later than its lead, it is put back (prepared again at its new
+    lead); put back and still prepared (its undo waits for etcd) as it Starts, it is in its
+    maintenance: not undone under it, its after-hooks once it is over. None: neither."""
+    if on is On.STARTED and tracked.phase is Phase.AFTER and tracked.unmarking:
+        return state, _move(tracked, on, Phase.DONE, unmarking=False, stage=Stage.BEFORE)
+    moved = moved_later(state, before, tracked.event, now)
+    return None if moved is None else put_back(state, tracked, moved, now, out)
+
+
 def put_back(
     state: State, tracked: Tracked, moved: float, now: float, out: list[Effect]
 ) -> tuple[State, Tracked]:

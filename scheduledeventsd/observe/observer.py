@@ -204,6 +204,8 @@ def _waiting_for(tracked: Tracked, held: Optional[Held]) -> Optional[str]:
         return "cluster"
     if tracked.phase is Phase.GATED:  # any other gate: its name
         return tracked.gated
+    if tracked.unmarking:  # put back: its undo waits for etcd to drop its ready (postponed)
+        return "etcd"
     return held.reason if held is not None else None
 
 

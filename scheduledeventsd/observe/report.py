@@ -197,6 +197,8 @@ def _waiting(event: Mapping[str, Any]) -> str:
         return "when a concurrency slot is free (waiting for: slot)"
     if why == "cluster":
         return "when the cluster has drained this node (waiting for: cluster)"
+    if why == "etcd":  # its cancelled-hooks (the undo), after a put-back
+        return "when etcd confirms this VM's ready deleted (waiting for: etcd)"
     if event.get("phase") == "gated":
         return f"when the {why} gate lets it on (waiting for: {why})"
     return f"{at or 'later'} (waiting for: {why})"

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pytest
-
 from scheduledeventsd.config import EventRule, HealthFrom, Pacemaker
 from scheduledeventsd.engine import (
     Boot,
@@ -101,11 +99,6 @@ def test_a_restart_without_etcd_restores_the_node_of_a_put_back_shared_event():
     assert of(effects, RestoreNode), "the node left marked"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: status shows a put-back waiting for etcd as `after` with nothing waited "
-    "for (observer._waiting_for knows only queued, draining, gated and a lead)",
-)
 def test_status_says_a_put_back_shared_event_waits_for_etcd():
     """`scheduledeventsd status` for an event whose undo waits for etcd to confirm its ready
     deleted (for as long as this VM is cut off from etcd): it says it waits, and for etcd.
@@ -124,11 +117,6 @@ def test_status_says_a_put_back_shared_event_waits_for_etcd():
 BOTH = EventRule(("drain",), ("after-undrain",), ("cancelled-undrain",), start_before=LEAD)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: an event that Started while its put-back waited for etcd (still prepared) "
-    "gets its cancelled-hooks once etcd answers, mid-maintenance, never its after-hooks",
-)
 def test_a_put_back_event_that_starts_while_its_undo_waits_gets_its_after_hooks_once_over():
     """Cut off from etcd when it saw the move, this VM stays prepared (its ready may complete
     the others' set); they are approved, and the event Starts: the maintenance is on and this

@@ -24,6 +24,24 @@ def one_hook(daemons, hooks, event_type="Reboot", body=None):
     return daemons.config(hooks={"a": [{"command": [cmd]}]}, events={event_type: ["a"]})
 
 
+def on_read_only_state_dir(daemons, cfg):
+    """The daemon started in a mount namespace of its own, where its state_dir is an empty
+    read-only tmpfs (root only); it runs degraded and says so. Another process joins that
+    namespace with `nsenter -t PID -m`."""
+    daemons.state_dir.mkdir()
+    wrapper = (
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
+        "sh",
+    )
+    daemon = daemons.start(cfg, prefix=wrapper)
+    assert "Read-only file system" in daemon.wait_log("state_degraded")["error"]
+    return daemon
+
+
 def test_a_storm_of_sighups_neither_wedges_nor_kills_the_daemon(daemons, sim, hooks):
     """300 SIGHUPs in 30 bursts, 0-1 ms apart: the first release stopped polling in 2 runs of 3."""
     daemon = daemons.start(one_hook(daemons, hooks))
@@ -188,17 +206,7 @@ def test_an_unusable_state_dir_degrades_but_events_are_still_handled(daemons, si
 
 @needs_root
 def test_a_read_only_state_dir_degrades_but_events_are_still_handled(daemons, sim, hooks):
-    daemons.state_dir.mkdir()
-    wrapper = (
-        "unshare",
-        "-m",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
-        "sh",
-    )
-    daemon = daemons.start(one_hook(daemons, hooks), prefix=wrapper)
-    assert "Read-only file system" in daemon.wait_log("state_degraded")["error"]
+    daemon = on_read_only_state_dir(daemons, one_hook(daemons, hooks))
     event_id = sim.add_event("Reboot", [VM])
     daemon.wait_log("event_approved", event_id=event_id)
     assert daemon.proc.poll() is None

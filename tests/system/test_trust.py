@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VM, Daemon, DaemonFactory, Hooks
+from tests.conftest import VM, Daemon, DaemonFactory
+from tests.system.test_robustness import on_read_only_state_dir, one_hook
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 
 WHY = "it says what the daemon runs as root"
-
-
-def _one_hook(daemons: DaemonFactory, hooks: Hooks) -> dict[str, object]:
-    return daemons.config(
-        hooks={"a": [{"command": [hooks.recorder("a")]}]}, events={"Reboot": ["a"]}
-    )
 
 
 def _start_as_is(daemons: DaemonFactory, path: Path, prefix: tuple[str, ...] = ()) -> Daemon:
@@ -33,7 +28,7 @@ def _start_as_is(daemons: DaemonFactory, path: Path, prefix: tuple[str, ...] = (
 
 def test_run_refuses_a_config_file_others_can_write(daemons, hooks):
     """Before: `run` started on a 0666 config (any user could name the hooks root runs)."""
-    path = daemons.write_config(_one_hook(daemons, hooks))
+    path = daemons.write_config(one_hook(daemons, hooks))
     path.chmod(0o666)
     daemon = _start_as_is(daemons, path)
     assert daemon.proc.wait(30) == 2
@@ -45,7 +40,7 @@ def test_run_refuses_a_config_file_others_can_write(daemons, hooks):
 
 def test_a_reload_refuses_a_config_file_others_can_write_and_keeps_the_old_one(daemons, sim, hooks):
     """Before: SIGHUP read a 0666 config and its hooks were in force at once."""
-    cfg = _one_hook(daemons, hooks)
+    cfg = one_hook(daemons, hooks)
     daemon = daemons.start(cfg)
     path = daemons.write_config(
         dict(cfg, hooks={"b": [{"command": [hooks.recorder("b")]}]}, events={"Reboot": ["b"]})
@@ -79,18 +74,8 @@ def test_a_second_daemon_is_refused_on_a_read_only_state_dir(daemons, sim, hooks
     """Both daemons see one read-only tmpfs (the second enters the first's mount namespace).
     Before: the lock file could not be made, both ran degraded, both ran the hooks and both
     approved. The first still runs, degraded, and handles the event."""
-    daemons.state_dir.mkdir()
-    wrapper = (
-        "unshare",
-        "-m",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
-        "sh",
-    )
-    cfg = _one_hook(daemons, hooks)
-    first = daemons.start(cfg, prefix=wrapper)
-    assert "Read-only file system" in first.wait_log("state_degraded")["error"]
+    cfg = one_hook(daemons, hooks)
+    first = on_read_only_state_dir(daemons, cfg)
     path = daemons.write_config(cfg, "second.yaml")
     second = _start_as_is(daemons, path, ("nsenter", "-t", str(first.proc.pid), "-m", "--"))
     _second_is_refused(daemons, second)
@@ -109,7 +94,7 @@ def test_a_second_daemon_is_refused_when_the_state_dir_cannot_be_made(
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     daemons.state_dir = blocker / "state"
-    cfg = _one_hook(daemons, hooks)
+    cfg = one_hook(daemons, hooks)
     first = daemons.start(cfg)
     assert first.wait_log("state_degraded")["level"] == "warning"
     second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"))
@@ -129,18 +114,8 @@ def test_a_daemon_started_once_a_read_only_state_dir_is_writable_again_is_refuse
     `lock`. Before (review5): the second locked `lock`, a different inode, and ran too."""
     import subprocess  # noqa: PLC0415
 
-    daemons.state_dir.mkdir()
-    wrapper = (
-        "unshare",
-        "-m",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o ro,mode=0700 tmpfs {daemons.state_dir} && exec "$@"',
-        "sh",
-    )
-    cfg = _one_hook(daemons, hooks)
-    first = daemons.start(cfg, prefix=wrapper)
-    assert "Read-only file system" in first.wait_log("state_degraded")["error"]
+    cfg = one_hook(daemons, hooks)
+    first = on_read_only_state_dir(daemons, cfg)
     inside = ("nsenter", "-t", str(first.proc.pid), "-m", "--")
     subprocess.run([*inside, "mount", "-o", "remount,rw", str(daemons.state_dir)], check=True)
     second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"), inside)
@@ -158,7 +133,7 @@ def test_a_daemon_started_once_the_state_dir_can_be_made_is_refused(daemons, sim
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     daemons.state_dir = blocker / "state"
-    cfg = _one_hook(daemons, hooks)
+    cfg = one_hook(daemons, hooks)
     first = daemons.start(cfg)
     assert first.wait_log("state_degraded")["level"] == "warning"
     blocker.unlink()
