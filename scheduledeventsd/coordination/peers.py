@@ -18,7 +18,9 @@ same EventId is not approved on a ready from before while that VM's hooks run ag
 Once the engine has forgotten the event (ForgetShared: its stage has run and it left, or it is
 judged anew), this VM's mark is deleted, and the settled key with it by the last VM to forget
 (no other mark left): the daemon's lease lives as long as the daemon, so nothing else would;
-once etcd answered, the engine is told (SharedForgotten: a put-back's undo waits for it). A
+once etcd answered, the engine is told (SharedForgotten: a put-back's undo waits for it), and
+only once no worker stopped for the EventId can still write its mark after the delete (the
+delete waits for their threads; a stopped worker never starts a write). A
 VM still waiting keeps its own mark, so the settled key stays for it; a restarted daemon forgets
 what it knew before (its state file) the same way. A VM down for the maintenance forgets only
 once back: its ready from before is older than the settled key, and every read takes that key
@@ -108,6 +110,8 @@ class EtcdCoordinator:
         self._workers: dict[str, _Worker] = {}
         self._forgetting: dict[str, threading.Thread] = {}  # ForgetShared's deletes under way
         self._forget_ends: dict[str, threading.Event] = {}  # set: a delete not tried again
+        # Workers stopped (perhaps still writing their mark): a ForgetShared waits for them.
+        self._stopped_workers: dict[str, list[_Worker]] = {}
 
     def start(self, effect: Coordinate) -> None:
         event_id = effect.event.event_id
@@ -120,6 +124,8 @@ class EtcdCoordinator:
             previous = self._workers.pop(event_id, None)
             if effect.ready:
                 self._workers[event_id] = worker
+            if previous is not None:
+                self._stopping(event_id, previous)
         if previous is not None:
             previous.stop()
         worker.start()
@@ -128,36 +134,56 @@ class EtcdCoordinator:
         """`withdraw` (StopCoordinating): a ready not decided yet is taken back."""
         with self._lock:
             workers = [self._workers.pop(e) for e in event_ids if e in self._workers]
+            for worker in workers:
+                self._stopping(worker.effect.event.event_id, worker)
         for worker in workers:
             worker.stop(withdraw)
+
+    def _stopping(self, event_id: str, worker: _Worker) -> None:
+        """Under the lock: `worker` is being stopped; kept (with the others of its EventId
+        still running) until its thread ended, for a ForgetShared to wait for."""
+        kept = {e: [w for w in ws if not w.ended()] for e, ws in self._stopped_workers.items()}
+        self._stopped_workers = {e: ws for e, ws in kept.items() if ws}
+        self._stopped_workers.setdefault(event_id, []).append(worker)
 
     def forget(self, event_id: str, vm_name: str) -> None:
         """ForgetShared, on a thread of its own: this VM's mark deleted, and the settled key
         with it if no other VM's mark is left, tried again while etcd does not answer. Not while
         a worker for the EventId runs (a new event under it, whose mark that is); a Coordinate
-        after this waits for it."""
+        after this waits for it, and this for the workers of the EventId just stopped."""
         with self._lock:
             if event_id in self._workers:
                 return
+            stopped = list(self._stopped_workers.get(event_id, ()))
             if event_id in self._forget_ends:  # one still trying: this one takes over
                 self._forget_ends[event_id].set()
             end = threading.Event()
             thread = threading.Thread(
-                target=self._forget, args=(event_id, vm_name, end), name="etcd-forget", daemon=True
+                target=self._forget,
+                args=(event_id, vm_name, end, stopped),
+                name="etcd-forget",
+                daemon=True,
             )
             self._forgetting[event_id] = thread
             self._forget_ends[event_id] = end
             thread.start()  # under the lock: stop_all never joins one not started
 
-    def _forget(self, event_id: str, vm_name: str, end: threading.Event) -> None:
+    def _forget(
+        self, event_id: str, vm_name: str, end: threading.Event, stopped: list[_Worker]
+    ) -> None:
         """Tried again (FORGET_RETRY) while etcd does not answer, until this daemon stops or
-        a new worker for the EventId writes its mark anew. Deleted: SharedForgotten (a
-        put-back's undo waits for it: engine/postponed), unless a later one took over."""
+        a new worker for the EventId writes its mark anew. Not before the `stopped` workers'
+        threads ended (a write of theirs in flight would land after the delete). Deleted:
+        SharedForgotten (a put-back's undo waits for it: engine/postponed), unless a later one
+        took over."""
         prefix = event_prefix(self.settings, event_id)
         own = prefix + _segment(vm_name.casefold())
         wait = FORGET_RETRY[0]
         try:
-            while not self._deleted(own, prefix, settled_key(self.settings, event_id)):
+            while not (
+                all(worker.join() for worker in stopped)
+                and self._deleted(own, prefix, settled_key(self.settings, event_id))
+            ):
                 if end.wait(wait):
                     return  # the daemon stops (its lease takes the mark) or it is written anew
                 wait = min(wait * 2, FORGET_RETRY[1])
@@ -214,6 +240,7 @@ class _Worker:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._settling = False
+        self._writing = False  # a write of its mark in flight: not cut short by `stop`
         self._written: Optional[bytes] = None  # the last mark written (or being written)
         self._decided = False  # a report that decides the event was sent to the engine
         self._thread = threading.Thread(
@@ -223,12 +250,26 @@ class _Worker:
     def start(self) -> None:
         self._thread.start()
 
+    def ended(self) -> bool:
+        """Whether it can write no more: its thread ended, or it is stopped before it started
+        (it never starts a write once stopped)."""
+        return not self._thread.is_alive() and (
+            self._thread.ident is not None or self._stopped.is_set()
+        )
+
+    def join(self) -> bool:
+        """Stopped: wait (bounded) for its thread to end; whether it did (`ended`)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.settings.timeout + 1)
+        return self.ended()
+
     def stop(self, withdraw: bool = False) -> None:
-        """From any thread; a worker writing the settled key closes its client after it.
+        """From any thread; a worker writing its mark or the settled key closes its client
+        after it (no write is cut short: etcd may apply it unanswered, after a delete).
         `withdraw`: its ready, if the event was not decided, is deleted (a thread of its own)."""
         with self._lock:
             self._stopped.set()
-            settling = self._settling
+            settling = self._settling or self._writing
         if not settling:
             self._client.close()
         if withdraw and self.effect.ready:
@@ -258,6 +299,8 @@ class _Worker:
             self._after.join(timeout=self.settings.timeout + 1)
         try:
             self._work()
+        except _StoppedError:
+            pass
         except EtcdError as e:
             if not self._stopped.is_set():
                 self._send(CoordinationFailed(event.event_id, e.kind, e.detail))
@@ -331,10 +374,21 @@ class _Worker:
         worker; a lease found expired is granted anew and the key written again, once. One
         transaction that also reads `prefix` and `settled`: its revision and keys just after
         the write."""
-        value = self._written = record(self.effect)
-        return self._under_lease(
-            lambda lease: self._client.put_and_range(key, value, lease, prefix, settled)
-        )
+        value = record(self.effect)
+
+        def put(lease: str) -> tuple[int, list[KeyValue]]:
+            with self._lock:  # stopped before: no write (a ForgetShared may be deleting it)
+                if self._stopped.is_set():
+                    raise _StoppedError()
+                self._writing = True
+                self._written = value
+            try:
+                return self._client.put_and_range(key, value, lease, prefix, settled)
+            finally:
+                with self._lock:
+                    self._writing = False
+
+        return self._under_lease(put)
 
     def _under_lease(self, write: Callable[[str], T]) -> T:
         """`write` under the daemon's lease (`using`: never one a swap is revoking); a lease
@@ -356,6 +410,10 @@ class _Worker:
             named = [said.get(n.casefold()) for n in self.effect.event.resources]
             if "failed" in named or all(s == "ready" for s in named):
                 self._decided = True
+
+
+class _StoppedError(Exception):
+    """The worker was told to stop before it wrote its mark: it ends without a word."""
 
 
 def round_states(
