@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,26 @@ def _start_as_is(daemons: DaemonFactory, path: Path, prefix: tuple[str, ...] = (
     daemon = Daemon(path, env, prefix)
     daemons.started.append(daemon)
     return daemon
+
+
+def _handles_the_event_alone(first: Daemon, sim: Any, hooks: Any) -> None:
+    """The first daemon, the one left running, runs the hook once and approves."""
+    event_id = sim.add_event("Reboot", [VM])
+    first.wait_log("event_approved", event_id=event_id)
+    assert hooks.order() == ["a"]
+
+
+def _under_a_file(
+    daemons: DaemonFactory, hooks: Any, tmp_path: Path
+) -> tuple[Path, dict[str, Any], Daemon]:
+    """A daemon whose state_dir is under a file (it cannot be made): it runs degraded."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    daemons.state_dir = blocker / "state"
+    cfg = one_hook(daemons, hooks)
+    first = daemons.start(cfg)
+    assert first.wait_log("state_degraded")["level"] == "warning"
+    return blocker, cfg, first
 
 
 def test_run_refuses_a_config_file_others_can_write(daemons, hooks):
@@ -79,9 +100,7 @@ def test_a_second_daemon_is_refused_on_a_read_only_state_dir(daemons, sim, hooks
     path = daemons.write_config(cfg, "second.yaml")
     second = _start_as_is(daemons, path, ("nsenter", "-t", str(first.proc.pid), "-m", "--"))
     _second_is_refused(daemons, second)
-    event_id = sim.add_event("Reboot", [VM])
-    first.wait_log("event_approved", event_id=event_id)
-    assert hooks.order() == ["a"]
+    _handles_the_event_alone(first, sim, hooks)
     assert first.proc.poll() is None
     assert first.stop() == 0
 
@@ -91,17 +110,10 @@ def test_a_second_daemon_is_refused_when_the_state_dir_cannot_be_made(
 ):
     """A state_dir under a file cannot be made: the daemon runs degraded, and the directory
     above it that exists holds the lock. Before: no lock at all, two daemons ran."""
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    daemons.state_dir = blocker / "state"
-    cfg = one_hook(daemons, hooks)
-    first = daemons.start(cfg)
-    assert first.wait_log("state_degraded")["level"] == "warning"
+    _, cfg, first = _under_a_file(daemons, hooks, tmp_path)
     second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"))
     _second_is_refused(daemons, second)
-    event_id = sim.add_event("Reboot", [VM])
-    first.wait_log("event_approved", event_id=event_id)
-    assert hooks.order() == ["a"]
+    _handles_the_event_alone(first, sim, hooks)
     assert first.stop() == 0
 
 
@@ -120,9 +132,7 @@ def test_a_daemon_started_once_a_read_only_state_dir_is_writable_again_is_refuse
     subprocess.run([*inside, "mount", "-o", "remount,rw", str(daemons.state_dir)], check=True)
     second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"), inside)
     _second_is_refused(daemons, second)
-    event_id = sim.add_event("Reboot", [VM])
-    first.wait_log("event_approved", event_id=event_id)
-    assert hooks.order() == ["a"]
+    _handles_the_event_alone(first, sim, hooks)
     assert first.stop() == 0
 
 
@@ -130,17 +140,10 @@ def test_a_daemon_started_once_the_state_dir_can_be_made_is_refused(daemons, sim
     """The first daemon starts while its state_dir cannot be made (it locks the directory
     above); then the admin makes it, and a second daemon makes `lock` in it. Before (review5):
     the second locked `lock` and ran too; both ran the hooks."""
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    daemons.state_dir = blocker / "state"
-    cfg = one_hook(daemons, hooks)
-    first = daemons.start(cfg)
-    assert first.wait_log("state_degraded")["level"] == "warning"
+    blocker, cfg, first = _under_a_file(daemons, hooks, tmp_path)
     blocker.unlink()
     daemons.state_dir.mkdir(mode=0o700, parents=True)
     second = _start_as_is(daemons, daemons.write_config(cfg, "second.yaml"))
     _second_is_refused(daemons, second)
-    event_id = sim.add_event("Reboot", [VM])
-    first.wait_log("event_approved", event_id=event_id)
-    assert hooks.order() == ["a"]
+    _handles_the_event_alone(first, sim, hooks)
     assert first.stop() == 0
