@@ -105,16 +105,16 @@ def _withdraw(state: State, out: list[Effect]) -> State:
 
 
 def _retry_approvals(state: State, now: float, out: list[Effect]) -> State:
+    """The approvals due now, by the one rule the wake-up is derived from (turns.approval_due:
+    not on their way, past their backoff, their slot confirmed, a document read since the start),
+    as far as the rate limit allows."""
     approvals = state.approvals
-    if state.incarnation is None:  # not before a document says what the events are now
-        return state
     due = [
         t.event
         for event_id, t in ours(state.events)
         if t.phase is Phase.APPROVING
-        and event_id not in approvals.posting
-        and now >= approvals.failures.get(event_id, Failures()).retry_at
-        and not turns._slot_pending(state, event_id, now)
+        and (at := turns.approval_due(state, event_id, t, now, now)) is not None
+        and at <= now
     ]
     posting = set()
     for event in due:
